@@ -1,0 +1,37 @@
+# fedgp: `make demo` and `make test` set up their own environment (.venv, CPU torch pinned by
+# constraints.txt) and need nothing installed but Python 3.11.
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+# Real data sit beside the checkout on CI and dev machines; the package never hard-codes it.
+SHARED_DATA := $(abspath ../shared/datasets)
+ifneq ($(wildcard $(SHARED_DATA)),)
+export FEDGP_DATA ?= $(SHARED_DATA)
+endif
+
+export MPLBACKEND ?= Agg
+
+.PHONY: demo test lint install clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml constraints.txt
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet -c constraints.txt -e '.[dev]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/fedgp demo --out results/demo
+
+test: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/python -m pytest -q
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check fedgp tests benchmarks
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache

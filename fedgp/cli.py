@@ -1,0 +1,39 @@
+"""The ``fedgp`` command line."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+__all__ = ["main"]
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from fedgp.experiments.demo import run_demo
+    from fedgp.experiments.settings import quick_mode
+
+    rounds = args.rounds if args.rounds is not None else (10 if args.quick or quick_mode() else None)
+    run_demo(args.out, rounds=rounds, progress=False if args.no_progress else None)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="fedgp", description="Federated Gaussian-process regression.")
+    parser.add_argument("--version", action="version", version=f"fedgp {__import__('fedgp').__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+    demo = sub.add_parser("demo", help="personalisation demo and a small FGPR study (table + PNG)")
+    demo.add_argument("--out", default="results/demo", help="folder for demo.png and CSVs")
+    demo.add_argument("--rounds", type=int, default=None, help="rounds for both parts (default 60 / 100)")
+    demo.add_argument("--quick", action="store_true", help="10 rounds (also: FEDGP_QUICK=1)")
+    demo.add_argument("--no-progress", action="store_true", help="no progress bars")
+    demo.set_defaults(func=_demo)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

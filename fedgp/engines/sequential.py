@@ -1,0 +1,144 @@
+"""The sequential engine: one client at a time, one GPyTorch ``ExactGP``, written to be read.
+
+This is the reference every other engine is tested against. For each client it loads the state
+into a GPyTorch model, swaps in the minibatch with ``set_train_data``, and asks GPyTorch's
+``ExactMarginalLogLikelihood`` for the loss; any GPyTorch mean or kernel works.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+
+import torch
+
+from fedgp.data.client import ClientData
+from fedgp.engines.minibatch import draw_minibatches
+from fedgp.models.objective import factorization_guard, minibatch_nll
+from fedgp.models.posterior import Prediction, predict_with_model
+from fedgp.models.spec import ExactGPModel, GPSpec
+from fedgp.models.state import HyperState
+from fedgp.strategies.base import TrainResult
+from fedgp.strategies.local import LocalTraining
+
+__all__ = ["SequentialEngine", "SequentialOps"]
+
+
+def _flatten(states: HyperState) -> tuple[HyperState, torch.Size]:
+    """(1, *extra) -> (n_extra,), remembering ``extra``."""
+    batch = states.batch_shape
+    if len(batch) < 1 or batch[0] != 1:
+        raise ValueError(f"sequential ops expect a batch of one client, got batch {tuple(batch)}")
+    extra = batch[1:]
+    return states.map(lambda v, e: v.reshape(-1, *v.shape[len(batch) :])), extra
+
+
+class SequentialOps:
+    """:class:`~fedgp.strategies.base.ClientOps` for a single client."""
+
+    def __init__(
+        self, spec: GPSpec, model: ExactGPModel, client: ClientData, index: int, rnd: int, seed: int
+    ):
+        self.spec, self.model, self.client = spec, model, client
+        self.indices = torch.tensor([index])
+        self.sizes = torch.tensor([client.n])
+        self.round = rnd
+        self.seed = seed
+        self._trainable = [p for p in spec.params if p.trainable]
+        self._params = [model.get_parameter(p.raw_name) for p in self._trainable]
+
+    # -- helpers --------------------------------------------------------------------------------
+    def _loss_and_grad(self, raw: dict[str, torch.Tensor], X: torch.Tensor, y: torch.Tensor, what: str):
+        self.spec.load_raw(self.model, raw)
+        with factorization_guard(self.client.id, what):
+            loss = minibatch_nll(self.model, X, y)
+        grads = torch.autograd.grad(loss, self._params) if self._params else ()
+        return loss.detach(), {p.name: g for p, g in zip(self._trainable, grads)}
+
+    def _minibatches(self, steps: int, batch: int, kind: str, stream: str) -> torch.Tensor:
+        X = self.client.X.unsqueeze(0) if kind == "nearest" else None
+        return draw_minibatches(
+            self.seed, self.round, self.indices, self.sizes, steps, batch, kind, X, stream
+        )[0]
+
+    # -- ClientOps --------------------------------------------------------------------------------
+    def nll(self, states: HyperState) -> torch.Tensor:
+        flat, extra = _flatten(states)
+        out = torch.empty(flat.batch_shape[0], dtype=torch.float64)
+        with torch.no_grad():
+            for e in range(len(out)):
+                self.spec.load(self.model, flat.index(e))
+                with factorization_guard(self.client.id, "local NLL"):
+                    out[e] = minibatch_nll(self.model, self.client.X, self.client.y)
+        return out.reshape(1, *extra)
+
+    def gradient(self, states: HyperState, batch_size: int | None = None) -> tuple[torch.Tensor, HyperState]:
+        flat, extra = _flatten(states)
+        X, y = self.client.X, self.client.y
+        if batch_size is not None and batch_size < self.client.n:
+            idx = self._minibatches(1, batch_size, "uniform", "gradient")[0]
+            X, y = X[idx], y[idx]
+        losses, grads = [], []
+        for e in range(flat.batch_shape[0]):
+            raw = self.spec.to_raw(flat.index(e))
+            loss, g = self._loss_and_grad(dict(raw), X, y, "gradient")
+            losses.append(loss)
+            grads.append(
+                HyperState({k: g.get(k, torch.zeros_like(v)) for k, v in raw.items()}, raw.event_shapes)
+            )
+        stacked = HyperState.stack(grads)
+        return torch.stack(losses).reshape(1, *extra), stacked.map(
+            lambda v, e: v.reshape(1, *extra, *v.shape[1:])
+        )
+
+    def train(self, states: HyperState, local: LocalTraining) -> TrainResult:
+        flat, extra = _flatten(states)
+        steps = int(local.num_steps(self.sizes)[0])
+        batch = int(local.batch_sizes(self.sizes)[0])
+        idx = self._minibatches(steps, batch, local.minibatch, "minibatch")
+        X, y = self.client.X, self.client.y
+        trained, losses = [], []
+        for e in range(flat.batch_shape[0]):
+            raw_all = dict(self.spec.to_raw(flat.index(e)))
+            start = {p.name: raw_all[p.name] for p in self._trainable}
+            raw, opt_state, total = dict(start), local.optimizer.init(start), 0.0
+            self.spec.load_raw(self.model, raw_all)  # fixed parameters stay as loaded
+            for s in range(steps):
+                loss, grads = self._loss_and_grad(raw, X[idx[s]], y[idx[s]], f"local step {s}")
+                if local.prox_mu:
+                    grads = {k: g + local.prox_mu * (raw[k] - start[k]) for k, g in grads.items()}
+                t = torch.tensor(self.round * steps + s)
+                raw = local.optimizer.step(raw, grads, opt_state, t, None)
+                total += float(loss)
+            raw_all.update(raw)
+            trained.append(self.spec.from_raw(HyperState(raw_all, self.spec.event_shapes)))
+            losses.append(total / steps)
+        states_out = HyperState.stack(trained).map(lambda v, e: v.reshape(1, *extra, *v.shape[1:]))
+        loss = torch.tensor(losses, dtype=torch.float64).reshape(1, *extra)
+        return TrainResult(states_out, loss, torch.tensor([steps]))
+
+    def predict(self, states: HyperState, X_new: torch.Tensor | None = None) -> list[Prediction]:
+        """Condition each state (batch (1,)) on the client's training data; predict at ``X_new``
+        (default: the client's test inputs)."""
+        X_new = self.client.X_test if X_new is None else X_new
+        if X_new is None:
+            raise ValueError(f"client {self.client.id!r} has no test split and no inputs were given")
+        self.spec.load(self.model, states.index(0))
+        return [predict_with_model(self.model, self.client.X, self.client.y, X_new, self.client.id)]
+
+
+class SequentialEngine:
+    """Runs clients one by one with a single reusable GPyTorch model."""
+
+    name = "sequential"
+
+    def __init__(self, spec: GPSpec, clients: Sequence[ClientData], seed: int):
+        self.spec, self.clients, self.seed = spec, clients, seed
+        self.model = spec.build()
+
+    def chunks(self, indices: torch.Tensor, rnd: int) -> Iterator[SequentialOps]:
+        for i in indices.tolist():
+            yield SequentialOps(self.spec, self.model, self.clients[i], i, rnd, self.seed)
+
+    def ops_for(self, client: ClientData) -> SequentialOps:
+        """Ops for a client outside the training loop (e.g. a new client at prediction time)."""
+        return SequentialOps(self.spec, self.model, client, -1, 0, self.seed)

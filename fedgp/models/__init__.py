@@ -1,0 +1,22 @@
+"""Model layer: GP specs from GPyTorch modules, hyper-parameter states, objective, posterior."""
+
+from fedgp.models.mle import fit_mle, total_nll
+from fedgp.models.objective import FactorizationError, exact_settings, minibatch_nll
+from fedgp.models.posterior import Prediction, condition
+from fedgp.models.spec import ExactGPModel, GPSpec, ParamInfo, ZeroKernel
+from fedgp.models.state import HyperState
+
+__all__ = [
+    "GPSpec",
+    "ParamInfo",
+    "ZeroKernel",
+    "ExactGPModel",
+    "HyperState",
+    "FactorizationError",
+    "exact_settings",
+    "minibatch_nll",
+    "Prediction",
+    "condition",
+    "fit_mle",
+    "total_nll",
+]

@@ -1,0 +1,69 @@
+"""The local objective: the exact GP marginal likelihood of a (mini)batch, per point.
+
+FGPR's clients minimise ``-log p(y_ξ | X_ξ, θ) / M`` on random minibatches ξ of size M
+(Yue & Kontar, Eq. 2, divided by M as in the authors' code). GPyTorch's
+``ExactMarginalLogLikelihood`` computes exactly ``log p / n``; the minibatch is swapped in with
+``set_train_data``, the idiom the GPyTorch maintainers recommend for this (gpytorch#160, #863).
+All of it runs under :func:`exact_settings`: Cholesky at every size, never CG/Lanczos.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import gpytorch
+import torch
+from linear_operator.utils.errors import NotPSDError
+
+from fedgp.models.spec import ExactGPModel
+
+__all__ = ["FactorizationError", "exact_settings", "minibatch_nll", "factorization_guard"]
+
+#: Jitter GPyTorch adds on the first failed Cholesky (float64); it is multiplied by 10 per retry.
+CHOLESKY_JITTER = 1e-8
+#: Retries after the first failure: the largest jitter tried is 1e-8 * 10**(tries-1) = 1e-6.
+CHOLESKY_MAX_TRIES = 3
+
+
+class FactorizationError(ValueError):
+    """A client's covariance matrix could not be Cholesky-factorised, even with jitter."""
+
+
+@contextlib.contextmanager
+def exact_settings() -> Iterator[None]:
+    """Exact (Cholesky) linear algebra at every size, with bounded jitter retries."""
+    with (
+        gpytorch.settings.max_cholesky_size(10**9),
+        gpytorch.settings.fast_computations(covar_root_decomposition=False, log_prob=False, solves=False),
+        gpytorch.settings.cholesky_jitter(float_value=1e-6, double_value=CHOLESKY_JITTER),
+        gpytorch.settings.cholesky_max_tries(CHOLESKY_MAX_TRIES),
+    ):
+        yield
+
+
+@contextlib.contextmanager
+def factorization_guard(client: Any, what: str) -> Iterator[None]:
+    """Re-raise GPyTorch's ``NotPSDError`` as a :class:`FactorizationError` naming the client."""
+    try:
+        yield
+    except NotPSDError as err:
+        raise FactorizationError(
+            f"client {client!r}: {what}: covariance matrix not positive definite after "
+            f"{CHOLESKY_MAX_TRIES} jitter retries (largest jitter "
+            f"{CHOLESKY_JITTER * 10 ** (CHOLESKY_MAX_TRIES - 1):.0e}). Duplicate inputs with a tiny "
+            f"noise level, or an extreme lengthscale, are the usual causes. ({err})"
+        ) from err
+
+
+def minibatch_nll(model: ExactGPModel, X: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """``-log p(y | X) / len(y)`` under ``model``'s current hyper-parameters (differentiable).
+
+    The model is put in train mode and its training data replaced by ``(X, y)``.
+    """
+    model.train()
+    model.set_train_data(X, y, strict=False)
+    mll = gpytorch.mlls.ExactMarginalLogLikelihood(model.likelihood, model)
+    with exact_settings():
+        return -mll(model(X), y)

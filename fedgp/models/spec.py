@@ -1,0 +1,217 @@
+"""``GPSpec``: a GP model made of GPyTorch modules, and the map between modules and states.
+
+A spec is a template. It holds the user's mean, kernel and likelihood (any GPyTorch modules),
+copied so that training never mutates the user's objects, and knows every hyper-parameter:
+its GPyTorch raw parameter, its constraint, its shape and whether it is trained. Engines build
+models from it; strategies only ever see :class:`~fedgp.models.state.HyperState` values.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+import gpytorch
+import torch
+
+from fedgp.models.state import HyperState
+
+__all__ = ["GPSpec", "ParamInfo", "ZeroKernel", "ExactGPModel"]
+
+
+class ZeroKernel(gpytorch.kernels.Kernel):
+    """The zero covariance: with it the GP is its mean function plus Gaussian noise.
+
+    A linear mean with this kernel is exactly linear regression with Gaussian noise, the model of
+    the mixed-regression papers. (A ``ScaleKernel`` cannot stand in: its softplus-constrained
+    outputscale never reaches zero.)
+    """
+
+    has_lengthscale = False
+
+    def forward(self, x1, x2, diag=False, last_dim_is_batch=False, **params):
+        if diag:
+            return torch.zeros(*x1.shape[:-1], dtype=x1.dtype, device=x1.device)
+        return torch.zeros(*x1.shape[:-1], x2.shape[-2], dtype=x1.dtype, device=x1.device)
+
+
+class ExactGPModel(gpytorch.models.ExactGP):
+    """The textbook GPyTorch exact GP: ``MultivariateNormal(mean(x), kernel(x))``."""
+
+    def __init__(self, mean_module, covar_module, likelihood):
+        super().__init__(None, None, likelihood)
+        self.mean_module = mean_module
+        self.covar_module = covar_module
+
+    def forward(self, x):
+        return gpytorch.distributions.MultivariateNormal(self.mean_module(x), self.covar_module(x))
+
+
+@dataclass(frozen=True)
+class ParamInfo:
+    """One hyper-parameter: its state name, GPyTorch raw parameter name, constraint, shape."""
+
+    name: str
+    raw_name: str
+    shape: torch.Size
+    constraint: gpytorch.constraints.Interval | None
+    trainable: bool
+
+    def transform(self, raw: torch.Tensor) -> torch.Tensor:
+        return raw if self.constraint is None else self.constraint.transform(raw)
+
+    def inverse_transform(self, value: torch.Tensor) -> torch.Tensor:
+        return value if self.constraint is None else self.constraint.inverse_transform(value)
+
+
+def _state_name(raw_name: str, constrained: bool) -> str:
+    head, _, last = raw_name.rpartition(".")
+    if constrained and last.startswith("raw_"):
+        last = last[len("raw_") :]
+    return f"{head}.{last}" if head else last
+
+
+class GPSpec:
+    """A GP prior and likelihood, specified with GPyTorch modules.
+
+    Args:
+        kernel: any GPyTorch kernel; default ``ScaleKernel(RBFKernel())`` (the FGPR paper's).
+        mean: any GPyTorch mean; default ``ZeroMean()`` (FGPR uses standardised outputs).
+        likelihood: default ``GaussianLikelihood()`` (noise >= 1e-4, GPyTorch's default).
+        initial_values: constrained starting values by state name, e.g.
+            ``{"likelihood.noise_covar.noise": 10.0}``; default GPyTorch's (softplus(0) = 0.693).
+        fixed: state names that are never trained (they still travel in the state). Parameters
+            whose ``requires_grad`` is already ``False`` are fixed too.
+        dtype: float64 by default: exact GP marginal likelihoods on small minibatches are
+            ill-conditioned in float32.
+    """
+
+    def __init__(
+        self,
+        kernel: gpytorch.kernels.Kernel | None = None,
+        mean: gpytorch.means.Mean | None = None,
+        likelihood: gpytorch.likelihoods.GaussianLikelihood | None = None,
+        *,
+        initial_values: Mapping[str, float | torch.Tensor] | None = None,
+        fixed: Iterable[str] = (),
+        dtype: torch.dtype = torch.float64,
+    ) -> None:
+        kernel = gpytorch.kernels.ScaleKernel(gpytorch.kernels.RBFKernel()) if kernel is None else kernel
+        mean = gpytorch.means.ZeroMean() if mean is None else mean
+        likelihood = gpytorch.likelihoods.GaussianLikelihood() if likelihood is None else likelihood
+        if not isinstance(likelihood, gpytorch.likelihoods.GaussianLikelihood):
+            raise TypeError(
+                "fedgp needs a Gaussian likelihood for exact marginal likelihoods, "
+                f"got {type(likelihood).__name__}"
+            )
+        self.dtype = dtype
+        self._template = ExactGPModel(
+            copy.deepcopy(mean), copy.deepcopy(kernel), copy.deepcopy(likelihood)
+        ).to(dtype)
+        fixed = set(fixed)
+        params = []
+        for raw_name, param, constraint in self._template.named_parameters_and_constraints():
+            name = _state_name(raw_name, constraint is not None)
+            trainable = param.requires_grad and name not in fixed and raw_name not in fixed
+            fixed.discard(name)
+            fixed.discard(raw_name)
+            params.append(ParamInfo(name, raw_name, param.shape, constraint, trainable))
+        if fixed:
+            known = ", ".join(p.name for p in params)
+            raise ValueError(f"fixed names {sorted(fixed)} are not hyper-parameters; known: {known}")
+        self.params: tuple[ParamInfo, ...] = tuple(params)
+        self._by_name = {p.name: p for p in params}
+        if initial_values:
+            self._template.initialize(**self._module_names(initial_values))
+        for p in self._template.parameters():
+            p.requires_grad_(True)
+
+    # -- introspection --------------------------------------------------------------------------
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(p.name for p in self.params)
+
+    @property
+    def trainable_names(self) -> tuple[str, ...]:
+        return tuple(p.name for p in self.params if p.trainable)
+
+    @property
+    def event_shapes(self) -> dict[str, torch.Size]:
+        return {p.name: p.shape for p in self.params}
+
+    def param(self, name: str) -> ParamInfo:
+        try:
+            return self._by_name[name]
+        except KeyError:
+            raise KeyError(f"unknown hyper-parameter {name!r}; known: {', '.join(self.names)}") from None
+
+    @property
+    def kernel(self) -> gpytorch.kernels.Kernel:
+        return self._template.covar_module
+
+    @property
+    def mean(self) -> gpytorch.means.Mean:
+        return self._template.mean_module
+
+    @property
+    def likelihood(self) -> gpytorch.likelihoods.GaussianLikelihood:
+        return self._template.likelihood
+
+    def _module_names(self, values: Mapping[str, float | torch.Tensor]) -> dict:
+        out = {}
+        for name, value in values.items():
+            info = self.param(name)
+            out[name if info.constraint is not None else info.raw_name] = torch.as_tensor(
+                value, dtype=self.dtype
+            )
+        return out
+
+    # -- models and states --------------------------------------------------------------------
+    def build(self) -> ExactGPModel:
+        """A fresh GPyTorch model (a deep copy of the template)."""
+        return copy.deepcopy(self._template)
+
+    def initial_state(self) -> HyperState:
+        """The modules' current values (GPyTorch defaults unless ``initial_values`` were given)."""
+        return self.read(self._template)
+
+    def state(self, values: Mapping[str, float | torch.Tensor]) -> HyperState:
+        """A full state from the initial one with some values replaced, e.g. the true θ*."""
+        base = dict(self.initial_state())
+        for name, value in values.items():
+            info = self.param(name)
+            base[name] = torch.as_tensor(value, dtype=self.dtype).expand(info.shape).clone()
+        return HyperState(base, self.event_shapes)
+
+    def read(self, model: ExactGPModel) -> HyperState:
+        """The constrained values held by a model built from this spec."""
+        with torch.no_grad():
+            values = {p.name: p.transform(model.get_parameter(p.raw_name)).clone() for p in self.params}
+        return HyperState(values, self.event_shapes)
+
+    def to_raw(self, state: HyperState) -> HyperState:
+        """Constrained -> raw (GPyTorch's unconstrained parametrisation), same names."""
+        return HyperState(
+            {p.name: p.inverse_transform(state[p.name]) for p in self.params}, self.event_shapes
+        )
+
+    def from_raw(self, raw: HyperState) -> HyperState:
+        return HyperState({p.name: p.transform(raw[p.name]) for p in self.params}, self.event_shapes)
+
+    def load_raw(self, model: ExactGPModel, raw: Mapping[str, torch.Tensor]) -> None:
+        """Write raw values into a model's parameters in place (no autograd history)."""
+        with torch.no_grad():
+            for p in self.params:
+                if p.name in raw:
+                    model.get_parameter(p.raw_name).copy_(raw[p.name])
+
+    def load(self, model: ExactGPModel, state: HyperState) -> None:
+        self.load_raw(model, self.to_raw(state))
+
+    def __repr__(self) -> str:
+        fixed = [p.name for p in self.params if not p.trainable]
+        return (
+            f"GPSpec(mean={type(self.mean).__name__}, kernel={self.kernel.__class__.__name__}, "
+            f"params={list(self.names)}" + (f", fixed={fixed})" if fixed else ")")
+        )

@@ -1,0 +1,137 @@
+"""``HyperState``: what travels between clients and server — hyper-parameters, never data.
+
+A state maps GPyTorch-style dotted names (``"covar_module.base_kernel.lengthscale"``) to values
+in *constrained* units, the units a user reads and sets with ``Module.initialize``. A state may be
+batched: every value then carries the same leading ``batch_shape`` (one state per client, per
+cluster, per restart...). The event shape of each entry (the shape of the parameter itself) is
+stored so that batching is unambiguous.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping, Sequence
+
+import torch
+
+__all__ = ["HyperState"]
+
+
+class HyperState(Mapping[str, torch.Tensor]):
+    """Named hyper-parameter values with an optional common batch shape."""
+
+    __slots__ = ("_values", "_events")
+
+    def __init__(self, values: Mapping[str, torch.Tensor], event_shapes: Mapping[str, Sequence[int]]):
+        if set(values) != set(event_shapes):
+            raise ValueError(f"values {sorted(values)} and event shapes {sorted(event_shapes)} differ")
+        self._values = {k: torch.as_tensor(v) for k, v in values.items()}
+        self._events = {k: torch.Size(event_shapes[k]) for k in values}
+        batch = None
+        for name, value in self._values.items():
+            event = self._events[name]
+            if tuple(value.shape[value.dim() - len(event) :]) != tuple(event):
+                raise ValueError(f"{name}: shape {tuple(value.shape)} does not end in {tuple(event)}")
+            this = value.shape[: value.dim() - len(event)]
+            if batch is not None and this != batch:
+                raise ValueError(f"{name}: batch shape {tuple(this)} differs from {tuple(batch)}")
+            batch = this
+
+    # -- mapping protocol -----------------------------------------------------------------------
+    def __getitem__(self, name: str) -> torch.Tensor:
+        return self._values[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._values)
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+    @property
+    def event_shapes(self) -> dict[str, torch.Size]:
+        return dict(self._events)
+
+    @property
+    def batch_shape(self) -> torch.Size:
+        name = next(iter(self._values))
+        value = self._values[name]
+        return value.shape[: value.dim() - len(self._events[name])]
+
+    # -- functional helpers -----------------------------------------------------------------------
+    def map(self, fn: Callable[[torch.Tensor, int], torch.Tensor]) -> HyperState:
+        """Apply ``fn(value, event_ndim)`` to every entry (batch dims lead)."""
+        return HyperState({k: fn(v, len(self._events[k])) for k, v in self._values.items()}, self._events)
+
+    def index(self, idx) -> HyperState:
+        """Index the leading batch dimension(s): ``state.index(3)``, ``state.index(mask)``."""
+        return self.map(lambda v, _: v[idx])
+
+    def expand(self, *batch_shape: int) -> HyperState:
+        """Prepend batch dimensions (the values are shared, not copied)."""
+        shape = torch.Size(batch_shape)
+        return self.map(lambda v, e: v.expand(*shape, *v.shape))
+
+    def gather(self, choice: torch.Tensor) -> HyperState:
+        """Pick along the last batch dimension: batch ``(*B, k)`` with ``choice`` of shape ``B``."""
+
+        def pick(v: torch.Tensor, e: int) -> torch.Tensor:
+            lead = choice.dim()
+            idx = choice.reshape(*choice.shape, 1, *([1] * e)).expand(*choice.shape, 1, *v.shape[lead + 1 :])
+            return torch.gather(v, lead, idx).squeeze(lead)
+
+        return self.map(pick)
+
+    def clone(self) -> HyperState:
+        return self.map(lambda v, _: v.detach().clone())
+
+    def weighted_mean(self, weights: torch.Tensor) -> HyperState:
+        """``sum_b w_b state_b`` over the first batch dimension (weights need not sum to one)."""
+        w = weights.to(torch.float64)
+        return self.map(lambda v, e: torch.tensordot(w, v, dims=([0], [0])))
+
+    @staticmethod
+    def stack(states: Sequence[HyperState], dim: int = 0) -> HyperState:
+        first = states[0]
+        return HyperState({k: torch.stack([s[k] for s in states], dim) for k in first}, first.event_shapes)
+
+    @staticmethod
+    def cat(states: Sequence[HyperState]) -> HyperState:
+        first = states[0]
+        return HyperState({k: torch.cat([s[k] for s in states], 0) for k in first}, first.event_shapes)
+
+    def allclose(self, other: HyperState, rtol: float = 1e-8, atol: float = 0.0) -> bool:
+        return set(self) == set(other) and all(
+            torch.allclose(self[k], other[k], rtol=rtol, atol=atol) for k in self
+        )
+
+    def max_relative_difference(self, other: HyperState) -> float:
+        return max(float(((self[k] - other[k]).abs() / other[k].abs().clamp_min(1e-300)).max()) for k in self)
+
+    def to_dict(self) -> dict[str, float]:
+        """Flat ``{"name" or "name[i]": float}`` of an unbatched state (for tables and logs)."""
+        if self.batch_shape:
+            raise ValueError(
+                f"to_dict needs an unbatched state, this one has batch {tuple(self.batch_shape)}"
+            )
+        out: dict[str, float] = {}
+        for name, value in self._values.items():
+            flat = value.detach().reshape(-1)
+            if flat.numel() == 1:
+                out[name] = float(flat[0])
+            else:
+                out.update({f"{name}[{i}]": float(x) for i, x in enumerate(flat)})
+        return out
+
+    def __repr__(self) -> str:
+        batch = f", batch_shape={tuple(self.batch_shape)}" if self.batch_shape else ""
+        if self.batch_shape:
+            body = ", ".join(f"{k}: {tuple(v.shape)}" for k, v in self._values.items())
+        else:
+            body = ", ".join(f"{k}={_short(v)}" for k, v in self._values.items())
+        return f"HyperState({body}{batch})"
+
+
+def _short(value: torch.Tensor) -> str:
+    flat = value.detach().reshape(-1)
+    if flat.numel() == 1:
+        return f"{float(flat[0]):.4g}"
+    return "[" + ", ".join(f"{float(x):.4g}" for x in flat[:6]) + (", ...]" if flat.numel() > 6 else "]")

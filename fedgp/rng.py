@@ -1,0 +1,121 @@
+"""Random numbers that do not depend on who draws them, or in which order.
+
+Every random choice in fedgp is a pure function of ``(seed, stream, round, client)``: the
+sequential engine, the batched engine and a Flower node all draw *the same* minibatches for a
+client in a round, whatever else they do before, and a run resumed from a checkpoint continues
+exactly where it stopped (the round number is all the RNG "state" there is).
+
+numpy's ``SeedSequence`` gives this for a handful of generators (``generator`` below, used for
+server-side choices such as client sampling). Per-client draws in the inner loop use a
+counter-based hash instead, because building one numpy ``Generator`` per client per round costs
+more than the GP step itself when ten thousand clients are simulated. The hash is SplitMix64
+(Steele, Lea & Flood 2014), vectorised over clients with numpy's wrapping ``uint64`` arithmetic;
+no maintained library exposes a vectorised counter-based generator keyed by arbitrary integers.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+__all__ = [
+    "generator",
+    "client_uniform",
+    "stream_id",
+    "uniform_minibatches",
+    "nearest_neighbour_minibatches",
+]
+
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+_M1 = np.uint64(0xBF58476D1CE4E5B9)
+_M2 = np.uint64(0x94D049BB133111EB)
+
+
+def stream_id(name: str) -> int:
+    """A stable integer for a named random stream (``"minibatch"``, ``"sample"``, ...)."""
+    return zlib.crc32(name.encode())
+
+
+def generator(seed: int, stream: str, *path: int) -> np.random.Generator:
+    """A numpy generator for one server-side decision, e.g. ``generator(seed, "sample", round)``."""
+    return np.random.default_rng(np.random.SeedSequence([int(seed), stream_id(stream), *map(int, path)]))
+
+
+def _mix(z: np.ndarray) -> np.ndarray:
+    z = (z ^ (z >> np.uint64(30))) * _M1
+    z = (z ^ (z >> np.uint64(27))) * _M2
+    return z ^ (z >> np.uint64(31))
+
+
+def _key(parts: Sequence[int | np.ndarray]) -> np.ndarray:
+    key = np.zeros((), dtype=np.uint64)
+    for part in parts:
+        part = np.asarray(part).astype(np.int64).astype(np.uint64)
+        key = _mix(key + _GOLDEN + _mix(part + _GOLDEN))
+    return key
+
+
+def client_uniform(
+    seed: int, stream: str, round: int, clients: Sequence[int] | np.ndarray | torch.Tensor, shape
+) -> torch.Tensor:
+    """Uniform [0, 1) float64 numbers, shape ``(len(clients), *shape)``.
+
+    Row ``i`` depends only on ``(seed, stream, round, clients[i])``: asking for one client or for
+    ten thousand at once gives that client the same numbers.
+    """
+    shape = tuple(np.atleast_1d(shape).tolist()) if not isinstance(shape, tuple) else shape
+    clients = np.asarray(clients.cpu() if isinstance(clients, torch.Tensor) else clients)
+    with np.errstate(over="ignore"):
+        base = _key([seed, stream_id(stream), round, clients.reshape(-1, 1)])  # (B, 1)
+        count = int(np.prod(shape, dtype=np.int64))
+        counters = np.arange(1, count + 1, dtype=np.uint64).reshape(1, -1)
+        bits = _mix(base + counters * _GOLDEN)
+    u = (bits >> np.uint64(11)).astype(np.float64) * (1.0 / 9007199254740992.0)
+    return torch.from_numpy(u.reshape(len(clients), *shape))
+
+
+def uniform_minibatches(u: torch.Tensor, sizes: torch.Tensor, batch_size: int) -> torch.Tensor:
+    """Minibatches drawn uniformly without replacement (Floyd's algorithm).
+
+    ``u``: uniforms of shape ``(R, batch_size)``; ``sizes``: the local data size of each row's
+    client, shape ``(R,)``, each ``>= batch_size``. Returns indices of shape ``(R, batch_size)``.
+    Floyd's algorithm needs ``batch_size`` numbers per subset and no permutation of the whole
+    local data, so memory stays ``O(R * batch_size)`` however large the clients are.
+    """
+    rows, m = u.shape
+    if m != batch_size:
+        raise ValueError(f"expected {batch_size} uniforms per row, got {m}")
+    if bool((sizes < batch_size).any()):
+        raise ValueError("every client must hold at least batch_size points")
+    sizes = sizes.to(torch.float64)
+    chosen = torch.empty(rows, m, dtype=torch.long)
+    for j in range(m):
+        top = sizes - m + j  # Floyd: draw t in [0, top]; if taken, take top instead
+        t = torch.floor(u[:, j] * (top + 1)).to(torch.long)
+        t = torch.minimum(t, top.to(torch.long))
+        taken = (chosen[:, :j] == t.unsqueeze(1)).any(dim=1) if j else torch.zeros(rows, dtype=torch.bool)
+        chosen[:, j] = torch.where(taken, top.to(torch.long), t)
+    return chosen
+
+
+def nearest_neighbour_minibatches(
+    u: torch.Tensor, X: torch.Tensor, sizes: torch.Tensor, batch_size: int
+) -> torch.Tensor:
+    """Minibatches of a random centre point and its ``batch_size - 1`` nearest neighbours.
+
+    This is the correlated-data sampler of Chen et al. (2020) used by the FGPR authors for the
+    multi-fidelity runs. ``u``: shape ``(B, S)`` uniforms (one per step); ``X``: the clients' inputs,
+    shape ``(B, N_max, d)``, padded beyond each client's size; returns ``(B, S, batch_size)``.
+    Ties in distance go to the lower index (stable sort), so padding never changes the result.
+    """
+    b, steps = u.shape
+    arange = torch.arange(X.shape[1])
+    centres = torch.minimum(torch.floor(u * sizes.unsqueeze(1)).long(), (sizes - 1).unsqueeze(1))
+    centre_x = torch.gather(X, 1, centres.unsqueeze(-1).expand(b, steps, X.shape[-1]))  # (B, S, d)
+    dist = ((X.unsqueeze(1) - centre_x.unsqueeze(2)) ** 2).sum(-1)  # (B, S, N_max)
+    dist = dist.masked_fill(arange.view(1, 1, -1) >= sizes.view(-1, 1, 1), float("inf"))
+    order = torch.sort(dist, dim=-1, stable=True).indices
+    return order[..., :batch_size]

@@ -1,0 +1,68 @@
+import numpy as np
+import pytest
+
+from fedgp.data import (
+    ContinuousPartitioner,
+    Federation,
+    IidPartitioner,
+    NaturalIdPartitioner,
+    SizeSkewedPartitioner,
+    skewed_sizes,
+)
+
+
+def assert_disjoint_cover(parts, n, complete=True):
+    allrows = np.concatenate(parts)
+    assert len(np.unique(allrows)) == len(allrows), "a row was given to two clients"
+    if complete:
+        assert np.array_equal(np.sort(allrows), np.arange(n))
+
+
+def test_iid_covers_every_row_once():
+    parts = IidPartitioner(7, seed=1)(100)
+    assert_disjoint_cover(parts, 100)
+    assert {len(p) for p in parts} <= {14, 15}
+
+
+def test_size_skewed_sizes_span_the_range():
+    sizes = skewed_sizes(2000, 10, 10_000, "loguniform", seed=0)
+    assert sizes.min() >= 10 and sizes.max() <= 10_000
+    # log-uniform: about a third of the clients in each decade
+    decades = np.histogram(np.log10(sizes), bins=[1, 2, 3, 4.01])[0] / len(sizes)
+    assert np.all(np.abs(decades - 1 / 3) < 0.05)
+    pareto = skewed_sizes(2000, 10, 10_000, "pareto", seed=0)
+    assert np.median(pareto) < 30 and pareto.max() > 1000
+
+
+def test_size_skewed_partition_is_disjoint_and_scaled_to_fit():
+    p = SizeSkewedPartitioner(20, min_size=10, max_size=1000, seed=2)
+    parts = p(3000)
+    assert_disjoint_cover(parts, 3000, complete=False)
+    assert min(len(x) for x in parts) >= 10 and sum(len(x) for x in parts) <= 3000
+    with pytest.raises(ValueError, match="cannot give 20 clients of at least 10"):
+        p(150)
+
+
+def test_continuous_strictness_interpolates_between_iid_and_sorted():
+    feature = np.random.default_rng(0).normal(size=1000)
+    sorted_parts = ContinuousPartitioner(5, strictness=1.0)(feature)
+    assert_disjoint_cover(sorted_parts, 1000)
+    for a, b in zip(sorted_parts[:-1], sorted_parts[1:]):
+        assert feature[a].max() <= feature[b].min()
+    iid_parts = ContinuousPartitioner(5, strictness=0.0)(feature)
+    means = [feature[p].mean() for p in iid_parts]
+    assert np.ptp(means) < 0.4  # IID: client means all near 0
+    assert np.ptp([feature[p].mean() for p in sorted_parts]) > 2.0
+
+
+def test_natural_id_keeps_order_of_appearance():
+    labels, parts = NaturalIdPartitioner()(np.array([3, 3, 1, 1, 1, 2]))
+    assert labels == [3, 1, 2]
+    assert [list(p) for p in parts] == [[0, 1], [2, 3, 4], [5]]
+
+
+def test_federation_from_partition():
+    X = np.random.default_rng(0).normal(size=(40, 3))
+    y = X.sum(1)
+    fed = Federation.from_partition(X, y, IidPartitioner(4)(40), ids=list("abcd"))
+    assert fed.ids == list("abcd") and int(fed.sizes.sum()) == 40
