@@ -17,6 +17,25 @@ def _demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _reproduce(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from fedgp.experiments.registry import get_reproduction
+    from fedgp.experiments.settings import quick_mode
+
+    reproduce = get_reproduction(args.name)
+    written = reproduce(
+        repeats=args.repeats,
+        out_dir=Path(args.out),
+        seed=args.seed,
+        quick=args.quick or quick_mode(),
+        progress=False if args.no_progress else None,
+    )
+    for path in written:
+        print(f"wrote {path}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="fedgp", description="Federated Gaussian-process regression.")
     parser.add_argument("--version", action="version", version=f"fedgp {__import__('fedgp').__version__}")
@@ -27,6 +46,16 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--quick", action="store_true", help="10 rounds (also: FEDGP_QUICK=1)")
     demo.add_argument("--no-progress", action="store_true", help="no progress bars")
     demo.set_defaults(func=_demo)
+    from fedgp.experiments.registry import REPRODUCTIONS
+
+    rep = sub.add_parser("reproduce", help="reproduce a paper table: writes CSV and markdown")
+    rep.add_argument("name", help=f"one of: {', '.join(sorted(REPRODUCTIONS)) or 'none yet'}")
+    rep.add_argument("--repeats", type=int, default=None, help="repetitions (default: the paper's)")
+    rep.add_argument("--out", default="results", help="folder for the CSV and markdown files")
+    rep.add_argument("--seed", type=int, default=0, help="master seed")
+    rep.add_argument("--quick", action="store_true", help="a few repeats and rounds (also FEDGP_QUICK=1)")
+    rep.add_argument("--no-progress", action="store_true", help="no progress bars")
+    rep.set_defaults(func=_reproduce)
     return parser
 
 

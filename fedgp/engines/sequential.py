@@ -39,6 +39,7 @@ class SequentialOps:
         self, spec: GPSpec, model: ExactGPModel, client: ClientData, index: int, rnd: int, seed: int
     ):
         self.spec, self.model, self.client = spec, model, client
+        self.clients = (client,)
         self.indices = torch.tensor([index])
         self.sizes = torch.tensor([client.n])
         self.round = rnd

@@ -23,6 +23,7 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
+from fedgp.data.client import ClientData
 from fedgp.models.spec import GPSpec
 from fedgp.models.state import HyperState
 from fedgp.strategies.local import LocalTraining
@@ -61,6 +62,10 @@ class ClientOps(Protocol):
     indices: torch.Tensor  # (B,) positions of these clients in the federation
     sizes: torch.Tensor  # (B,) their training-set sizes
     round: int
+    # The clients' own data, for local computations other than the GP likelihood (e.g. the
+    # moment statistics of Su–Xu–Yang's Phase 1). It is read on the client; only what a
+    # strategy puts in its reply ever leaves it.
+    clients: Sequence[ClientData]
 
     def nll(self, states: HyperState) -> torch.Tensor:
         """Per-point exact NLL of each client's full local data under each state: ``(B, *extra)``."""

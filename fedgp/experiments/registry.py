@@ -1,0 +1,26 @@
+"""Paper reproductions the CLI can run: ``fedgp reproduce NAME``.
+
+Each entry maps a name to ``"module:function"``; the function has the signature
+``reproduce(repeats: int | None, out_dir: pathlib.Path, seed: int, quick: bool, progress: bool | None)
+-> list[pathlib.Path]`` (the files it wrote: CSV and markdown at least). Modules are imported only
+when their reproduction is asked for, so one heavy experiment never slows the others' start-up.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+
+__all__ = ["REPRODUCTIONS", "get_reproduction"]
+
+REPRODUCTIONS: dict[str, str] = {}
+
+
+def get_reproduction(name: str) -> Callable:
+    try:
+        target = REPRODUCTIONS[name]
+    except KeyError:
+        known = ", ".join(sorted(REPRODUCTIONS)) or "none yet"
+        raise SystemExit(f"fedgp reproduce: unknown experiment {name!r}; available: {known}") from None
+    module, _, function = target.partition(":")
+    return getattr(importlib.import_module(module), function)
