@@ -1,0 +1,540 @@
+"""The batched engine: every client's local steps as one tensor program.
+
+A Python loop over clients, each with its own GPyTorch ``ExactGP``, spends its time in per-call
+overhead: a 32-point exact GP step is a few microseconds of arithmetic and a millisecond of
+bookkeeping. Here the participating clients' minibatches are stacked into ``(B, M, M)`` tensors:
+the spec's own GPyTorch mean and kernel modules are evaluated with a batch of parameter sets
+(``torch.func.functional_call`` on their ``forward``), and the marginal likelihood is a batched
+Cholesky written out below — GPyTorch's batch mode needs one model per parameter batch shape and
+routes through ``linear_operator`` objects whose overhead is what we are removing.
+
+It computes exactly what the sequential engine computes (same minibatches, same optimiser,
+float64): tests hold the two engines to 1e-8. Unequal client sizes are handled by padding with
+an identity block (exact: it adds nothing to the log-determinant or the quadratic form) and
+unequal step counts by masking the optimiser step. Clients are processed in chunks, so memory is
+bounded whatever the number of clients; full-data evaluations are further grouped by size under a
+memory budget. At construction the engine checks itself against GPyTorch on a random case and
+refuses specs it cannot reproduce (kernels with priors, ``active_dims``, other likelihoods).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Sequence
+
+import gpytorch
+import torch
+from torch import nn
+
+from fedgp.data.client import ClientData
+from fedgp.engines.minibatch import draw_minibatches
+from fedgp.models.objective import CHOLESKY_JITTER, CHOLESKY_MAX_TRIES, FactorizationError
+from fedgp.models.posterior import Prediction
+from fedgp.models.spec import GPSpec
+from fedgp.models.state import HyperState
+from fedgp.strategies.base import TrainResult
+from fedgp.strategies.local import LocalTraining
+
+__all__ = ["BatchedEngine", "BatchedOps", "BatchedGP"]
+
+_NOISE = "likelihood.noise_covar.raw_noise"
+_LOG_2PI = math.log(2 * math.pi)
+
+
+class _MeanKernel(nn.Module):
+    def __init__(self, mean: gpytorch.means.Mean, kernel: gpytorch.kernels.Kernel):
+        super().__init__()
+        self.mean_module, self.covar_module = mean, kernel
+
+    def forward(self, x1: torch.Tensor, x2: torch.Tensor | None = None, diag: bool = False):
+        if x2 is None:
+            return self.mean_module(x1)
+        out = self.covar_module.forward(x1, x2, diag=diag)
+        # Composite kernels return lazy tensors; evaluate them while the batched parameters are in place.
+        return out.to_dense() if hasattr(out, "to_dense") else out
+
+
+class StationaryGram(torch.autograd.Function):
+    """Gram matrix ``s · k(‖z_i − z_j‖)`` of RBF or Matérn-ν (ν = 3/2, 5/2) kernels on scaled
+    inputs ``Z = X / ℓ``, with a hand-written backward.
+
+    GPyTorch's ``forward`` for these kernels makes about eight passes over the ``(B, M, M)`` tensor
+    and autograd as many again; this fused version makes three forward and three backward, which
+    is what bounds small-M throughput (benchmarks/engine_throughput.py). Tests compare it with
+    GPyTorch's kernels and with ``torch.autograd.gradcheck``.
+    """
+
+    @staticmethod
+    def forward(ctx, Z, outputscale, nu):
+        sq = (Z * Z).sum(-1)
+        D = (sq.unsqueeze(-1) + sq.unsqueeze(-2) - 2 * Z @ Z.transpose(-1, -2)).clamp_min_(0)
+        D.diagonal(dim1=-2, dim2=-1).zero_()
+        s = outputscale.reshape(-1, 1, 1)
+        if nu is None:  # RBF: k = exp(-D/2), dk/dD = -k/2
+            unit = torch.exp(-0.5 * D)
+            dunit = -0.5 * unit
+        elif nu == 1.5:  # k = (1 + r) e^{-r}, r = √(3D); dk/dD = -(3/2) e^{-r}
+            r = torch.sqrt(3 * D)
+            e = torch.exp(-r)
+            unit, dunit = (1 + r) * e, -1.5 * e
+        else:  # nu == 2.5: k = (1 + r + r²/3) e^{-r}, r = √(5D); dk/dD = -(5/6)(1 + r) e^{-r}
+            r = torch.sqrt(5 * D)
+            e = torch.exp(-r)
+            unit, dunit = (1 + r + r * r / 3) * e, -(5.0 / 6.0) * (1 + r) * e
+        ctx.save_for_backward(Z, outputscale, unit, dunit)
+        return s * unit
+
+    @staticmethod
+    def backward(ctx, grad):
+        Z, outputscale, unit, dunit = ctx.saved_tensors
+        s = outputscale.reshape(-1, 1, 1)
+        grad_s = (grad * unit).sum((-1, -2)).reshape(outputscale.shape)
+        gD = grad * dunit * s
+        H = gD + gD.transpose(-1, -2)  # D_ij depends on z_i and z_j symmetrically
+        grad_Z = 2 * (H.sum(-1, keepdim=True) * Z - H @ Z)
+        return grad_Z, grad_s, None
+
+
+def _stationary_fast_path(spec: GPSpec):
+    """``(outputscale name or None, lengthscale name, ν or None)`` when the kernel is a (scaled)
+    RBF or Matérn-3/2, -5/2 without priors or active_dims; else ``None`` (GPyTorch's forward)."""
+    kernel = spec.kernel
+    scale = None
+    if type(kernel) is gpytorch.kernels.ScaleKernel:
+        scale, kernel = "covar_module.outputscale", kernel.base_kernel
+        prefix = "covar_module.base_kernel."
+    else:
+        prefix = "covar_module."
+    if type(kernel) is gpytorch.kernels.RBFKernel:
+        nu = None
+    elif type(kernel) is gpytorch.kernels.MaternKernel and kernel.nu in (1.5, 2.5):
+        nu = kernel.nu
+    else:
+        return None
+    has_priors = any(True for _ in spec.kernel.named_priors())
+    if has_priors or any(getattr(m, "active_dims", None) is not None for m in spec.kernel.modules()):
+        return None
+    return scale, prefix + "lengthscale", nu
+
+
+class BatchedGP:
+    """The spec's GP evaluated for many parameter sets at once (one per row)."""
+
+    def __init__(self, spec: GPSpec):
+        model = spec.build()
+        if type(model.likelihood) is not gpytorch.likelihoods.GaussianLikelihood or _NOISE not in {
+            p.raw_name for p in spec.params
+        }:
+            raise ValueError(
+                "the batched engine supports GaussianLikelihood with one homoskedastic noise; "
+                f"got {type(model.likelihood).__name__}. Use engine='sequential'."
+            )
+        self.spec = spec
+        self.module = _MeanKernel(model.mean_module, model.covar_module)
+        for p in self.module.parameters():
+            p.requires_grad_(False)
+        self.noise = next(p for p in spec.params if p.raw_name == _NOISE)
+        self.fast = _stationary_fast_path(spec)
+
+    def _module_params(self, raw: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        return {p.raw_name: raw[p.name] for p in self.spec.params if p.raw_name != _NOISE}
+
+    def mean(self, raw: dict[str, torch.Tensor], X: torch.Tensor) -> torch.Tensor:
+        return torch.func.functional_call(self.module, self._module_params(raw), (X,))
+
+    def kernel(self, raw: dict[str, torch.Tensor], X1: torch.Tensor, X2: torch.Tensor, diag: bool = False):
+        return torch.func.functional_call(self.module, self._module_params(raw), (X1, X2), {"diag": diag})
+
+    def noise_variance(self, raw: dict[str, torch.Tensor]) -> torch.Tensor:
+        """``(rows,)`` observation-noise variances."""
+        return self.noise.transform(raw[self.noise.name]).reshape(-1)
+
+    def gram(self, raw: dict[str, torch.Tensor], X: torch.Tensor) -> torch.Tensor:
+        """``K(X, X)`` per row: the fused stationary path when it applies, else GPyTorch's forward."""
+        if self.fast is None:
+            return self.kernel(raw, X, X)
+        scale, lengthscale, nu = self.fast
+        ls = self.spec.param(lengthscale).transform(raw[lengthscale])
+        s = self.spec.param(scale).transform(raw[scale]) if scale else torch.ones(len(X), dtype=X.dtype)
+        return StationaryGram.apply(X / ls, s.reshape(-1), nu)
+
+    def train_covariance(self, raw, X, mask):
+        """``K(X, X) + σ² I`` with padded rows/columns replaced by the identity."""
+        n = X.shape[-2]
+        eye = torch.eye(n, dtype=X.dtype)
+        K = self.gram(raw, X) + self.noise_variance(raw).reshape(-1, 1, 1) * eye
+        if mask is not None:
+            pair = mask.unsqueeze(-1) & mask.unsqueeze(-2)
+            K = torch.where(pair, K, eye)
+        return K
+
+    def nll(self, raw, X, y, mask, client_ids) -> torch.Tensor:
+        """Per-point exact NLL ``-log p(y | X) / n`` per row (padded points excluded)."""
+        K = self.train_covariance(raw, X, mask)
+        r = y - self.mean(raw, X)
+        n = torch.full(r.shape[:1], float(X.shape[-2]), dtype=X.dtype)
+        if mask is not None:
+            r = torch.where(mask, r, torch.zeros((), dtype=r.dtype))
+            n = mask.sum(-1).to(X.dtype)
+        return GaussianNLL.apply(K, r, n, client_ids)
+
+
+class GaussianNLL(torch.autograd.Function):
+    """``½ (rᵀK⁻¹r + log|K| + n log 2π) / n`` per row, with the closed-form backward
+    ``∂/∂K = ½ (K⁻¹ − ααᵀ) / n``, ``∂/∂r = α / n`` (α = K⁻¹r).
+
+    Autograd through ``cholesky`` and ``solve_triangular`` computes the same numbers in about twice
+    the time for batches of small matrices (benchmarks/engine_throughput.py measures both).
+    """
+
+    @staticmethod
+    def forward(ctx, K, r, n, client_ids):
+        L = cholesky(K, client_ids)
+        eye = torch.eye(K.shape[-1], dtype=K.dtype).expand_as(K)
+        L_inv = torch.linalg.solve_triangular(L, eye, upper=False)
+        beta = (L_inv @ r.unsqueeze(-1)).squeeze(-1)
+        logdet = 2 * torch.log(torch.diagonal(L, dim1=-2, dim2=-1)).sum(-1)
+        ctx.save_for_backward(L_inv, beta, n)
+        return 0.5 * ((beta * beta).sum(-1) + logdet + n * _LOG_2PI) / n
+
+    @staticmethod
+    def backward(ctx, grad):
+        L_inv, beta, n = ctx.saved_tensors
+        K_inv = L_inv.transpose(-1, -2) @ L_inv
+        alpha = (L_inv.transpose(-1, -2) @ beta.unsqueeze(-1)).squeeze(-1)
+        scale = (grad / n).reshape(-1, 1)
+        grad_K = 0.5 * scale.unsqueeze(-1) * (K_inv - alpha.unsqueeze(-1) * alpha.unsqueeze(-2))
+        return grad_K, scale * alpha, None, None
+
+
+def cholesky(K: torch.Tensor, client_ids: Sequence) -> torch.Tensor:
+    """Batched Cholesky with GPyTorch's jitter schedule (1e-8, 1e-7, 1e-6) on failing rows only."""
+    L, info = torch.linalg.cholesky_ex(K)
+    failed = info > 0
+    if not bool(failed.any()):
+        return L
+    eye = torch.eye(K.shape[-1], dtype=K.dtype)
+    for attempt in range(CHOLESKY_MAX_TRIES):
+        jitter = CHOLESKY_JITTER * 10**attempt
+        L_try, info_try = torch.linalg.cholesky_ex(K[failed] + jitter * eye)
+        L = L.index_put((failed.nonzero().flatten(),), L_try)
+        still = torch.zeros_like(failed)
+        still[failed.nonzero().flatten()] = info_try > 0
+        if not bool(still.any()):
+            return L
+    bad = [client_ids[i] for i in failed.nonzero().flatten().tolist()][:5]
+    raise FactorizationError(
+        f"client {bad[0]!r}{' (and others: ' + repr(bad[1:]) + ')' if len(bad) > 1 else ''}: covariance "
+        f"matrix not positive definite after {CHOLESKY_MAX_TRIES} jitter retries (largest jitter "
+        f"{CHOLESKY_JITTER * 10 ** (CHOLESKY_MAX_TRIES - 1):.0e})"
+    )
+
+
+class BatchedEngine:
+    """Runs chunks of clients as batched tensor programs.
+
+    Args:
+        chunk_size: clients per batched program (bounds memory; cost is linear in clients).
+        memory_mb: budget for one full-data evaluation group (kernel matrices of whole clients).
+        check: compare with GPyTorch on a random case at construction (recommended).
+    """
+
+    name = "batched"
+
+    def __init__(
+        self,
+        spec: GPSpec,
+        clients: Sequence[ClientData],
+        seed: int,
+        chunk_size: int = 1024,
+        memory_mb: float = 256.0,
+        check: bool = True,
+    ):
+        if chunk_size < 1:
+            raise ValueError("chunk_size must be >= 1")
+        self.spec, self.clients, self.seed = spec, clients, seed
+        self.chunk_size, self.memory_mb = chunk_size, memory_mb
+        self.gp = BatchedGP(spec)
+        dtype = spec.dtype
+        self.sizes = torch.tensor([c.n for c in clients], dtype=torch.long)
+        self.offsets = torch.cumsum(self.sizes, 0) - self.sizes
+        self.X = torch.cat([c.X for c in clients]).to(dtype)
+        self.y = torch.cat([c.y for c in clients]).to(dtype)
+        self.ids = [c.id for c in clients]
+        if check:
+            check_against_gpytorch(spec)
+
+    def chunks(self, indices: torch.Tensor, rnd: int) -> Iterator[BatchedOps]:
+        for start in range(0, len(indices), self.chunk_size):
+            yield BatchedOps(self, indices[start : start + self.chunk_size], rnd)
+
+    # -- data access ------------------------------------------------------------------------------
+    def padded(self, rows: torch.Tensor, lengths: torch.Tensor | None = None):
+        """Whole training sets of clients ``rows``: X ``(R, N, d)``, y ``(R, N)``, mask ``(R, N)``."""
+        lengths = self.sizes[rows] if lengths is None else lengths
+        n = int(lengths.max())
+        pos = torch.arange(n)
+        mask = pos.unsqueeze(0) < lengths.unsqueeze(1)
+        flat = torch.where(mask, self.offsets[rows].unsqueeze(1) + pos, self.offsets[rows].unsqueeze(1))
+        return self.X[flat], self.y[flat], (None if bool(mask.all()) else mask)
+
+    def size_groups(
+        self, rows: torch.Tensor, extra_rows: int = 1, test: bool = False
+    ) -> Iterator[torch.Tensor]:
+        """Positions into ``rows``, grouped by client size so each group fits the memory budget."""
+        sizes = self.sizes[rows]
+        if test:
+            sizes = sizes + torch.tensor([self.clients[i].X_test.shape[0] for i in rows.tolist()])
+        order = torch.argsort(sizes, stable=True)
+        budget = self.memory_mb * 2**20 / 8 / 12  # ~12 n×n float64 temporaries per row
+        group: list[int] = []
+        for pos in order.tolist():
+            n = int(sizes[pos])
+            if group and (len(group) + 1) * extra_rows * n * n > budget:
+                yield torch.tensor(group)
+                group = []
+            group.append(pos)
+        if group:
+            yield torch.tensor(group)
+
+
+class BatchedOps:
+    """:class:`~fedgp.strategies.base.ClientOps` for a chunk of clients."""
+
+    def __init__(self, engine: BatchedEngine, indices: torch.Tensor, rnd: int):
+        self.engine, self.round = engine, rnd
+        self.indices = indices
+        self.sizes = engine.sizes[indices]
+        self.clients = [engine.clients[i] for i in indices.tolist()]
+        self.spec, self.gp = engine.spec, engine.gp
+
+    # -- helpers --------------------------------------------------------------------------------
+    def _rows(self, states: HyperState):
+        batch = states.batch_shape
+        if len(batch) < 1 or batch[0] != len(self.indices):
+            raise ValueError(f"states must have batch ({len(self.indices)}, ...), got {tuple(batch)}")
+        extra = batch[1:]
+        flat = states.map(lambda v, e: v.reshape(-1, *v.shape[len(batch) :]))
+        per_client = int(torch.Size(extra).numel())
+        return flat, extra, per_client
+
+    def _ids(self, rows: torch.Tensor) -> list:
+        return [self.engine.ids[i] for i in rows.tolist()]
+
+    def _full_data_nll(self, raw: dict, client_pos: torch.Tensor, per_client: int, grad: bool, out: dict):
+        """NLL (and raw gradients) on whole local datasets of the clients at ``client_pos``, one row
+        per (client, extra state), written into ``out["loss"]`` / ``out["grads"]`` (all rows)."""
+        for group in self.engine.size_groups(self.indices[client_pos], per_client):
+            row_idx = (client_pos[group].unsqueeze(1) * per_client + torch.arange(per_client)).reshape(-1)
+            clients = self.indices[client_pos[group]].repeat_interleave(per_client)
+            X, y, mask = self.engine.padded(clients)
+            sub = {
+                k: v[row_idx].detach().requires_grad_(grad and self.spec.param(k).trainable)
+                for k, v in raw.items()
+            }
+            with torch.set_grad_enabled(grad):
+                value = self.gp.nll(sub, X, y, mask, self._ids(clients))
+            if grad:
+                leaves = [k for k in sub if sub[k].requires_grad]
+                for k, g in zip(leaves, torch.autograd.grad(value.sum(), [sub[k] for k in leaves])):
+                    out["grads"][k][row_idx] = g
+            out["loss"][row_idx] = value.detach()
+
+    # -- ClientOps --------------------------------------------------------------------------------
+    def nll(self, states: HyperState) -> torch.Tensor:
+        flat, extra, per_client = self._rows(states)
+        raw = dict(self.spec.to_raw(flat))
+        out = {"loss": torch.empty(len(self.indices) * per_client, dtype=self.spec.dtype)}
+        self._full_data_nll(raw, torch.arange(len(self.indices)), per_client, False, out)
+        return out["loss"].reshape(len(self.indices), *extra)
+
+    def gradient(self, states: HyperState, batch_size: int | None = None) -> tuple[torch.Tensor, HyperState]:
+        flat, extra, per_client = self._rows(states)
+        raw = dict(self.spec.to_raw(flat))
+        B = len(self.indices)
+        out = {
+            "loss": torch.empty(B * per_client, dtype=self.spec.dtype),
+            "grads": {k: torch.zeros_like(v) for k, v in raw.items()},
+        }
+        # A client with at most batch_size points uses all of them (as the sequential engine).
+        full = torch.ones(B, dtype=torch.bool) if batch_size is None else self.sizes <= batch_size
+        if bool(full.any()):
+            self._full_data_nll(raw, full.nonzero().flatten(), per_client, True, out)
+        if not bool(full.all()):
+            pos = (~full).nonzero().flatten()
+            idx = draw_minibatches(
+                self.engine.seed,
+                self.round,
+                self.indices[pos],
+                self.sizes[pos],
+                1,
+                batch_size,
+                stream="gradient",
+            )[:, 0]
+            rows = (pos.unsqueeze(1) * per_client + torch.arange(per_client)).reshape(-1)
+            clients = self.indices[pos].repeat_interleave(per_client)
+            flat_idx = self.engine.offsets[clients].unsqueeze(1) + idx.repeat_interleave(per_client, 0)
+            sub = {k: v[rows].detach().requires_grad_(self.spec.param(k).trainable) for k, v in raw.items()}
+            value = self.gp.nll(
+                sub, self.engine.X[flat_idx], self.engine.y[flat_idx], None, self._ids(clients)
+            )
+            leaves = [k for k in sub if sub[k].requires_grad]
+            for k, g in zip(leaves, torch.autograd.grad(value.sum(), [sub[k] for k in leaves])):
+                out["grads"][k][rows] = g
+            out["loss"][rows] = value.detach()
+        shaped = HyperState(out["grads"], flat.event_shapes).map(
+            lambda v, e: v.reshape(B, *extra, *v.shape[1:])
+        )
+        return out["loss"].reshape(B, *extra), shaped
+
+    def train(self, states: HyperState, local: LocalTraining) -> TrainResult:
+        flat, extra, per_client = self._rows(states)
+        B = len(self.indices)
+        steps = local.num_steps(self.sizes)
+        batch = local.batch_sizes(self.sizes)
+        S, M = int(steps.max()), int(batch.max())
+        # Minibatch indices, drawn per group of equal M_k so every client gets exactly the draws
+        # the sequential engine gives it; shorter minibatches are padded (masked) to M.
+        idx = torch.full((B, S, M), -1, dtype=torch.long)
+        for m in batch.unique().tolist():
+            pos = (batch == m).nonzero().flatten()
+            X_pad = self.engine.padded(self.indices[pos])[0] if local.minibatch == "nearest" else None
+            idx[pos, :, :m] = draw_minibatches(
+                self.engine.seed, self.round, self.indices[pos], self.sizes[pos], S, m, local.minibatch, X_pad
+            )
+        mask = (idx >= 0).repeat_interleave(per_client, 0)  # (rows, S, M)
+        flat_idx = self.engine.offsets[self.indices].view(B, 1, 1) + idx.clamp_min(0)
+        flat_idx = flat_idx.repeat_interleave(per_client, 0)
+        row_steps = steps.repeat_interleave(per_client)
+        ids = self._ids(self.indices.repeat_interleave(per_client))
+
+        raw_all = dict(self.spec.to_raw(flat))
+        trainable = [p.name for p in self.spec.params if p.trainable]
+        start = {k: raw_all[k] for k in trainable}
+        raw, opt_state = dict(start), local.optimizer.init(start)
+        total = torch.zeros(len(row_steps), dtype=self.spec.dtype)
+        for s in range(S):
+            active = s < row_steps
+            params = {
+                k: (v.detach().requires_grad_() if k in raw else v) for k, v in {**raw_all, **raw}.items()
+            }
+            m_s = mask[:, s]
+            value = self.gp.nll(
+                params,
+                self.engine.X[flat_idx[:, s]],
+                self.engine.y[flat_idx[:, s]],
+                None if bool(m_s.all()) else m_s,
+                ids,
+            )
+            grads = dict(zip(trainable, torch.autograd.grad(value.sum(), [params[k] for k in trainable])))
+            if local.prox_mu:
+                grads = {k: g + local.prox_mu * (raw[k] - start[k]) for k, g in grads.items()}
+            t = self.round * row_steps + s
+            raw = local.optimizer.step({k: v.detach() for k, v in raw.items()}, grads, opt_state, t, active)
+            total += torch.where(active, value.detach(), torch.zeros((), dtype=total.dtype))
+        raw_all.update(raw)
+        new = self.spec.from_raw(HyperState(raw_all, self.spec.event_shapes))
+        new = new.map(lambda v, e: v.reshape(B, *extra, *v.shape[1:]))
+        loss = (total / row_steps.to(total.dtype)).reshape(B, *extra)
+        return TrainResult(new, loss, steps)
+
+    def predict(self, states: HyperState, X_new: torch.Tensor | None = None) -> list[Prediction]:
+        """Personalised posteriors of all clients of the chunk at once (batch ``(B,)`` states);
+        at each client's test inputs, or at shared inputs ``X_new``."""
+        flat, extra, per_client = self._rows(states)
+        if extra:
+            raise ValueError(f"predict needs one state per client, got extra batch {tuple(extra)}")
+        raw = dict(self.spec.to_raw(flat))
+        out: list[Prediction | None] = [None] * len(self.indices)
+        for group in self.engine.size_groups(self.indices, 1, test=X_new is None):
+            clients = self.indices[group]
+            X, y, mask = self.engine.padded(clients)
+            if X_new is None:
+                missing = [
+                    self.engine.ids[i] for i in clients.tolist() if self.engine.clients[i].X_test is None
+                ]
+                if missing:
+                    raise ValueError(f"client {missing[0]!r} has no test split and no inputs were given")
+                tests = [self.engine.clients[i].X_test.to(X.dtype) for i in clients.tolist()]
+                lengths = torch.tensor([len(t) for t in tests])
+                Xs = torch.nn.utils.rnn.pad_sequence(tests, batch_first=True)
+            else:
+                Xs = torch.as_tensor(X_new, dtype=X.dtype).expand(len(clients), *X_new.shape)
+                lengths = torch.full((len(clients),), X_new.shape[0])
+            sub = {k: v[group] for k, v in raw.items()}
+            with torch.no_grad():
+                mean, var_f, noise = self._posterior(sub, X, y, mask, Xs, self._ids(clients))
+            for j, pos in enumerate(group.tolist()):
+                n = int(lengths[j])
+                out[pos] = Prediction(mean[j, :n].clone(), var_f[j, :n].clone(), var_f[j, :n] + noise[j])
+        return out  # type: ignore[return-value]
+
+    def _posterior(self, raw, X, y, mask, Xs, ids):
+        K = self.gp.train_covariance(raw, X, mask)
+        L = cholesky(K, ids)
+        r = y - self.gp.mean(raw, X)
+        Ks = self.gp.kernel(raw, X, Xs)  # (B, N, T)
+        if mask is not None:
+            r = torch.where(mask, r, torch.zeros((), dtype=r.dtype))
+            Ks = torch.where(mask.unsqueeze(-1), Ks, torch.zeros((), dtype=Ks.dtype))
+        alpha = torch.cholesky_solve(r.unsqueeze(-1), L).squeeze(-1)
+        mean = self.gp.mean(raw, Xs) + (Ks * alpha.unsqueeze(-1)).sum(-2)
+        V = torch.linalg.solve_triangular(L, Ks, upper=False)
+        prior = self.gp.kernel(raw, Xs, Xs, diag=True)
+        var_f = (prior - (V * V).sum(-2)).clamp_min(0.0)
+        return mean, var_f, self.gp.noise_variance(raw).unsqueeze(-1)
+
+
+def check_against_gpytorch(spec: GPSpec, seed: int = 0) -> None:
+    """Raise ``ValueError`` unless the batched path reproduces GPyTorch's NLL and gradients on a
+    random case for this spec (guards against kernels whose ``forward`` does not batch, priors,
+    ``active_dims`` ...)."""
+    from fedgp.engines.sequential import SequentialOps
+
+    g = torch.Generator().manual_seed(seed)
+    d = _input_dim(spec)
+    clients = [
+        ClientData(
+            torch.rand(n, d, generator=g, dtype=torch.float64),
+            torch.randn(n, generator=g, dtype=torch.float64),
+            id=i,
+        )
+        for i, n in enumerate((7, 5))
+    ]
+    raw = spec.to_raw(spec.initial_state())
+    perturbed = [
+        spec.from_raw(raw.map(lambda v, e: v + 0.1 * torch.randn(v.shape, generator=g, dtype=v.dtype)))
+        for _ in clients
+    ]
+    try:
+        engine = BatchedEngine(spec, clients, 0, check=False)
+        ops = BatchedOps(engine, torch.arange(2), 0)
+        ours_loss, ours_grad = ops.gradient(HyperState.stack(perturbed))
+    except Exception as err:  # any failure here means "not supported"
+        raise ValueError(
+            f"the batched engine cannot evaluate this spec ({type(err).__name__}: {err}); "
+            "use engine='sequential'"
+        ) from err
+    model = spec.build()
+    for i, (client, state) in enumerate(zip(clients, perturbed)):
+        ref_loss, ref_grad = SequentialOps(spec, model, client, i, 0, 0).gradient(state.expand(1))
+        ok = torch.allclose(ours_loss[i], ref_loss[0], rtol=1e-9, atol=1e-12) and all(
+            torch.allclose(ours_grad[k][i], ref_grad[k][0], rtol=1e-7, atol=1e-10) for k in ref_grad
+        )
+        if not ok:
+            raise ValueError(
+                "the batched engine does not reproduce GPyTorch's marginal likelihood for this spec "
+                "(priors, active_dims or a kernel whose forward does not broadcast over parameter "
+                "batches?); use engine='sequential'"
+            )
+
+
+def _input_dim(spec: GPSpec) -> int:
+    dims = [getattr(m, "ard_num_dims", None) for m in spec.kernel.modules()]
+    dims += [
+        getattr(m, "weights", torch.empty(1, 1)).shape[-2]
+        for m in spec.mean.modules()
+        if hasattr(m, "weights")
+    ]
+    dims = [int(x) for x in dims if x]
+    return max(dims) if dims else 1
