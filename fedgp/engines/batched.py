@@ -55,44 +55,49 @@ class _MeanKernel(nn.Module):
 
 
 class StationaryGram(torch.autograd.Function):
-    """Gram matrix ``s · k(‖z_i − z_j‖)`` of RBF or Matérn-ν (ν = 3/2, 5/2) kernels on scaled
-    inputs ``Z = X / ℓ``, with a hand-written backward.
+    """``s · k(‖z_i − z_j‖) + σ² I`` for RBF or Matérn-ν (ν = 3/2, 5/2) kernels on scaled inputs
+    ``Z = X / ℓ``, with a hand-written backward.
 
-    GPyTorch's ``forward`` for these kernels makes about eight passes over the ``(B, M, M)`` tensor
-    and autograd as many again; this fused version makes three forward and three backward, which
-    is what bounds small-M throughput (benchmarks/engine_throughput.py). Tests compare it with
+    Small-M throughput is bound by passes over the ``(B, M, M)`` tensors, not by arithmetic:
+    GPyTorch's kernel ``forward`` makes about eight and autograd as many again; this fused version
+    makes five forward and four backward (benchmarks/engine_throughput.py). Tests compare it with
     GPyTorch's kernels and with ``torch.autograd.gradcheck``.
     """
 
     @staticmethod
-    def forward(ctx, Z, outputscale, nu):
+    def forward(ctx, Z, outputscale, noise, nu):
         sq = (Z * Z).sum(-1)
-        D = (sq.unsqueeze(-1) + sq.unsqueeze(-2) - 2 * Z @ Z.transpose(-1, -2)).clamp_min_(0)
-        D.diagonal(dim1=-2, dim2=-1).zero_()
-        s = outputscale.reshape(-1, 1, 1)
-        if nu is None:  # RBF: k = exp(-D/2), dk/dD = -k/2
-            unit = torch.exp(-0.5 * D)
-            dunit = -0.5 * unit
-        elif nu == 1.5:  # k = (1 + r) e^{-r}, r = √(3D); dk/dD = -(3/2) e^{-r}
-            r = torch.sqrt(3 * D)
+        D = torch.baddbmm(sq.unsqueeze(-1) + sq.unsqueeze(-2), Z, Z.transpose(-1, -2), alpha=-2.0)
+        D.clamp_min_(0).diagonal(dim1=-2, dim2=-1).zero_()
+        if nu is None:  # RBF: k = exp(-D/2)
+            unit = torch.exp(D.mul_(-0.5))
+            e = None
+        else:  # Matérn: r = √(2ν D)
+            r = D.mul_(2 * nu).sqrt_()
             e = torch.exp(-r)
-            unit, dunit = (1 + r) * e, -1.5 * e
-        else:  # nu == 2.5: k = (1 + r + r²/3) e^{-r}, r = √(5D); dk/dD = -(5/6)(1 + r) e^{-r}
-            r = torch.sqrt(5 * D)
-            e = torch.exp(-r)
-            unit, dunit = (1 + r + r * r / 3) * e, -(5.0 / 6.0) * (1 + r) * e
-        ctx.save_for_backward(Z, outputscale, unit, dunit)
-        return s * unit
+            unit = (1 + r) * e if nu == 1.5 else (1 + r + r * r / 3) * e
+            e = e if nu == 1.5 else (1 + r) * e
+        ctx.nu = nu
+        ctx.save_for_backward(Z, outputscale, unit, e)
+        K = unit * outputscale.reshape(-1, 1, 1)
+        K.diagonal(dim1=-2, dim2=-1).add_(noise.reshape(-1, 1))
+        return K
 
     @staticmethod
     def backward(ctx, grad):
-        Z, outputscale, unit, dunit = ctx.saved_tensors
-        s = outputscale.reshape(-1, 1, 1)
-        grad_s = (grad * unit).sum((-1, -2)).reshape(outputscale.shape)
-        gD = grad * dunit * s
-        H = gD + gD.transpose(-1, -2)  # D_ij depends on z_i and z_j symmetrically
-        grad_Z = 2 * (H.sum(-1, keepdim=True) * Z - H @ Z)
-        return grad_Z, grad_s, None
+        Z, outputscale, unit, e = ctx.saved_tensors
+        nu = ctx.nu
+        grad_noise = torch.diagonal(grad, dim1=-2, dim2=-1).sum(-1)
+        P = grad * unit
+        grad_s = P.sum((-1, -2))
+        # dk/dD: RBF -k/2; Matérn-3/2 -(3/2) e^{-r}; Matérn-5/2 -(5/6)(1 + r) e^{-r}
+        if nu is None:
+            G, c = P, -0.5
+        else:
+            G, c = grad * e, (-1.5 if nu == 1.5 else -5.0 / 6.0)
+        H = G + G.transpose(-1, -2)  # D_ij depends on z_i and z_j symmetrically
+        grad_Z = (2 * c) * outputscale.reshape(-1, 1, 1) * (H.sum(-1, keepdim=True) * Z - H @ Z)
+        return grad_Z, grad_s.reshape(outputscale.shape), grad_noise.reshape(-1), None
 
 
 def _stationary_fast_path(spec: GPSpec):
@@ -149,20 +154,19 @@ class BatchedGP:
         """``(rows,)`` observation-noise variances."""
         return self.noise.transform(raw[self.noise.name]).reshape(-1)
 
-    def gram(self, raw: dict[str, torch.Tensor], X: torch.Tensor) -> torch.Tensor:
-        """``K(X, X)`` per row: the fused stationary path when it applies, else GPyTorch's forward."""
-        if self.fast is None:
-            return self.kernel(raw, X, X)
-        scale, lengthscale, nu = self.fast
-        ls = self.spec.param(lengthscale).transform(raw[lengthscale])
-        s = self.spec.param(scale).transform(raw[scale]) if scale else torch.ones(len(X), dtype=X.dtype)
-        return StationaryGram.apply(X / ls, s.reshape(-1), nu)
-
     def train_covariance(self, raw, X, mask):
-        """``K(X, X) + σ² I`` with padded rows/columns replaced by the identity."""
+        """``K(X, X) + σ² I`` (the fused stationary path when it applies, else GPyTorch's kernel
+        ``forward``), with padded rows/columns replaced by the identity."""
+        noise = self.noise_variance(raw)
+        if self.fast is not None:
+            scale, lengthscale, nu = self.fast
+            ls = self.spec.param(lengthscale).transform(raw[lengthscale])
+            s = self.spec.param(scale).transform(raw[scale]) if scale else torch.ones(len(X), dtype=X.dtype)
+            K = StationaryGram.apply(X / ls, s.reshape(-1), noise, nu)
+        else:
+            K = self.kernel(raw, X, X) + noise.reshape(-1, 1, 1) * torch.eye(X.shape[-2], dtype=X.dtype)
         n = X.shape[-2]
         eye = torch.eye(n, dtype=X.dtype)
-        K = self.gram(raw, X) + self.noise_variance(raw).reshape(-1, 1, 1) * eye
         if mask is not None:
             pair = mask.unsqueeze(-1) & mask.unsqueeze(-2)
             K = torch.where(pair, K, eye)
@@ -200,22 +204,30 @@ class GaussianNLL(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         L_inv, beta, n = ctx.saved_tensors
-        K_inv = L_inv.transpose(-1, -2) @ L_inv
-        alpha = (L_inv.transpose(-1, -2) @ beta.unsqueeze(-1)).squeeze(-1)
         scale = (grad / n).reshape(-1, 1)
-        grad_K = 0.5 * scale.unsqueeze(-1) * (K_inv - alpha.unsqueeze(-1) * alpha.unsqueeze(-2))
+        alpha = (L_inv.transpose(-1, -2) @ beta.unsqueeze(-1)).squeeze(-1)
+        # ½ c (K⁻¹ − ααᵀ) with the per-row factor c folded into the products
+        half_c = (0.5 * scale).unsqueeze(-1)
+        grad_K = torch.baddbmm(
+            L_inv.transpose(-1, -2) @ (L_inv * half_c),
+            (alpha * half_c.squeeze(-1)).unsqueeze(-1),
+            alpha.unsqueeze(-2),
+            alpha=-1.0,
+        )
         return grad_K, scale * alpha, None, None
 
 
 def cholesky(K: torch.Tensor, client_ids: Sequence) -> torch.Tensor:
-    """Batched Cholesky with GPyTorch's jitter schedule (1e-8, 1e-7, 1e-6) on failing rows only."""
+    """Batched Cholesky with GPyTorch's jitter schedule on failing rows only (float64: 1e-8, 1e-7,
+    1e-6; float32: 1e-6, 1e-5, 1e-4)."""
     L, info = torch.linalg.cholesky_ex(K)
     failed = info > 0
     if not bool(failed.any()):
         return L
     eye = torch.eye(K.shape[-1], dtype=K.dtype)
+    first = CHOLESKY_JITTER if K.dtype == torch.float64 else 1e-6
     for attempt in range(CHOLESKY_MAX_TRIES):
-        jitter = CHOLESKY_JITTER * 10**attempt
+        jitter = first * 10**attempt
         L_try, info_try = torch.linalg.cholesky_ex(K[failed] + jitter * eye)
         L = L.index_put((failed.nonzero().flatten(),), L_try)
         still = torch.zeros_like(failed)
@@ -226,7 +238,7 @@ def cholesky(K: torch.Tensor, client_ids: Sequence) -> torch.Tensor:
     raise FactorizationError(
         f"client {bad[0]!r}{' (and others: ' + repr(bad[1:]) + ')' if len(bad) > 1 else ''}: covariance "
         f"matrix not positive definite after {CHOLESKY_MAX_TRIES} jitter retries (largest jitter "
-        f"{CHOLESKY_JITTER * 10 ** (CHOLESKY_MAX_TRIES - 1):.0e})"
+        f"{first * 10 ** (CHOLESKY_MAX_TRIES - 1):.0e})"
     )
 
 
@@ -237,6 +249,9 @@ class BatchedEngine:
         chunk_size: clients per batched program (bounds memory; cost is linear in clients).
         memory_mb: budget for one full-data evaluation group (kernel matrices of whole clients).
         check: compare with GPyTorch on a random case at construction (recommended).
+        minibatch_dtype: precision of the local minibatch steps only (e.g. ``torch.float32``, about
+            1.6× faster here); states, optimiser and full-data evaluations stay in the spec's dtype.
+            Results then differ from the sequential engine by float32 rounding.
     """
 
     name = "batched"
@@ -249,17 +264,25 @@ class BatchedEngine:
         chunk_size: int = 1024,
         memory_mb: float = 256.0,
         check: bool = True,
+        minibatch_dtype: torch.dtype | None = None,
     ):
         if chunk_size < 1:
             raise ValueError("chunk_size must be >= 1")
         self.spec, self.clients, self.seed = spec, clients, seed
         self.chunk_size, self.memory_mb = chunk_size, memory_mb
+        self.minibatch_dtype = minibatch_dtype or spec.dtype
+        if self.minibatch_dtype not in (torch.float32, torch.float64):
+            raise ValueError(f"minibatch_dtype must be torch.float32 or torch.float64, got {minibatch_dtype}")
         self.gp = BatchedGP(spec)
         dtype = spec.dtype
         self.sizes = torch.tensor([c.n for c in clients], dtype=torch.long)
         self.offsets = torch.cumsum(self.sizes, 0) - self.sizes
         self.X = torch.cat([c.X for c in clients]).to(dtype)
         self.y = torch.cat([c.y for c in clients]).to(dtype)
+        if self.minibatch_dtype != dtype:  # a copy in the minibatch precision, gathered every step
+            self.X_mb, self.y_mb = self.X.to(self.minibatch_dtype), self.y.to(self.minibatch_dtype)
+        else:
+            self.X_mb, self.y_mb = self.X, self.y
         self.ids = [c.id for c in clients]
         if check:
             check_against_gpytorch(spec)
@@ -413,6 +436,7 @@ class BatchedOps:
         start = {k: raw_all[k] for k in trainable}
         raw, opt_state = dict(start), local.optimizer.init(start)
         total = torch.zeros(len(row_steps), dtype=self.spec.dtype)
+        mb_dtype = self.engine.minibatch_dtype
         for s in range(S):
             active = s < row_steps
             params = {
@@ -420,9 +444,9 @@ class BatchedOps:
             }
             m_s = mask[:, s]
             value = self.gp.nll(
-                params,
-                self.engine.X[flat_idx[:, s]],
-                self.engine.y[flat_idx[:, s]],
+                {k: v.to(mb_dtype) for k, v in params.items()},
+                self.engine.X_mb[flat_idx[:, s]],
+                self.engine.y_mb[flat_idx[:, s]],
                 None if bool(m_s.all()) else m_s,
                 ids,
             )
@@ -431,7 +455,7 @@ class BatchedOps:
                 grads = {k: g + local.prox_mu * (raw[k] - start[k]) for k, g in grads.items()}
             t = self.round * row_steps + s
             raw = local.optimizer.step({k: v.detach() for k, v in raw.items()}, grads, opt_state, t, active)
-            total += torch.where(active, value.detach(), torch.zeros((), dtype=total.dtype))
+            total += torch.where(active, value.detach().to(total.dtype), torch.zeros((), dtype=total.dtype))
         raw_all.update(raw)
         new = self.spec.from_raw(HyperState(raw_all, self.spec.event_shapes))
         new = new.map(lambda v, e: v.reshape(B, *extra, *v.shape[1:]))

@@ -131,11 +131,12 @@ def test_fused_stationary_gram_matches_gpytorch(kernel):
     raw = spec.to_raw(spec.initial_state()).map(
         lambda v, e: (v + 0.3 * torch.randn(4, *v.shape, generator=g, dtype=v.dtype)).requires_grad_()
     )
-    ours = engine.gp.gram(dict(raw), X)
-    generic = engine.gp.kernel(dict(raw), X, X)
+    ours = engine.gp.train_covariance(dict(raw), X, None)
+    noise = engine.gp.noise_variance(dict(raw)).reshape(-1, 1, 1)
+    generic = engine.gp.kernel(dict(raw), X, X) + noise * torch.eye(9, dtype=torch.float64)
     assert torch.allclose(ours, generic, rtol=1e-10, atol=1e-12)
     weights = torch.randn(4, 9, 9, generator=g, dtype=torch.float64)
-    names = [p.name for p in spec.params if not p.name.startswith("likelihood")]
+    names = spec.names
     g_ours = torch.autograd.grad((ours * weights).sum(), [raw[k] for k in names])
     g_ref = torch.autograd.grad((generic * weights).sum(), [raw[k] for k in names])
     for a, b in zip(g_ours, g_ref):
@@ -147,7 +148,8 @@ def test_custom_backwards_pass_gradcheck(nu):
     g = torch.Generator().manual_seed(2)
     Z = torch.rand(3, 5, 2, generator=g, dtype=torch.float64, requires_grad=True)
     s = (torch.rand(3, generator=g, dtype=torch.float64) + 0.5).requires_grad_()
-    assert torch.autograd.gradcheck(lambda Z, s: StationaryGram.apply(Z, s, nu), (Z, s))
+    noise = (torch.rand(3, generator=g, dtype=torch.float64) + 0.1).requires_grad_()
+    assert torch.autograd.gradcheck(lambda Z, s, noise: StationaryGram.apply(Z, s, noise, nu), (Z, s, noise))
     # K enters symmetrically (the backward returns the symmetric gradient), so check through A -> AAᵀ + I
     A = torch.randn(3, 5, 5, generator=g, dtype=torch.float64, requires_grad=True)
     r = torch.randn(3, 5, generator=g, dtype=torch.float64, requires_grad=True)
@@ -226,3 +228,12 @@ def test_factorisation_failure_names_the_client():
     # the message names the failing client(s); "ok" may fail too at this outputscale
     with pytest.raises(FactorizationError, match=r"client .*'engine-9'.*not positive definite"):
         ops.nll(state.expand(2))
+
+
+def test_float32_minibatches_stay_close_to_float64(equal):
+    strategy = FGPR(local_steps=5, batch_size=32)
+    seq, bat = both(equal.spec, equal.federation, strategy, rounds=5, minibatch_dtype=torch.float32)
+    assert bat.state["covar_module.outputscale"].dtype == torch.float64
+    assert seq.state.max_relative_difference(bat.state) < 1e-3
+    with pytest.raises(ValueError, match="minibatch_dtype"):
+        BatchedEngine(equal.spec, equal.federation, 0, minibatch_dtype=torch.float16)

@@ -1,0 +1,274 @@
+"""Engine throughput: a plain per-client GPyTorch loop vs fedgp's sequential and batched engines.
+
+    .venv/bin/python benchmarks/engine_throughput.py                 # K = 100, 1,000, 10,000
+    .venv/bin/python benchmarks/engine_throughput.py --target        # + K = 10,000, R = 100 in one run
+    .venv/bin/python benchmarks/engine_throughput.py --clients 100 1000 --repeats 3
+
+FGPR with M = 32, d = 5, E = 5 local Adam steps, ScaleKernel(RBF-ARD), float64, 100 points per
+client. Every measurement runs in a fresh subprocess (so peak RSS is its own) and is repeated;
+the table reports medians. "loop" is what a GPyTorch user would otherwise write, following the
+GPyTorch regression tutorial: one ``ExactGP`` per client, ``set_train_data`` per minibatch step,
+a fresh ``torch.optim.Adam`` per client and round, FedAvg of the state dicts.
+
+Writes results/benchmarks/engine_throughput.csv (K, engine, threads, client_steps_per_s,
+ratio_vs_loop, peak_rss_mb, wall_s) and prints the table, the thread counts, and the achieved
+GFLOP/s of the batched path against a batched-matmul roofline measured on the same machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+M, D, E, N_PER_CLIENT = 32, 5, 5, 100
+
+
+def make_federation(K: int, seed: int = 0):
+    import fedgp
+
+    theta = {
+        "covar_module.outputscale": 1.0,
+        "likelihood.noise_covar.noise": 0.1,
+        "covar_module.base_kernel.lengthscale": [[0.6] * D],
+    }
+    return fedgp.data.gp_federation(num_clients=K, n=N_PER_CLIENT, d=D, theta=theta, seed=seed).federation
+
+
+def run_loop(fed, rounds: int) -> None:
+    """The baseline a GPyTorch user writes by hand (GPyTorch's Simple_GP_Regression tutorial, per client)."""
+    import gpytorch
+    import torch
+
+    class ExactGPModel(gpytorch.models.ExactGP):
+        def __init__(self, train_x, train_y, likelihood):
+            super().__init__(train_x, train_y, likelihood)
+            self.mean_module = gpytorch.means.ZeroMean()
+            self.covar_module = gpytorch.kernels.ScaleKernel(gpytorch.kernels.RBFKernel(ard_num_dims=D))
+
+        def forward(self, x):
+            return gpytorch.distributions.MultivariateNormal(self.mean_module(x), self.covar_module(x))
+
+    models = [ExactGPModel(c.X, c.y, gpytorch.likelihoods.GaussianLikelihood()).double() for c in fed]
+    global_state = {k: v.clone() for k, v in models[0].state_dict().items()}
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(rounds):
+        states = []
+        for client, model in zip(fed, models):
+            model.load_state_dict(global_state)
+            model.train()
+            optimizer = torch.optim.Adam(model.parameters(), lr=0.05)
+            mll = gpytorch.mlls.ExactMarginalLogLikelihood(model.likelihood, model)
+            for _ in range(E):
+                idx = torch.randperm(client.n, generator=gen)[:M]
+                model.set_train_data(client.X[idx], client.y[idx], strict=False)
+                optimizer.zero_grad()
+                loss = -mll(model(client.X[idx]), client.y[idx])
+                loss.backward()
+                optimizer.step()
+            states.append(model.state_dict())
+        weights = fed.weights
+        global_state = {k: sum(w * s[k] for w, s in zip(weights, states)) for k in global_state}
+
+
+def worker(config: dict) -> dict:
+    import torch
+
+    torch.set_num_threads(config["threads"])
+    import fedgp
+
+    fed = make_federation(config["K"])
+    if config["engine"] == "loop" and config.get("loop_clients"):
+        fed = fed[: config["loop_clients"]]
+    K = len(fed)
+    start = time.perf_counter()
+    if config["engine"] == "loop":
+        run_loop(fed, config["rounds"])
+    else:
+        options = {"minibatch_dtype": torch.float32} if config["engine"] == "batched_f32" else None
+        spec = fedgp.data.gp_spec(D, "rbf")
+        strategy = fedgp.strategies.FGPR(local_steps=E, batch_size=M, lr=0.05)
+        engine = "batched" if config["engine"].startswith("batched") else config["engine"]
+        fedgp.fit(
+            spec,
+            fed,
+            strategy,
+            rounds=config["rounds"],
+            engine=engine,
+            seed=0,
+            progress=False,
+            eval_every=0,
+            engine_options=options,
+        )
+    wall = time.perf_counter() - start
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB -> MiB on Linux
+    return {
+        "K_run": K,
+        "wall_s": wall,
+        "client_steps_per_s": K * E * config["rounds"] / wall,
+        "peak_rss_mb": rss,
+    }
+
+
+def measure(config: dict, repeats: int) -> dict:
+    runs = []
+    for _ in range(repeats):
+        out = subprocess.run(
+            [sys.executable, __file__, "--worker", json.dumps(config)],
+            capture_output=True,
+            text=True,
+            check=True,
+            env={**os.environ, "OMP_NUM_THREADS": str(config["threads"])},
+        )
+        runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
+    return {
+        "client_steps_per_s": statistics.median(r["client_steps_per_s"] for r in runs),
+        "wall_s": statistics.median(r["wall_s"] for r in runs),
+        "peak_rss_mb": max(r["peak_rss_mb"] for r in runs),
+        "K_run": runs[0]["K_run"],
+    }
+
+
+def flops_per_client_step(m: int = M, d: int = D) -> float:
+    """Floating-point operations of one batched-engine client step, forward + backward, counted
+    from fedgp/engines/batched.py (an exp counts as one operation):
+
+    * Gram matrix forward: ZZᵀ via baddbmm 2m²d, six elementwise passes 6m²;
+    * NLL forward: Cholesky m³/3, triangular inverse m³/3, L⁻¹r 2m²;
+    * NLL backward: α 2m², L⁻¹·c m², K⁻¹ = L⁻ᵀ(cL⁻¹) 2m³, rank-one update 3m²;
+    * Gram backward: four elementwise passes 4m², HZ 2m²d.
+    """
+    return (
+        2 * m * m * d
+        + 6 * m * m
+        + m**3 / 3
+        + m**3 / 3
+        + 2 * m * m
+        + 2 * m * m
+        + m * m
+        + 2 * m**3
+        + 3 * m * m
+        + 4 * m * m
+        + 2 * m * m * d
+    )
+
+
+def matmul_roofline(threads: int) -> dict:
+    """Measured GFLOP/s of float64 batched (B, 32, 32) @ (B, 32, 32) and of one 2048² matmul."""
+    import torch
+
+    torch.set_num_threads(threads)
+    out = {}
+    for name, a, b in (
+        (
+            "bmm_32",
+            torch.randn(4096, M, M, dtype=torch.float64),
+            torch.randn(4096, M, M, dtype=torch.float64),
+        ),
+        (
+            "gemm_2048",
+            torch.randn(2048, 2048, dtype=torch.float64),
+            torch.randn(2048, 2048, dtype=torch.float64),
+        ),
+    ):
+        flops = 2 * a.shape[-2] * a.shape[-1] * b.shape[-1] * (a.shape[0] if a.dim() == 3 else 1)
+        torch.matmul(a, b)
+        times = []
+        for _ in range(5):
+            t = time.perf_counter()
+            torch.matmul(a, b)
+            times.append(time.perf_counter() - t)
+        out[name] = flops / statistics.median(times) / 1e9
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--worker", help=argparse.SUPPRESS)
+    parser.add_argument("--clients", type=int, nargs="+", default=[100, 1000, 10000])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=3, help="rounds per batched measurement")
+    parser.add_argument(
+        "--loop-clients",
+        type=int,
+        default=None,
+        help="run loop/sequential on at most this many clients (throughput is per client)",
+    )
+    parser.add_argument("--target", action="store_true", help="also run K = 10,000, R = 100 (batched) once")
+    parser.add_argument("--out", default=str(ROOT / "results" / "benchmarks" / "engine_throughput.csv"))
+    args = parser.parse_args()
+    if args.worker:
+        print(json.dumps(worker(json.loads(args.worker))))
+        return
+
+    import pandas as pd
+
+    rows = []
+    for K in args.clients:
+        slow_rounds = 1
+        for engine, threads, rounds in (
+            ("loop", 1, slow_rounds),
+            ("sequential", 1, slow_rounds),
+            ("batched", 1, args.rounds),
+            ("batched", 2, args.rounds),
+            ("batched_f32", 1, args.rounds),
+            ("batched_f32", 2, args.rounds),
+        ):
+            config = {"K": K, "engine": engine, "threads": threads, "rounds": rounds}
+            if engine != "batched" and args.loop_clients:
+                config["loop_clients"] = min(K, args.loop_clients)
+            result = measure(config, args.repeats)
+            rows.append({"K": K, "engine": engine, "threads": threads, **result})
+            print(
+                f"K={K:>6} {engine:>11} threads={threads}: "
+                f"{result['client_steps_per_s']:>10.0f} client-steps/s "
+                f"(ran {result['K_run']} clients, median wall {result['wall_s']:.2f} s, peak RSS "
+                f"{result['peak_rss_mb']:.0f} MB)",
+                flush=True,
+            )
+    if args.target:
+        for engine in ("batched", "batched_f32"):
+            config = {"K": 10000, "engine": engine, "threads": 2, "rounds": 100}
+            result = measure(config, 1)
+            rows.append({"K": 10000, "engine": f"{engine}_R100", "threads": 2, **result})
+            print(
+                f"target K=10000 R=100 {engine}: wall {result['wall_s']:.1f} s, peak RSS "
+                f"{result['peak_rss_mb']:.0f} MB",
+                flush=True,
+            )
+    table = pd.DataFrame(rows)
+    loop = table[table.engine == "loop"].set_index("K")["client_steps_per_s"]
+    table["ratio_vs_loop"] = table["client_steps_per_s"] / table["K"].map(loop)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    columns = ["K", "engine", "threads", "client_steps_per_s", "ratio_vs_loop", "peak_rss_mb", "wall_s"]
+    table[columns].to_csv(out, index=False, float_format="%.4g")
+    print(
+        f"\nmachine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, "
+        "torch threads as listed"
+    )
+    print(table[columns + ["K_run"]].to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+    best = table[table.engine == "batched"].groupby("threads")["client_steps_per_s"].max()
+    roof = {t: matmul_roofline(t) for t in (1, 2)}
+    flops = flops_per_client_step()
+    for t, steps in best.items():
+        print(
+            f"batched, {t} thread(s): {steps * flops / 1e9:.2f} GFLOP/s achieved "
+            f"({flops / 1e3:.0f} kFLOP per client-step) vs measured roofline "
+            f"bmm(32x32) {roof[t]['bmm_32']:.1f} GFLOP/s, gemm(2048) {roof[t]['gemm_2048']:.1f} GFLOP/s"
+        )
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
