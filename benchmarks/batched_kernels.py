@@ -1,0 +1,154 @@
+"""Why the batched engine is built the way it is: the alternatives, timed side by side.
+
+    .venv/bin/python benchmarks/batched_kernels.py                # B = 1,000 clients, M = 32, d = 5
+    .venv/bin/python benchmarks/batched_kernels.py --compile      # also torch.compile (slow to compile)
+
+One local step of B clients (forward + backward of the per-point exact NLL, RBF-ARD kernel), done
+five ways, each timed as the median of 15 runs, with 1 and 2 torch threads:
+
+1. ``gpytorch_batch``: GPyTorch batch mode — one ``ExactGP`` with ``batch_shape=[B]`` modules,
+   ``ExactMarginalLogLikelihood``, ``loss.sum().backward()`` (the documented way to train many
+   independent GPs at once);
+2. ``autograd_chol``: GPyTorch's kernel ``forward`` on batched parameters, autograd through
+   ``torch.linalg.cholesky`` and ``solve_triangular``;
+3. ``fused_f64``: what the engine does — the fused ``StationaryGram`` and the closed-form
+   ``GaussianNLL`` backward, float64;
+4. ``fused_f32``: the same in float32 (``engine_options={"minibatch_dtype": torch.float32}``);
+5. ``compiled_gram`` (``--compile``): (3) with the Gram forward compiled by ``torch.compile``.
+
+Prints milliseconds per step and the speed-up over GPyTorch batch mode.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import gpytorch
+import torch
+
+from fedgp.data.synthetic import gp_spec
+from fedgp.engines.batched import BatchedGP, GaussianNLL, StationaryGram
+
+
+def timed(fn, repeats: int = 15) -> float:
+    fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times) * 1000
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--clients", type=int, default=1000)
+    parser.add_argument("--m", type=int, default=32)
+    parser.add_argument("--d", type=int, default=5)
+    parser.add_argument("--compile", action="store_true")
+    args = parser.parse_args()
+    B, M, d = args.clients, args.m, args.d
+    g = torch.Generator().manual_seed(0)
+    X = torch.rand(B, M, d, generator=g, dtype=torch.float64)
+    y = torch.randn(B, M, generator=g, dtype=torch.float64)
+    spec = gp_spec(d, "rbf")
+    gp = BatchedGP(spec)
+    raw0 = {k: v.expand(B, *v.shape).clone() for k, v in spec.to_raw(spec.initial_state()).items()}
+    ids = list(range(B))
+
+    def leaves(dtype=torch.float64):
+        return {k: v.to(dtype).requires_grad_() for k, v in raw0.items()}
+
+    # 1. GPyTorch batch mode
+    class BatchGP(gpytorch.models.ExactGP):
+        def __init__(self):
+            likelihood = gpytorch.likelihoods.GaussianLikelihood(batch_shape=torch.Size([B]))
+            super().__init__(X, y, likelihood)
+            self.mean_module = gpytorch.means.ZeroMean(batch_shape=torch.Size([B]))
+            self.covar_module = gpytorch.kernels.ScaleKernel(
+                gpytorch.kernels.RBFKernel(ard_num_dims=d, batch_shape=torch.Size([B])),
+                batch_shape=torch.Size([B]),
+            )
+
+        def forward(self, x):
+            return gpytorch.distributions.MultivariateNormal(self.mean_module(x), self.covar_module(x))
+
+    batch_model = BatchGP().double()
+    batch_model.train()
+    mll = gpytorch.mlls.ExactMarginalLogLikelihood(batch_model.likelihood, batch_model)
+
+    def gpytorch_batch():
+        batch_model.zero_grad()
+        with gpytorch.settings.max_cholesky_size(10**9):
+            (-mll(batch_model(X), y)).sum().backward()
+
+    # 2. autograd through Cholesky with GPyTorch's kernel forward
+    def autograd_chol():
+        raw = leaves()
+        K = gp.kernel(raw, X, X) + gp.noise_variance(raw).reshape(-1, 1, 1) * torch.eye(M, dtype=X.dtype)
+        L = torch.linalg.cholesky(K)
+        alpha = torch.linalg.solve_triangular(L, y.unsqueeze(-1), upper=False).squeeze(-1)
+        loss = (
+            0.5 * ((alpha * alpha).sum(-1) + 2 * torch.log(torch.diagonal(L, dim1=-2, dim2=-1)).sum(-1)) / M
+        )
+        torch.autograd.grad(loss.sum(), list(raw.values()))
+
+    # 3./4. the engine's fused path
+    def fused(dtype):
+        Xd, yd = X.to(dtype), y.to(dtype)
+
+        def step():
+            raw = leaves(dtype)
+            torch.autograd.grad(gp.nll(raw, Xd, yd, None, ids).sum(), list(raw.values()))
+
+        return step
+
+    cases = {
+        "gpytorch_batch": gpytorch_batch,
+        "autograd_chol": autograd_chol,
+        "fused_f64": fused(torch.float64),
+        "fused_f32": fused(torch.float32),
+    }
+
+    if args.compile:
+        compiled = torch.compile(
+            StationaryGram.forward.__func__
+            if hasattr(StationaryGram.forward, "__func__")
+            else StationaryGram.forward
+        )
+
+        class CompiledGram(StationaryGram):
+            @staticmethod
+            def forward(ctx, Z, outputscale, noise, nu):
+                return compiled(ctx, Z, outputscale, noise, nu)
+
+        def compiled_gram():
+            raw = leaves()
+            ls = spec.param("covar_module.base_kernel.lengthscale").transform(
+                raw["covar_module.base_kernel.lengthscale"]
+            )
+            s = spec.param("covar_module.outputscale").transform(raw["covar_module.outputscale"])
+            K = CompiledGram.apply(X / ls, s, gp.noise_variance(raw), None)
+            loss = GaussianNLL.apply(K, y, torch.full((B,), float(M), dtype=X.dtype), ids)
+            torch.autograd.grad(loss.sum(), list(raw.values()))
+
+        start = time.perf_counter()
+        compiled_gram()
+        print(f"torch.compile: first call (compilation) took {time.perf_counter() - start:.1f} s")
+        cases["compiled_gram"] = compiled_gram
+
+    print(f"one local step of B={B} clients, M={M}, d={d}, RBF-ARD; median ms (speed-up vs gpytorch_batch)")
+    for threads in (1, 2):
+        torch.set_num_threads(threads)
+        results = {name: timed(fn) for name, fn in cases.items()}
+        base = results["gpytorch_batch"]
+        line = ", ".join(f"{name} {ms:.1f} ({base / ms:.1f}x)" for name, ms in results.items())
+        print(f"threads={threads}: {line}")
+
+
+if __name__ == "__main__":
+    main()
