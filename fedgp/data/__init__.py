@@ -1,6 +1,20 @@
 """Data layer: clients, federations, partitioners, synthetic generators, real-data loaders."""
 
 from fedgp.data.client import ClientData, Federation
+from fedgp.data.cmapss import CMAPSS, load_cmapss
+from fedgp.data.mixture import (
+    SU_XU_YANG_SETTINGS,
+    GPMixture,
+    gaussian_mixed_regression,
+    gp_mixture_federation,
+    su_xu_yang_setting,
+)
+from fedgp.data.multifidelity import (
+    MF_FUNCTIONS,
+    MultiFidelityFunction,
+    MultiFidelityProblem,
+    multifidelity_federation,
+)
 from fedgp.data.partition import (
     ContinuousPartitioner,
     IidPartitioner,
@@ -8,6 +22,8 @@ from fedgp.data.partition import (
     SizeSkewedPartitioner,
     skewed_sizes,
 )
+from fedgp.data.registry import DataFileError, DataFileMissing, data_root
+from fedgp.data.sarcos import SARCOS, load_sarcos
 from fedgp.data.synthetic import (
     GPDraws,
     MixedRegression,
@@ -33,4 +49,20 @@ __all__ = [
     "gp_spec",
     "mixed_linear_regression",
     "sin_personalisation",
+    "gaussian_mixed_regression",
+    "su_xu_yang_setting",
+    "SU_XU_YANG_SETTINGS",
+    "GPMixture",
+    "gp_mixture_federation",
+    "load_cmapss",
+    "CMAPSS",
+    "load_sarcos",
+    "SARCOS",
+    "DataFileError",
+    "DataFileMissing",
+    "data_root",
+    "MultiFidelityFunction",
+    "MultiFidelityProblem",
+    "MF_FUNCTIONS",
+    "multifidelity_federation",
 ]

@@ -1,0 +1,353 @@
+"""Where real data files live, what they must contain, and how to fetch them.
+
+``datasets/registry.json`` at the top of the repository lists every file a loader reads: its folder,
+canonical URL, size and checksum (sha256, or the git blob id where only that is published). Loaders
+never parse a file before it has been verified against that entry, so a truncated download or an
+edited copy is an error that says which file, where it was looked for and how to get a good one,
+rather than a silently different table.
+
+The data root is resolved, in order, from the ``root=`` argument, the ``FEDGP_DATA`` environment
+variable, and the repository's own ``datasets/`` folder (``<repo>/datasets``, found from this source
+file: fedgp is used from a checkout, ``pip install -e .``). Files sit in ``<root>/<folder>/<name>``.
+``download=True`` fetches a missing file from its URL (or from ``FEDGP_DATA_MIRROR``, a base URL
+with the same ``<folder>/<name>`` layout) into the data root, verifies it, and only then moves it
+into place.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+import urllib.error
+import urllib.request
+from collections.abc import Mapping
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "DataFileError",
+    "DataFileMissing",
+    "FileEntry",
+    "Registry",
+    "REGISTRY_PATH",
+    "default_data_root",
+    "data_root",
+    "verify_file",
+    "fetch",
+    "locate",
+    "sha256_of",
+    "git_blob_sha1_of",
+]
+
+#: The repository's ``datasets/`` folder: the registry and the default data root.
+DATASETS_DIR = Path(__file__).resolve().parents[2] / "datasets"
+REGISTRY_PATH = DATASETS_DIR / "registry.json"
+_CHUNK = 1 << 20
+
+
+class DataFileError(ValueError):
+    """A data file is missing, truncated, altered or unreadable.
+
+    The message names the file, the path it was looked for at (and which setting chose that
+    folder) and how to obtain a verified copy. ``path`` and ``reason`` (``"missing"``, ``"size"``,
+    ``"checksum"``, ``"format"``, ``"download"``) are kept as attributes for programs.
+    """
+
+    def __init__(self, message: str, *, path: Path | str | None = None, reason: str = "format"):
+        super().__init__(message)
+        self.path = None if path is None else Path(path)
+        self.reason = reason
+
+
+class DataFileMissing(DataFileError, FileNotFoundError):
+    """The file is not there (also a ``FileNotFoundError``)."""
+
+
+@dataclass(frozen=True)
+class FileEntry:
+    """One registry entry: what a file must be, and where it comes from."""
+
+    dataset: str
+    folder: str
+    name: str
+    url: str | None
+    size: int | None
+    sha256: str | None
+    git_blob_sha1: str | None = None
+    info: Mapping[str, Any] | None = None
+    title: str = ""
+
+    @property
+    def label(self) -> str:
+        return f"{self.title or self.dataset} file {self.name!r}"
+
+    @property
+    def relative(self) -> str:
+        return f"{self.folder}/{self.name}"
+
+    def describe(self) -> str:
+        parts = []
+        if self.size is not None:
+            parts.append(f"{self.size} bytes")
+        if self.sha256:
+            parts.append(f"sha256 {self.sha256}")
+        if self.git_blob_sha1:
+            parts.append(f"git blob {self.git_blob_sha1}")
+        return ", ".join(parts) or "no checksum recorded"
+
+
+class Registry:
+    """The parsed ``registry.json``: ``entry(dataset, name)`` gives a :class:`FileEntry`."""
+
+    def __init__(self, data: Mapping[str, Any], path: Path | str | None = None):
+        if not isinstance(data, Mapping) or "datasets" not in data:
+            raise ValueError(f"registry {path or '<dict>'}: expected an object with a 'datasets' key")
+        self.data = data
+        self.path = None if path is None else Path(path)
+        for dataset, spec in data["datasets"].items():
+            for name, entry in spec.get("files", {}).items():
+                if not entry.get("sha256") and not entry.get("git_blob_sha1"):
+                    raise ValueError(
+                        f"registry {self.path or '<dict>'}: {dataset}/{name} has neither sha256 nor "
+                        "git_blob_sha1; every file must be verifiable"
+                    )
+
+    @classmethod
+    def load(cls, path: Path | str | None = None) -> Registry:
+        path = REGISTRY_PATH if path is None else Path(path)
+        try:
+            data = json.loads(path.read_text())
+        except FileNotFoundError:
+            raise DataFileMissing(
+                f"dataset registry not found at {path}. fedgp reads it from the repository's "
+                "datasets/ folder; use fedgp from a checkout (pip install -e .) or pass registry=",
+                path=path,
+                reason="missing",
+            ) from None
+        except json.JSONDecodeError as err:
+            raise DataFileError(f"dataset registry {path} is not valid JSON: {err}", path=path) from err
+        return cls(data, path)
+
+    def datasets(self) -> list[str]:
+        return list(self.data["datasets"])
+
+    def files(self, dataset: str) -> list[str]:
+        return list(self._dataset(dataset).get("files", {}))
+
+    def _dataset(self, dataset: str) -> Mapping[str, Any]:
+        try:
+            return self.data["datasets"][dataset]
+        except KeyError:
+            raise KeyError(
+                f"dataset {dataset!r} is not in the registry {self.path}; known: {', '.join(self.datasets())}"
+            ) from None
+
+    def entry(self, dataset: str, name: str) -> FileEntry:
+        spec = self._dataset(dataset)
+        try:
+            raw = spec["files"][name]
+        except KeyError:
+            raise KeyError(
+                f"file {name!r} of dataset {dataset!r} is not in the registry {self.path}; "
+                f"known: {', '.join(spec.get('files', {}))}"
+            ) from None
+        known = {"url", "size", "sha256", "git_blob_sha1"}
+        return FileEntry(
+            dataset=dataset,
+            folder=spec.get("folder", dataset),
+            name=name,
+            url=raw.get("url"),
+            size=raw.get("size"),
+            sha256=raw.get("sha256"),
+            git_blob_sha1=raw.get("git_blob_sha1"),
+            info={k: v for k, v in raw.items() if k not in known},
+            title=spec.get("title", dataset),
+        )
+
+
+@lru_cache(maxsize=1)
+def _default_registry() -> Registry:
+    return Registry.load()
+
+
+def default_registry() -> Registry:
+    """The repository's ``datasets/registry.json`` (parsed once)."""
+    return _default_registry()
+
+
+def default_data_root() -> Path:
+    """``<repository>/datasets``: the data root when neither ``root=`` nor ``FEDGP_DATA`` is given."""
+    return DATASETS_DIR
+
+
+def data_root(root: str | os.PathLike | None = None) -> tuple[Path, str]:
+    """The data root and a phrase saying which setting chose it (for error messages)."""
+    if root is not None:
+        return Path(root).expanduser(), "the root= argument"
+    env = os.environ.get("FEDGP_DATA", "").strip()
+    if env:
+        return Path(env).expanduser(), f"FEDGP_DATA={env}"
+    return default_data_root(), "the default (the repository's datasets/ folder; set FEDGP_DATA or root=)"
+
+
+def sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(_CHUNK), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def git_blob_sha1_of(path: Path) -> str:
+    """``git hash-object``: sha1 of ``b"blob <size>\\0" + content``."""
+    digest = hashlib.sha1(f"blob {path.stat().st_size}\0".encode())
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(_CHUNK), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _how_to_get(entry: FileEntry, folder: Path) -> str:
+    source = f"from {entry.url}" if entry.url else "from the publisher"
+    return (
+        f"To get it: pass download=True to fetch it {source} into {folder}/ (verified before use), "
+        f"or copy the publisher's file there, or point FEDGP_DATA (or root=) at a folder holding "
+        f"{entry.relative}. Expected: {entry.describe()}."
+    )
+
+
+def verify_file(path: Path, entry: FileEntry, where: str = "") -> None:
+    """Raise :class:`DataFileError` unless ``path`` has the registry's size and checksum."""
+    path = Path(path)
+    label = entry.label
+    origin = f" (data root from {where})" if where else ""
+    if not path.is_file():
+        raise DataFileMissing(
+            f"{label} not found: looked for {path}{origin}. {_how_to_get(entry, path.parent)}",
+            path=path,
+            reason="missing",
+        )
+    size = path.stat().st_size
+    if entry.size is not None and size != entry.size:
+        kind = "truncated" if size < entry.size else "altered (too long)"
+        raise DataFileError(
+            f"{label} at {path}{origin} is {kind}: {size} bytes, expected {entry.size}. "
+            f"Delete it and {_how_to_get(entry, path.parent)[len('To get it: ') :]}",
+            path=path,
+            reason="size",
+        )
+    if entry.sha256:
+        actual, expected, kind = sha256_of(path), entry.sha256, "sha256"
+    else:
+        actual, expected, kind = git_blob_sha1_of(path), entry.git_blob_sha1, "git blob sha1"
+    if actual != expected:
+        raise DataFileError(
+            f"{label} at {path}{origin} is altered or corrupted: {kind} {actual}, expected {expected}. "
+            f"Delete it and {_how_to_get(entry, path.parent)[len('To get it: ') :]}",
+            path=path,
+            reason="checksum",
+        )
+
+
+def _source_url(entry: FileEntry, url: str | None, mirror: str | None) -> str:
+    if url:
+        return url
+    mirror = mirror if mirror is not None else os.environ.get("FEDGP_DATA_MIRROR", "").strip() or None
+    if mirror:
+        return f"{mirror.rstrip('/')}/{entry.folder}/{entry.name}"
+    if not entry.url:
+        raise DataFileMissing(f"{entry.label} has no download URL in the registry", reason="missing")
+    return entry.url
+
+
+def fetch(
+    entry: FileEntry,
+    root: str | os.PathLike | None = None,
+    *,
+    url: str | None = None,
+    mirror: str | None = None,
+    timeout: float = 60.0,
+    progress: bool | None = None,
+) -> Path:
+    """Download ``entry`` into ``<root>/<folder>/<name>`` and verify it; return the path.
+
+    The bytes go to a temporary file in the destination folder, are checked against the registry
+    and only then renamed into place, so an interrupted or wrong download never leaves a file that
+    looks valid. ``url`` overrides the source; ``mirror`` (or ``FEDGP_DATA_MIRROR``) is a base URL
+    with the same ``<folder>/<name>`` layout as the data root.
+    """
+    from tqdm import tqdm
+
+    base, where = data_root(root)
+    dest = base / entry.folder / entry.name
+    source = _source_url(entry, url, mirror)
+    try:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        handle = tempfile.NamedTemporaryFile(dir=dest.parent, prefix=f".{entry.name}.", delete=False)
+    except OSError as err:
+        raise DataFileError(
+            f"cannot write {entry.label} into {dest.parent} (data root from {where}): "
+            f"{err}. Pass root= (or set FEDGP_DATA to) a writable folder.",
+            path=dest,
+            reason="download",
+        ) from err
+    tmp = Path(handle.name)
+    try:
+        with handle, urllib.request.urlopen(source, timeout=timeout) as response:
+            total = response.headers.get("Content-Length")
+            bar = tqdm(
+                total=int(total) if total else entry.size,
+                unit="B",
+                unit_scale=True,
+                desc=entry.name,
+                disable=None if progress is None else not progress,
+                leave=False,
+            )
+            with bar:
+                for chunk in iter(lambda: response.read(_CHUNK), b""):
+                    handle.write(chunk)
+                    bar.update(len(chunk))
+        try:
+            verify_file(tmp, entry)
+        except DataFileError as err:
+            raise DataFileError(
+                f"download of {entry.label} from {source} failed verification: "
+                f"{err}. Nothing was written to {dest}.",
+                path=dest,
+                reason="download",
+            ) from err
+        os.replace(tmp, dest)
+    except (urllib.error.URLError, OSError, TimeoutError) as err:
+        raise DataFileError(
+            f"could not download {entry.label} from {source} into {dest}: {err}. "
+            f"{_how_to_get(entry, dest.parent)}",
+            path=dest,
+            reason="download",
+        ) from err
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+    return dest
+
+
+def locate(
+    dataset: str,
+    name: str,
+    root: str | os.PathLike | None = None,
+    download: bool = False,
+    registry: Registry | None = None,
+    progress: bool | None = None,
+) -> Path:
+    """The verified path of ``<root>/<folder>/<name>``; fetched first if missing and ``download``."""
+    registry = default_registry() if registry is None else registry
+    entry = registry.entry(dataset, name)
+    base, where = data_root(root)
+    path = base / entry.folder / entry.name
+    if download and not path.exists():
+        fetch(entry, root, progress=progress)
+    verify_file(path, entry, where)
+    return path
