@@ -1,6 +1,7 @@
 """Model layer: GP specs from GPyTorch modules, hyper-parameter states, objective, posterior."""
 
 from fedgp.models.mle import fit_mle, total_nll
+from fedgp.models.multifidelity import AR1, NARGP, mle_with_restarts
 from fedgp.models.objective import FactorizationError, exact_settings, minibatch_nll
 from fedgp.models.posterior import Prediction, condition
 from fedgp.models.spec import ExactGPModel, GPSpec, ParamInfo, ZeroKernel
@@ -18,5 +19,8 @@ __all__ = [
     "Prediction",
     "condition",
     "fit_mle",
+    "AR1",
+    "NARGP",
+    "mle_with_restarts",
     "total_nll",
 ]

@@ -1,0 +1,27 @@
+"""Baselines FGPR is compared with, usable on their own.
+
+* :class:`FedAvgPolynomial` — FedAvg over a 1-D polynomial least-squares fit (FGPR's NASA baseline).
+* :class:`FedAvgMLP` — a multilayer perceptron trained by FedAvg (FGPR's NASA "Neural" baseline).
+* :class:`Ditto` — the FedAvg MLP plus λ-regularised personal MLPs, λ chosen on validation rows
+  (FGPR's SARCOS baseline).
+* :class:`LocalGP` / :class:`CentralGP` — an exact GP per client with no federation, and one exact
+  GP on all clients' data pooled (the ceiling).
+
+The network and polynomial baselines are point predictors; ``posterior`` gives them a Gaussian
+predictive with a held-out residual variance so that NLL and coverage can be reported for them.
+"""
+
+from fedgp.baselines.gp import CentralGP, LocalGP
+from fedgp.baselines.neural import Ditto, FedAvgMLP, fit_ditto
+from fedgp.baselines.polynomial import FedAvgPolynomial, legendre_features, select_degree
+
+__all__ = [
+    "FedAvgPolynomial",
+    "legendre_features",
+    "select_degree",
+    "FedAvgMLP",
+    "Ditto",
+    "fit_ditto",
+    "LocalGP",
+    "CentralGP",
+]

@@ -1,0 +1,496 @@
+"""Neural-network baselines: a FedAvg MLP and its Ditto personalisation (Li et al. 2021).
+
+These are what FGPR is compared with on NASA (a FedAvg network, §6) and SARCOS (Ditto, §7). They
+are point predictors trained by FedAvg over network weights, not GP hyper-parameter strategies,
+so they have their own loop instead of :func:`fedgp.fit`. All clients are trained at once: each
+weight tensor carries a leading client axis and a client's forward pass is a batched matrix
+product, so a round over 60 clients costs about as much as one client. Each client's loss touches
+only its own slice of the weights, so the result is exactly K independent local trainings.
+
+Ditto: the global model ``w`` is trained by FedAvg; each client also keeps a personal model
+``v_k`` and takes steps on ``h_k(v) = F_k(v) + (λ/2)||v - w||²``. Each personal step is a gradient
+step on ``F_k`` followed by the exact proximal map of the quadratic,
+``v ← (v' + ηλ w) / (1 + ηλ)`` — with SGD (the default) this is proximal gradient descent on
+``h_k``, with the same stationary points as Ditto's plain gradient step but stable for every λ, so
+that λ = 0 *is* local training and λ → ∞ *is* the global model (with Adam it is a preconditioned
+variant). Personal steps follow each aggregation and are anchored at the new global model
+(Ditto's Algorithm 1 with the personal update taken against the freshly averaged model, so the
+final personal models are anchored at the final global one).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+import pandas as pd
+import torch
+
+from fedgp.baselines._common import Stacked, check_federation, point_prediction, stack
+from fedgp.data.client import Federation
+from fedgp.models.posterior import Prediction
+from fedgp.rng import generator
+
+__all__ = ["FedAvgMLP", "Ditto", "fit_ditto", "mlp_forward", "init_mlp"]
+
+_ACTIVATIONS = {"relu": torch.relu, "tanh": torch.tanh}
+
+
+def init_mlp(sizes: Sequence[int], seed: int) -> list[torch.Tensor]:
+    """Weights ``[W1, b1, W2, b2, ...]`` (``W_i`` of shape (fan_in, fan_out)), drawn as
+    ``torch.nn.Linear`` does: ``U(-1/sqrt(fan_in), 1/sqrt(fan_in))`` for weights and biases."""
+    gen = torch.Generator().manual_seed(int(generator(seed, "mlp-init").integers(2**62)))
+    params = []
+    for fan_in, fan_out in zip(sizes[:-1], sizes[1:]):
+        bound = 1.0 / math.sqrt(fan_in)
+        params.append((torch.rand(fan_in, fan_out, generator=gen, dtype=torch.float64) * 2 - 1) * bound)
+        params.append((torch.rand(fan_out, generator=gen, dtype=torch.float64) * 2 - 1) * bound)
+    return params
+
+
+def mlp_forward(params: Sequence[torch.Tensor], X: torch.Tensor, activation: str = "relu") -> torch.Tensor:
+    """Batched MLP: ``params`` with a leading batch axis B (``W (B, din, dout)``, ``b (B, dout)``),
+    ``X (B, m, din)`` -> ``(B, m)``."""
+    act = _ACTIVATIONS[activation]
+    h = X
+    layers = len(params) // 2
+    for i in range(layers):
+        W, b = params[2 * i], params[2 * i + 1]
+        h = torch.baddbmm(b.unsqueeze(1), h, W)
+        if i < layers - 1:
+            h = act(h)
+    return h.squeeze(-1)
+
+
+def _draw_keys(gens, sizes_per_group, n_max: int, steps: int, copies: int = 1) -> torch.Tensor:
+    """Uniform sort keys ``(steps, copies * B, n_max)`` for minibatch draws, B = all groups' clients
+    (rows ordered copy-major). Group g's keys come from its own generator, drawn as if it were
+    alone, so a group trains identically whether or not other groups are batched with it."""
+    B = sum(len(sz) for sz in sizes_per_group)
+    keys = torch.full((steps, copies, B, n_max), 2.0, dtype=torch.float64)
+    start = 0
+    for gen, sizes in zip(gens, sizes_per_group):
+        K, n = len(sizes), int(max(sizes))
+        draw = torch.rand((steps, copies * K, n), generator=gen, dtype=torch.float64)
+        keys[:, :, start : start + K, :n] = draw.reshape(steps, copies, K, n)
+        start += K
+    return keys.reshape(steps, copies * B, n_max)
+
+
+def _minibatches(data: Stacked, batch_size: int | None, keys: torch.Tensor | None, steps: int):
+    """Per step and client, ``min(M, N_k)`` rows drawn uniformly without replacement (the rows
+    with the smallest keys; all rows if ``batch_size`` is None)."""
+    if batch_size is None or batch_size >= data.X.shape[1]:
+        return [(data.X, data.y, data.mask)] * steps
+    idx = keys.masked_fill(~data.mask, 2.0).argsort(dim=-1)[..., :batch_size]
+    out = []
+    for s in range(steps):
+        i = idx[s]
+        X = torch.gather(data.X, 1, i.unsqueeze(-1).expand(-1, -1, data.X.shape[-1]))
+        out.append((X, torch.gather(data.y, 1, i), torch.gather(data.mask, 1, i)))
+    return out
+
+
+def _local_steps(
+    params: list[torch.Tensor],
+    batches: list,
+    optimizer: str,
+    lr: float,
+    activation: str,
+    anchor: list[torch.Tensor] | None = None,
+    lam: torch.Tensor | None = None,
+) -> list[torch.Tensor]:
+    """One optimiser step per minibatch of ``batches`` for every client on its own mean squared
+    error, optimiser state fresh at the start (``torch.optim`` on the stacked weights: Adam and SGD
+    act elementwise, so this is exactly one optimiser per client). With ``anchor``/``lam`` each
+    step is followed by the proximal map of ``(λ/2)||v - anchor||²`` (λ one per client row)."""
+    leaves = [p.detach().clone().requires_grad_(True) for p in params]
+    opt = torch.optim.Adam(leaves, lr=lr) if optimizer == "adam" else torch.optim.SGD(leaves, lr=lr)
+    if anchor is not None:
+        # prox of (ηλ/2)||u - a||² at v: (v + ηλ a) / (1 + ηλ) = keep * v + (1 - keep) * a; ηλ = inf -> a
+        keep = 1.0 / (1.0 + lr * lam.to(leaves[0].dtype))
+        keeps = [keep.reshape(-1, *([1] * (v.dim() - 1))) for v in leaves]
+        pulled = [(1.0 - k) * a for k, a in zip(keeps, anchor)]
+    for X, y, mask in batches:
+        opt.zero_grad(set_to_none=True)
+        pred = mlp_forward(leaves, X, activation)
+        per_client = ((pred - y) ** 2 * mask).sum(1) / mask.sum(1)
+        per_client.sum().backward()
+        opt.step()
+        if anchor is not None:
+            with torch.no_grad():
+                for v, k, a in zip(leaves, keeps, pulled):
+                    v.mul_(k).add_(a)
+    return [v.detach() for v in leaves]
+
+
+def _check_optimizer(name: str) -> None:
+    if name not in ("adam", "sgd"):
+        raise ValueError(f"optimizer must be 'adam' or 'sgd', got {name!r}")
+
+
+def _check_architecture(federation: Federation, hidden: Sequence[int], activation: str) -> None:
+    if activation not in _ACTIVATIONS:
+        raise ValueError(f"activation must be one of {sorted(_ACTIVATIONS)}, got {activation!r}")
+    if not hidden or any(int(h) < 1 for h in hidden):
+        raise ValueError(f"hidden must be a non-empty sequence of positive widths, got {hidden!r}")
+
+
+def _weighted_mse(params, federation: Federation, activation: str, personal: bool) -> np.ndarray:
+    """Per-client MSE on the clients' training rows (``personal``: row k of params for client k)."""
+    data = stack(federation)
+    K = len(federation)
+    p = params if personal else [t.expand(K, *t.shape) for t in params]
+    with torch.no_grad():
+        pred = mlp_forward(p, data.X, activation)
+        return (((pred - data.y) ** 2 * data.mask).sum(1) / data.mask.sum(1)).numpy()
+
+
+@dataclass
+class _MLPConfig:
+    hidden: tuple[int, ...] = (64, 64)
+    activation: str = "relu"
+    rounds: int = 200
+    local_steps: int = 5
+    batch_size: int | None = 32
+    lr: float = 1e-3
+    optimizer: str = "adam"
+    seed: int = 0
+
+
+def _join(feds: Sequence[Federation]) -> tuple[Stacked, torch.Tensor, list[list[int]]]:
+    """All groups' clients stacked on one client axis (padded to the longest), the group of each
+    row, and each group's client sizes. Weights ``p_k`` are within each group."""
+    parts = [stack(f) for f in feds]
+    n_max = max(p.X.shape[1] for p in parts)
+
+    def pad(t, value=0):
+        extra = n_max - t.shape[1]
+        if not extra:
+            return t
+        return torch.cat([t, torch.full((t.shape[0], extra, *t.shape[2:]), value, dtype=t.dtype)], dim=1)
+
+    data = Stacked(
+        torch.cat([pad(p.X) for p in parts]),
+        torch.cat([pad(p.y) for p in parts]),
+        torch.cat([pad(p.mask, False) for p in parts]),
+        torch.cat([p.sizes for p in parts]),
+        torch.cat([p.weights for p in parts]),
+    )
+    group = torch.cat([torch.full((len(f),), g, dtype=torch.long) for g, f in enumerate(feds)])
+    return data, group, [p.sizes.tolist() for p in parts]
+
+
+def _train(
+    cfgs: Sequence[_MLPConfig],
+    feds: Sequence[Federation],
+    lams: Sequence[float] | Sequence[Sequence[float]] = (),
+    personal_steps: int = 0,
+    personal_lr: float = 0.0,
+    personal_optimizer: str = "sgd",
+) -> list[tuple[list[torch.Tensor], list[torch.Tensor] | None, list[float]]]:
+    """FedAvg (and Ditto personal models for each λ in ``lams``: one list for all groups, or one
+    list per group, of equal lengths) for G independent groups at once.
+
+    Group g is federation ``feds[g]`` trained with ``cfgs[g]``; configurations may differ only in
+    their seed. Groups share nothing but the tensor program: each has its own global model,
+    average and random streams, so a group trains exactly as it would alone. Returns, per group,
+    the global weights, the personal weights (batch ``L * K_g``, λ-major) or None, and the
+    federated training MSE per round.
+    """
+    cfg = cfgs[0]
+    if any(replace(c, seed=0) != replace(cfg, seed=0) for c in cfgs):
+        raise ValueError("grouped training needs configurations that differ only in their seed")
+    for f in feds:
+        _check_architecture(f, cfg.hidden, cfg.activation)
+    _check_optimizer(cfg.optimizer)
+    data, group, sizes = _join(feds)
+    G, B, d, n_max = len(feds), data.X.shape[0], data.X.shape[-1], data.X.shape[1]
+    inits = [init_mlp([d, *cfg.hidden, 1], c.seed) for c in cfgs]
+    w = [torch.stack(ts) for ts in zip(*inits)]  # (G, ...)
+
+    def torch_gen(seed, stream):
+        return torch.Generator().manual_seed(int(generator(seed, stream).integers(2**62)))
+
+    gens = [torch_gen(c.seed, "fedavg-minibatch") for c in cfgs]
+    p = data.weights
+    per_group = [list(lams)] * G if not len(lams) or np.isscalar(lams[0]) else [list(v) for v in lams]
+    L = len(per_group[0])
+    if len(per_group) != G or any(len(v) != L for v in per_group):
+        raise ValueError("lams must be one list of candidates, or one list per group of equal lengths")
+    personal = None
+    if L:
+        pgens = [torch_gen(c.seed, "ditto-personal") for c in cfgs]
+        _check_optimizer(personal_optimizer)
+        rep = Stacked(
+            data.X.repeat(L, 1, 1), data.y.repeat(L, 1), data.mask.repeat(L, 1), data.sizes.repeat(L), p
+        )
+        lam = torch.tensor(per_group, dtype=torch.float64).T[:, group].reshape(-1)  # (L * B,), λ-major
+        personal = [t[group].repeat(L, *([1] * (t.dim() - 1))) for t in w]
+    rows = [(group == g).nonzero().flatten() for g in range(G)]
+    history = []
+    with_keys = cfg.batch_size is not None and cfg.batch_size < n_max
+    for _ in range(cfg.rounds):
+        keys = _draw_keys(gens, sizes, n_max, cfg.local_steps) if with_keys else None
+        local = _local_steps(
+            [t[group] for t in w],
+            _minibatches(data, cfg.batch_size, keys, cfg.local_steps),
+            cfg.optimizer,
+            cfg.lr,
+            cfg.activation,
+        )
+        # FedAvg within each group, summed exactly as a lone group would sum (bitwise reproducible)
+        w = [
+            torch.stack([(p[r].reshape(-1, *([1] * (loc.dim() - 1))) * loc[r]).sum(0) for r in rows])
+            for loc in local
+        ]
+        if L:
+            anchor = [t[group].repeat(L, *([1] * (t.dim() - 1))) for t in w]
+            keys = _draw_keys(pgens, sizes, n_max, personal_steps, L) if with_keys else None
+            personal = _local_steps(
+                personal,
+                _minibatches(rep, cfg.batch_size, keys, personal_steps),
+                personal_optimizer,
+                personal_lr,
+                cfg.activation,
+                anchor,
+                lam,
+            )
+        with torch.no_grad():
+            pred = mlp_forward([t[group] for t in w], data.X, cfg.activation)
+            per_client = ((pred - data.y) ** 2 * data.mask).sum(1) / data.mask.sum(1)
+        history.append(torch.stack([(p[r] * per_client[r]).sum() for r in rows]))
+    out = []
+    history = torch.stack(history) if history else torch.zeros(0, G)
+    for g in range(G):
+        mine = None
+        if L:
+            idx = (torch.arange(L).unsqueeze(1) * B + rows[g].unsqueeze(0)).reshape(-1)
+            mine = [t[idx] for t in personal]
+        out.append(([t[g] for t in w], mine, history[:, g].tolist()))
+    return out
+
+
+def _as_X(X, d: int) -> torch.Tensor:
+    X = torch.as_tensor(np.asarray(X) if not isinstance(X, torch.Tensor) else X, dtype=torch.float64)
+    if X.dim() != 2 or X.shape[1] != d:
+        raise ValueError(f"X must have shape (n, {d}), got {tuple(X.shape)}")
+    return X
+
+
+@dataclass
+class FedAvgMLP:
+    """A multilayer perceptron trained by FedAvg (McMahan et al. 2017); one global model.
+
+    Args:
+        hidden: widths of the hidden layers (two layers: the FGPR paper's best NASA network).
+        activation: ``"relu"`` or ``"tanh"``.
+        rounds: communication rounds; every client participates in every round.
+        local_steps: optimiser steps per client per round, each on a minibatch of ``batch_size``
+            rows drawn without replacement (``None``: the client's whole data).
+        lr, optimizer: ``"adam"`` (state restarted every round) or ``"sgd"``.
+        seed: initial weights and minibatches.
+
+    After ``fit``: ``params_`` (weights ``[W1, b1, ...]``), ``history_`` (round, training MSE).
+    """
+
+    hidden: tuple[int, ...] = (64, 64)
+    activation: str = "relu"
+    rounds: int = 200
+    local_steps: int = 5
+    batch_size: int | None = 32
+    lr: float = 1e-3
+    optimizer: str = "adam"
+    seed: int = 0
+    params_: list[torch.Tensor] | None = field(default=None, init=False, repr=False)
+    history_: pd.DataFrame | None = field(default=None, init=False, repr=False)
+
+    def _config(self) -> _MLPConfig:
+        return _MLPConfig(
+            tuple(self.hidden),
+            self.activation,
+            self.rounds,
+            self.local_steps,
+            self.batch_size,
+            self.lr,
+            self.optimizer,
+            self.seed,
+        )
+
+    def fit(self, federation: Federation) -> FedAvgMLP:
+        check_federation(federation, "FedAvgMLP")
+        [(w, _, history)] = _train([self._config()], [federation])
+        self.params_ = w
+        self.history_ = pd.DataFrame({"round": np.arange(1, len(history) + 1), "train_mse": history})
+        return self
+
+    def predict(self, X) -> torch.Tensor:
+        if self.params_ is None:
+            raise RuntimeError("FedAvgMLP is not fitted yet; call fit(federation)")
+        X = _as_X(X, self.params_[0].shape[0])
+        with torch.no_grad():
+            return mlp_forward([t.unsqueeze(0) for t in self.params_], X.unsqueeze(0), self.activation)[0]
+
+    def mse(self, federation: Federation) -> float:
+        """``Σ p_k MSE_k`` of the global model on the clients' training rows (e.g. held-out clients)."""
+        per = _weighted_mse(self.params_, federation, self.activation, False)
+        return float(np.dot(federation.weights.numpy(), per))
+
+    def posterior(self, X, noise_variance: float) -> Prediction:
+        return point_prediction(self.predict(X), noise_variance)
+
+
+@dataclass
+class Ditto:
+    """Ditto (Li et al. 2021): a FedAvg MLP plus a personal MLP per client, λ-regularised to it.
+
+    Args (besides those of :class:`FedAvgMLP`):
+        lam: λ, or several candidates: then each client's training rows are split
+            (``validation_fraction`` held out), Ditto is trained once with a personal model per
+            candidate, and the λ with the lowest mean per-client validation RMSE is kept; the final
+            models are then trained on all rows. The FGPR paper gives no λ; the defaults are the
+            grid {0.01, 0.1, 1} widened by a decade on each side.
+        personal_steps: personal steps per round; ``personal_lr``/``personal_optimizer`` for them
+            (``"sgd"``: exact proximal gradient descent on Ditto's objective).
+        validation_fraction: share of each client's rows held out to choose λ and to estimate the
+            residual variances used for NLL/coverage (0: no validation, a single λ is required and
+            the variances are the training MSEs, which are optimistic).
+
+    After ``fit``: ``lam_``, ``global_`` (FedAvg weights), ``personal_`` (batch K), ``validation_``
+    (λ, mean validation RMSE of the personal models), ``noise_variance_`` (per client, personal),
+    ``global_noise_variance_``, ``history_``.
+    """
+
+    lam: float | Sequence[float] = (0.001, 0.01, 0.1, 1.0, 10.0)
+    hidden: tuple[int, ...] = (64, 64)
+    activation: str = "relu"
+    rounds: int = 200
+    local_steps: int = 5
+    personal_steps: int = 5
+    batch_size: int | None = 32
+    lr: float = 1e-3
+    optimizer: str = "adam"
+    personal_lr: float = 0.05
+    personal_optimizer: str = "sgd"
+    validation_fraction: float = 0.2
+    seed: int = 0
+    lam_: float | None = field(default=None, init=False)
+    global_: list[torch.Tensor] | None = field(default=None, init=False, repr=False)
+    personal_: list[torch.Tensor] | None = field(default=None, init=False, repr=False)
+    validation_: pd.DataFrame | None = field(default=None, init=False, repr=False)
+    noise_variance_: np.ndarray | None = field(default=None, init=False, repr=False)
+    global_noise_variance_: float | None = field(default=None, init=False, repr=False)
+    history_: pd.DataFrame | None = field(default=None, init=False, repr=False)
+
+    def _config(self) -> _MLPConfig:
+        return FedAvgMLP(
+            tuple(self.hidden),
+            self.activation,
+            self.rounds,
+            self.local_steps,
+            self.batch_size,
+            self.lr,
+            self.optimizer,
+            self.seed,
+        )._config()
+
+    def _lams(self) -> list[float]:
+        lams = [float(self.lam)] if np.isscalar(self.lam) else [float(v) for v in self.lam]
+        if not lams or any(not v >= 0 for v in lams):
+            raise ValueError(f"lam must be >= 0 (one value or several candidates), got {self.lam!r}")
+        return lams
+
+    def fit(self, federation: Federation) -> Ditto:
+        fit_ditto([self], [federation])
+        return self
+
+    def _check(self) -> None:
+        if self.global_ is None:
+            raise RuntimeError("Ditto is not fitted yet; call fit(federation)")
+
+    def predict(self, X, client: int) -> torch.Tensor:
+        """Client ``client``'s personal model at ``X``."""
+        self._check()
+        K = self.personal_[0].shape[0]
+        if not 0 <= int(client) < K:
+            raise ValueError(f"client index {client} out of range for {K} clients")
+        X = _as_X(X, self.global_[0].shape[0])
+        with torch.no_grad():
+            params = [t[int(client)].unsqueeze(0) for t in self.personal_]
+            return mlp_forward(params, X.unsqueeze(0), self.activation)[0]
+
+    def predict_global(self, X) -> torch.Tensor:
+        """The FedAvg (global) model at ``X``."""
+        self._check()
+        X = _as_X(X, self.global_[0].shape[0])
+        with torch.no_grad():
+            return mlp_forward([t.unsqueeze(0) for t in self.global_], X.unsqueeze(0), self.activation)[0]
+
+    def posterior(self, X, client: int) -> Prediction:
+        """Client ``client``'s personal prediction with its validation residual variance."""
+        return point_prediction(self.predict(X, client), float(self.noise_variance_[int(client)]))
+
+    def global_posterior(self, X) -> Prediction:
+        return point_prediction(self.predict_global(X), float(self.global_noise_variance_))
+
+
+def fit_ditto(models: Sequence[Ditto], federations: Sequence[Federation]) -> list[Ditto]:
+    """Fit several :class:`Ditto` models, model g on ``federations[g]``, in one batched program.
+
+    The models may differ only in their ``seed`` (e.g. one per SARCOS output, each on its own
+    federation); each ends exactly as ``models[g].fit(federations[g])`` would leave it — λ chosen
+    on its own validation rows — but the Python overhead of the training loop is paid once.
+    """
+    if len(models) != len(federations) or not models:
+        raise ValueError("fit_ditto needs one federation per model")
+    first = models[0]
+    for m in models:
+        if replace(m, seed=0) != replace(first, seed=0):
+            raise ValueError("fit_ditto: models must differ only in their seed")
+    for f in federations:
+        check_federation(f, "Ditto")
+    lams = first._lams()
+    if not 0.0 <= first.validation_fraction < 1.0:
+        raise ValueError(f"validation_fraction must be in [0, 1), got {first.validation_fraction}")
+    if first.validation_fraction == 0.0 and len(lams) > 1:
+        raise ValueError("choosing λ among several candidates needs validation_fraction > 0")
+    cfgs = [m._config() for m in models]
+    extra = (first.personal_steps, first.personal_lr, first.personal_optimizer)
+    L = len(lams)
+    if first.validation_fraction > 0:
+        helds = [
+            Federation(
+                c.split(m.validation_fraction, generator(m.seed, "ditto-validation", k))
+                for k, c in enumerate(f)
+            )
+            for m, f in zip(models, federations)
+        ]
+        for m, held, (w, personal, _) in zip(models, helds, _train(cfgs, helds, lams, *extra)):
+            K = len(held)
+            Xv = stack(held, "test")
+            with torch.no_grad():
+                pred = mlp_forward(personal, Xv.X.repeat(L, 1, 1), m.activation)
+                err = ((pred - Xv.y.repeat(L, 1)) ** 2 * Xv.mask.repeat(L, 1)).sum(1)
+                mse = (err / Xv.mask.repeat(L, 1).sum(1)).reshape(L, K)
+                gpred = mlp_forward([t.expand(K, *t.shape) for t in w], Xv.X, m.activation)
+                gmse = ((gpred - Xv.y) ** 2 * Xv.mask).sum(1) / Xv.mask.sum(1)
+            rmse = mse.sqrt().mean(1)
+            best = int(torch.argmin(rmse))
+            m.validation_ = pd.DataFrame({"lam": lams, "val_rmse_mean": rmse.numpy()})
+            m.lam_ = lams[best]
+            m.noise_variance_ = mse[best].numpy()
+            m.global_noise_variance_ = float((Xv.weights * gmse).sum())
+    else:
+        for m in models:
+            m.lam_ = lams[0]
+    final = _train(cfgs, federations, [[m.lam_] for m in models], *extra)
+    for m, f, (w, personal, history) in zip(models, federations, final):
+        m.global_, m.personal_ = w, personal
+        if m.validation_fraction == 0:
+            m.noise_variance_ = _weighted_mse(personal, f, m.activation, True)
+            train = _weighted_mse(w, f, m.activation, False)
+            m.global_noise_variance_ = float(np.dot(f.weights.numpy(), train))
+        m.history_ = pd.DataFrame({"round": np.arange(1, len(history) + 1), "train_mse": history})
+    return list(models)
