@@ -1,5 +1,10 @@
 """IFCA: the Iterative Federated Clustering Algorithm (Ghosh, Chung, Yin & Ramchandran 2020).
 
+IFCA is a configuration of the clustered federated GP (:class:`~fedgp.strategies.clustered.ClusteredGP`):
+random (or given) initialisation, hard assignment by local NLL, and either gradient averaging or
+model averaging within each estimated cluster. This class keeps IFCA's own arguments and builds
+that configuration.
+
 The server holds k states (cluster models). Each round every participating client evaluates all k
 on its own data and joins the one with the lowest per-point NLL — for a GP, the highest marginal
 likelihood — then either sends the gradient at that state (option I, gradient averaging) or
@@ -20,34 +25,28 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
-import torch
 
 from fedgp.models.state import HyperState
-from fedgp.strategies.base import (
-    ClientOps,
-    Reply,
-    RoundPlan,
-    ServerContext,
-    Strategy,
-    average_states,
-    sample_participants,
+from fedgp.strategies.base import ClientOps, Reply, RoundPlan, ServerContext, Strategy
+from fedgp.strategies.clustered import (
+    ClusterAverage,
+    ClusteredGP,
+    ClusteredState,
+    GivenInit,
+    GradientSolver,
+    GradientStep,
+    HardAssigner,
+    LocalTrainingSolver,
+    RandomInit,
+    SpecInit,
 )
 from fedgp.strategies.local import SGD, Adam, LocalTraining, make_optimizer
 
 __all__ = ["IFCA", "IFCAState"]
 
-
-@dataclass
-class IFCAState:
-    """Server state: cluster states per restart ``(R, k)``, assignments ``(R, K)``, objectives ``(R,)``."""
-
-    states: HyperState
-    assignment: torch.Tensor
-    objective: torch.Tensor
-
-    @property
-    def best(self) -> int:
-        return int(torch.argmin(self.objective))
+#: IFCA's server state is the clustered model's: cluster states per restart ``(R, k)``,
+#: assignments ``(R, K)``, objectives ``(R,)`` (and ``best``, the winning restart).
+IFCAState = ClusteredState
 
 
 @dataclass(frozen=True)
@@ -93,6 +92,8 @@ class IFCA(Strategy):
     clients_per_round: int | None = None
     local: LocalTraining = field(init=False, repr=False, compare=False)
 
+    model: ClusteredGP = field(init=False, repr=False, compare=False)
+
     def __post_init__(self) -> None:
         if self.num_clusters < 1 or self.restarts < 1:
             raise ValueError("num_clusters and restarts must be >= 1")
@@ -109,114 +110,53 @@ class IFCA(Strategy):
             minibatch=self.minibatch,
         )
         object.__setattr__(self, "local", local)
-
-    # -- server ---------------------------------------------------------------------------------
-    def initialize(self, ctx: ServerContext, rng: np.random.Generator) -> IFCAState:
-        spec, r, k = ctx.spec, self.restarts, self.num_clusters
         if isinstance(self.init, HyperState):
-            states = self.init if len(self.init.batch_shape) == 2 else self.init.expand(1)
-            if tuple(states.batch_shape) != (r, k):
-                raise ValueError(
-                    f"init has batch {tuple(self.init.batch_shape)}; expected ({k},) or ({r}, {k})"
-                )
+            initializer = GivenInit(self.init)
+        elif self.init == "spec":
+            initializer = SpecInit()
+        elif self.init in ("normal", "bernoulli"):
+            initializer = RandomInit(kind=self.init, scale=self.init_scale)
         else:
-            raw = spec.to_raw(spec.initial_state()).expand(r, k)
-            values = {}
-            for p in spec.params:
-                v = raw[p.name]
-                shape = tuple(v.shape)
-                if p.trainable and self.init == "normal":
-                    v = v + self.init_scale * torch.from_numpy(rng.standard_normal(shape))
-                elif p.trainable and self.init == "bernoulli":
-                    v = self.init_scale * torch.from_numpy(
-                        rng.binomial(1, 0.5, size=shape).astype(np.float64)
-                    )
-                elif self.init not in ("normal", "bernoulli", "spec"):
-                    raise ValueError(
-                        f"init must be 'normal', 'bernoulli', 'spec' or a HyperState, got {self.init!r}"
-                    )
-                values[p.name] = v.clone()
-            states = spec.from_raw(HyperState(values, raw.event_shapes))
-        return IFCAState(
-            states.clone(),
-            torch.full((r, ctx.num_clients), -1, dtype=torch.long),
-            torch.full((r,), float("inf"), dtype=torch.float64),
+            raise ValueError(f"init must be 'normal', 'bernoulli', 'spec' or a HyperState, got {self.init!r}")
+        if self.aggregation == "gradient":
+            solver = GradientSolver(self.gradient_batch_size)
+            aggregator = GradientStep(self.lr, self.gradient_normalization)
+        else:
+            solver = LocalTrainingSolver(local)
+            aggregator = ClusterAverage(self.weighted, self.average_space)
+        model = ClusteredGP(
+            num_clusters=self.num_clusters,
+            initializer=initializer,
+            assigner=HardAssigner(),
+            solver=solver,
+            aggregator=aggregator,
+            restarts=self.restarts,
+            clients_per_round=self.clients_per_round,
+            closed_form="never",  # always the engine's GPyTorch path, as before the refactor
         )
+        object.__setattr__(self, "model", model)
+
+    # -- delegation to the clustered model -------------------------------------------------------
+    def initialize(self, ctx: ServerContext, rng: np.random.Generator) -> IFCAState:
+        return self.model.initialize(ctx, rng)
 
     def configure(
         self, rnd: int, server: IFCAState, ctx: ServerContext, rng: np.random.Generator
     ) -> RoundPlan:
-        participants, weights = sample_participants(ctx, self.clients_per_round, "uniform", rng)
-        return RoundPlan(participants, weights, payload=server.states)
+        return self.model.configure(rnd, server, ctx, rng)
 
     def aggregate(
         self, rnd: int, server: IFCAState, plan: RoundPlan, replies: Reply, ctx: ServerContext
     ) -> tuple[IFCAState, dict[str, float]]:
-        spec = ctx.spec
-        choice, best_nll = replies["choice"], replies["nll"]  # (P, R)
-        sizes = ctx.sizes[plan.participants].to(torch.float64)
-        r_count, k = server.states.batch_shape
-        raw = spec.to_raw(server.states)
-        new_states = []
-        for r in range(r_count):
-            row = []
-            for j in range(k):
-                members = torch.nonzero(choice[:, r] == j).flatten()
-                old = server.states.index((r, j))
-                if len(members) == 0:
-                    row.append(old)
-                elif self.aggregation == "gradient":
-                    grads = replies["grad"].index((members, r))
-                    denom = {
-                        "total": ctx.num_clients,
-                        "participants": len(plan.participants),
-                        "cluster": len(members),
-                    }[self.gradient_normalization]
-                    old_raw = raw.index((r, j))
-                    stepped = {
-                        p.name: old_raw[p.name] - (self.lr / denom) * grads[p.name].sum(0)
-                        if p.trainable
-                        else old_raw[p.name]
-                        for p in spec.params
-                    }
-                    row.append(spec.from_raw(HyperState(stepped, raw.event_shapes)))
-                else:
-                    w = sizes[members] if self.weighted else torch.ones(len(members), dtype=torch.float64)
-                    states = replies["state"].index((members, r))
-                    row.append(average_states(spec, states, w / w.sum(), old, self.average_space))
-            new_states.append(HyperState.stack(row))
-        assignment = server.assignment.clone()
-        assignment[:, plan.participants] = choice.T
-        objective = (sizes[:, None] * best_nll).sum(0) / sizes.sum()
-        new = IFCAState(HyperState.stack(new_states), assignment, objective)
-        best = new.best
-        metrics = {"objective": float(objective[best]), "restart": best}
-        counts = torch.bincount(choice[:, best], minlength=k)
-        metrics.update({f"size/{j}": int(c) for j, c in enumerate(counts)})
-        if "loss" in replies:
-            metrics["train_nll"] = float(replies["loss"][:, best].mean())
-        return new, metrics
+        return self.model.aggregate(rnd, server, plan, replies, ctx)
 
-    # -- client ---------------------------------------------------------------------------------
-    def local_update(self, ops: ClientOps, payload: HyperState) -> Reply:
-        candidates = payload.expand(len(ops.indices))  # (B, R, k)
-        nll = ops.nll(candidates)
-        choice = nll.argmin(dim=-1)  # ties go to the lowest index
-        best = nll.gather(-1, choice.unsqueeze(-1)).squeeze(-1)
-        chosen = candidates.gather(choice)  # (B, R)
-        reply: Reply = {"choice": choice, "nll": best}
-        if self.aggregation == "gradient":
-            _, reply["grad"] = ops.gradient(chosen, self.gradient_batch_size)
-        else:
-            result = ops.train(chosen, self.local)
-            reply["state"], reply["loss"] = result.states, result.loss
-        return reply
+    def local_update(self, ops: ClientOps, payload) -> Reply:
+        return self.model.local_update(ops, payload)
 
     def personal_state(self, server: IFCAState, ops: ClientOps) -> HyperState:
         """Each client's best cluster by local NLL (also for clients never seen in training)."""
-        candidates = self.global_state(server).expand(len(ops.indices))  # (B, k)
-        return candidates.gather(ops.nll(candidates).argmin(dim=-1))
+        return self.model.personal_state(server, ops)
 
     def global_state(self, server: IFCAState) -> HyperState:
         """The k cluster states of the best restart: batch ``(k,)``."""
-        return server.states.index(server.best)
+        return self.model.global_state(server)
