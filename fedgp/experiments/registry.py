@@ -13,7 +13,14 @@ from collections.abc import Callable
 
 __all__ = ["REPRODUCTIONS", "get_reproduction"]
 
-REPRODUCTIONS: dict[str, str] = {}
+REPRODUCTIONS: dict[str, str] = {
+    "mixed-regression": "fedgp.experiments.mixed_regression:reproduce",
+    "ifca-synthetic": "fedgp.experiments.ifca_synthetic:reproduce",
+    "clustered-gp": "fedgp.experiments.clustered_gp:reproduce",
+    "table1": "fedgp.experiments.table1:reproduce",
+    "table2": "fedgp.experiments.table2:reproduce",
+    "table3": "fedgp.experiments.table3:reproduce",
+}
 
 
 def get_reproduction(name: str) -> Callable:
