@@ -11,25 +11,60 @@ five ways, each timed as the median of 15 runs, with 1 and 2 torch threads:
    independent GPs at once);
 2. ``autograd_chol``: GPyTorch's kernel ``forward`` on batched parameters, autograd through
    ``torch.linalg.cholesky`` and ``solve_triangular``;
-3. ``fused_f64``: what the engine does — the fused ``StationaryGram`` and the closed-form
-   ``GaussianNLL`` backward, float64;
-4. ``fused_f32``: the same in float32 (``engine_options={"minibatch_dtype": torch.float32}``);
-5. ``compiled_gram`` (``--compile``): (3) with the Gram forward compiled by ``torch.compile``.
+3. ``fused_trsm_f64``: the fused ``StationaryGram`` with an NLL that forms the triangular inverse
+   L⁻¹ (``solve_triangular``) and K⁻¹ = L⁻ᵀL⁻¹ by a batched matmul (the engine's first version);
+4. ``fused_f64``: what the engine does — the fused ``StationaryGram`` and ``GaussianNLL``, which
+   forms K⁻¹ by ``torch.cholesky_inverse`` and has an elementwise backward, float64;
+5. ``fused_f32``: (4) in float32 (``engine_options={"minibatch_dtype": torch.float32}``);
+6. ``compiled_gram`` (``--compile``): (4) with the Gram forward compiled by ``torch.compile``.
 
-Prints milliseconds per step and the speed-up over GPyTorch batch mode.
+Prints milliseconds per step and the speed-up over GPyTorch batch mode, and writes
+results/benchmarks/batched_kernels.csv (``threads, case, ms_per_step, speedup_vs_gpytorch_batch``).
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import statistics
 import time
+from pathlib import Path
 
 import gpytorch
 import torch
 
 from fedgp.data.synthetic import gp_spec
-from fedgp.engines.batched import BatchedGP, GaussianNLL, StationaryGram
+from fedgp.engines.batched import BatchedGP, GaussianNLL, StationaryGram, cholesky
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+class TriangularInverseNLL(torch.autograd.Function):
+    """The alternative to ``GaussianNLL``: K⁻¹ as L⁻ᵀL⁻¹ from a triangular solve against I."""
+
+    @staticmethod
+    def forward(ctx, K, r, n, client_ids):
+        L = cholesky(K, client_ids)
+        eye = torch.eye(K.shape[-1], dtype=K.dtype).expand_as(K)
+        L_inv = torch.linalg.solve_triangular(L, eye, upper=False)
+        beta = (L_inv @ r.unsqueeze(-1)).squeeze(-1)
+        logdet = 2 * torch.log(torch.diagonal(L, dim1=-2, dim2=-1)).sum(-1)
+        ctx.save_for_backward(L_inv, beta, n)
+        return 0.5 * ((beta * beta).sum(-1) + logdet + n * math.log(2 * math.pi)) / n
+
+    @staticmethod
+    def backward(ctx, grad):
+        L_inv, beta, n = ctx.saved_tensors
+        scale = (grad / n).reshape(-1, 1)
+        alpha = (L_inv.transpose(-1, -2) @ beta.unsqueeze(-1)).squeeze(-1)
+        half_c = (0.5 * scale).unsqueeze(-1)
+        grad_K = torch.baddbmm(
+            L_inv.transpose(-1, -2) @ (L_inv * half_c),
+            (alpha * half_c.squeeze(-1)).unsqueeze(-1),
+            alpha.unsqueeze(-2),
+            alpha=-1.0,
+        )
+        return grad_K, scale * alpha, None, None
 
 
 def timed(fn, repeats: int = 15) -> float:
@@ -50,6 +85,7 @@ def main() -> None:
     parser.add_argument("--m", type=int, default=32)
     parser.add_argument("--d", type=int, default=5)
     parser.add_argument("--compile", action="store_true")
+    parser.add_argument("--out", default=str(ROOT / "results" / "benchmarks" / "batched_kernels.csv"))
     args = parser.parse_args()
     B, M, d = args.clients, args.m, args.d
     g = torch.Generator().manual_seed(0)
@@ -97,7 +133,15 @@ def main() -> None:
         )
         torch.autograd.grad(loss.sum(), list(raw.values()))
 
-    # 3./4. the engine's fused path
+    # 3. fused Gram, triangular-inverse NLL
+    n_rows = torch.full((B,), float(M), dtype=X.dtype)
+
+    def fused_trsm():
+        raw = leaves()
+        loss = TriangularInverseNLL.apply(gp.train_covariance(raw, X, None), y, n_rows, ids)
+        torch.autograd.grad(loss.sum(), list(raw.values()))
+
+    # 4./5. the engine's fused path
     def fused(dtype):
         Xd, yd = X.to(dtype), y.to(dtype)
 
@@ -110,6 +154,7 @@ def main() -> None:
     cases = {
         "gpytorch_batch": gpytorch_batch,
         "autograd_chol": autograd_chol,
+        "fused_trsm_f64": fused_trsm,
         "fused_f64": fused(torch.float64),
         "fused_f32": fused(torch.float32),
     }
@@ -142,12 +187,20 @@ def main() -> None:
         cases["compiled_gram"] = compiled_gram
 
     print(f"one local step of B={B} clients, M={M}, d={d}, RBF-ARD; median ms (speed-up vs gpytorch_batch)")
+    rows = []
     for threads in (1, 2):
         torch.set_num_threads(threads)
         results = {name: timed(fn) for name, fn in cases.items()}
         base = results["gpytorch_batch"]
         line = ", ".join(f"{name} {ms:.1f} ({base / ms:.1f}x)" for name, ms in results.items())
         print(f"threads={threads}: {line}")
+        rows += [(threads, name, ms, base / ms) for name, ms in results.items()]
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with out.open("w") as f:
+        f.write("threads,case,ms_per_step,speedup_vs_gpytorch_batch\n")
+        f.writelines(f"{t},{name},{ms:.4g},{speedup:.4g}\n" for t, name, ms, speedup in rows)
+    print(f"wrote {out}")
 
 
 if __name__ == "__main__":
