@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 
 import numpy as np
 import pandas as pd
@@ -158,6 +158,12 @@ class _MLPConfig:
     lr: float = 1e-3
     optimizer: str = "adam"
     seed: int = 0
+
+
+def _mlp_config(model) -> _MLPConfig:
+    """The FedAvg training settings of a :class:`FedAvgMLP` or :class:`Ditto` (same field names)."""
+    values = {f.name: getattr(model, f.name) for f in fields(_MLPConfig)}
+    return _MLPConfig(**{**values, "hidden": tuple(values["hidden"])})
 
 
 def _join(feds: Sequence[Federation]) -> tuple[Stacked, torch.Tensor, list[list[int]]]:
@@ -308,16 +314,7 @@ class FedAvgMLP:
     history_: pd.DataFrame | None = field(default=None, init=False, repr=False)
 
     def _config(self) -> _MLPConfig:
-        return _MLPConfig(
-            tuple(self.hidden),
-            self.activation,
-            self.rounds,
-            self.local_steps,
-            self.batch_size,
-            self.lr,
-            self.optimizer,
-            self.seed,
-        )
+        return _mlp_config(self)
 
     def fit(self, federation: Federation) -> FedAvgMLP:
         check_federation(federation, "FedAvgMLP")
@@ -385,16 +382,7 @@ class Ditto:
     history_: pd.DataFrame | None = field(default=None, init=False, repr=False)
 
     def _config(self) -> _MLPConfig:
-        return FedAvgMLP(
-            tuple(self.hidden),
-            self.activation,
-            self.rounds,
-            self.local_steps,
-            self.batch_size,
-            self.lr,
-            self.optimizer,
-            self.seed,
-        )._config()
+        return _mlp_config(self)
 
     def _lams(self) -> list[float]:
         lams = [float(self.lam)] if np.isscalar(self.lam) else [float(v) for v in self.lam]

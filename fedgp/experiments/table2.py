@@ -31,6 +31,7 @@ import fedgp
 from fedgp.baselines import FedAvgMLP, FedAvgPolynomial, LocalGP, select_degree
 from fedgp.baselines.gp import client_metrics
 from fedgp.data import ClientData, gp_spec, load_cmapss
+from fedgp.experiments import summaries
 from fedgp.rng import generator
 from fedgp.strategies import FGPR
 
@@ -147,15 +148,11 @@ class Table2Run:
         return comparison_table(self.per_engine)
 
 
+_KEYS = ["sensor", "method"]
+
+
 def per_repeat(per_engine: pd.DataFrame) -> pd.DataFrame:
-    g = per_engine.groupby(["sensor", "method", "repeat"], sort=False)
-    return g.agg(
-        rmse_mean=("rmse", "mean"),
-        rmse_std=("rmse", lambda v: float(np.std(v))),
-        nll_mean=("nll", "mean"),
-        coverage95_mean=("coverage95", "mean"),
-        engines=("rmse", "size"),
-    ).reset_index()
+    return summaries.per_repeat(per_engine, _KEYS, "engines")
 
 
 def _order(frame: pd.DataFrame, methods: Sequence[str] = METHODS) -> pd.DataFrame:
@@ -167,31 +164,13 @@ def _order(frame: pd.DataFrame, methods: Sequence[str] = METHODS) -> pd.DataFram
 def summary_table(per_engine: pd.DataFrame) -> pd.DataFrame:
     """``results/table2.csv``: per sensor and method, means over repeats of the per-repeat mean and
     std (across test engines) of the per-engine RMSE ×10, mean NLL and mean 95% coverage."""
-    rep = per_repeat(per_engine)
-    g = rep.groupby(["sensor", "method"], sort=False)
-    out = g.agg(
-        rmse_mean_x10=("rmse_mean", lambda v: 10 * v.mean()),
-        rmse_std_x10=("rmse_std", lambda v: 10 * v.mean()),
-        nll_mean=("nll_mean", "mean"),
-        coverage95_mean=("coverage95_mean", "mean"),
-        repeats=("repeat", "nunique"),
-    ).reset_index()
+    out = summaries.over_repeats_x10(per_repeat(per_engine), _KEYS)
     return _order(out)[CSV_COLUMNS]
 
 
 def comparison_table(per_engine: pd.DataFrame) -> pd.DataFrame:
     """Ours beside the paper's, with the std over repeats (the paper's bracketed numbers)."""
-    rep = per_repeat(per_engine)
-    g = rep.groupby(["sensor", "method"], sort=False)
-    ours = g.agg(
-        rmse_mean_x10=("rmse_mean", lambda v: 10 * v.mean()),
-        rmse_mean_x10_sd=("rmse_mean", lambda v: 10 * v.std(ddof=1) if len(v) > 1 else np.nan),
-        rmse_std_x10=("rmse_std", lambda v: 10 * v.mean()),
-        rmse_std_x10_sd=("rmse_std", lambda v: 10 * v.std(ddof=1) if len(v) > 1 else np.nan),
-        nll_mean=("nll_mean", "mean"),
-        coverage95_mean=("coverage95_mean", "mean"),
-        repeats=("repeat", "nunique"),
-    ).reset_index()
+    ours = summaries.over_repeats_x10(per_repeat(per_engine), _KEYS, spread=True)
     paper = PAPER_TABLE2.rename(columns={c: f"paper_{c}" for c in PAPER_TABLE2.columns[2:]})
     out = ours.merge(paper, on=["sensor", "method"], how="left")
     return _order(out)

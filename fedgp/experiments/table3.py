@@ -37,6 +37,7 @@ import fedgp
 from fedgp.baselines import CentralGP, Ditto, LocalGP, fit_ditto
 from fedgp.baselines.gp import client_metrics
 from fedgp.data import gp_spec, load_sarcos
+from fedgp.experiments import summaries
 from fedgp.experiments.table2 import default_engine
 from fedgp.rng import generator
 from fedgp.strategies import FGPR
@@ -163,14 +164,7 @@ _KEYS = ["output", "protocol", "partition", "method"]
 
 
 def per_repeat(per_device: pd.DataFrame) -> pd.DataFrame:
-    g = per_device.groupby([*_KEYS, "repeat"], sort=False)
-    return g.agg(
-        rmse_mean=("rmse", "mean"),
-        rmse_std=("rmse", lambda v: float(np.std(v))),
-        nll_mean=("nll", "mean"),
-        coverage95_mean=("coverage95", "mean"),
-        devices=("rmse", "size"),
-    ).reset_index()
+    return summaries.per_repeat(per_device, _KEYS, "devices")
 
 
 def _order(frame: pd.DataFrame) -> pd.DataFrame:
@@ -184,42 +178,14 @@ def _order(frame: pd.DataFrame) -> pd.DataFrame:
 def summary_table(per_device: pd.DataFrame) -> pd.DataFrame:
     """``results/table3.csv``: means over repeats of the per-repeat mean and std (across devices)
     of the per-device RMSE ×10, mean NLL and mean 95% coverage."""
-    rep = per_repeat(per_device)
-    out = (
-        rep.groupby(_KEYS, sort=False)
-        .agg(
-            rmse_mean_x10=("rmse_mean", lambda v: 10 * v.mean()),
-            rmse_std_x10=("rmse_std", lambda v: 10 * v.mean()),
-            nll_mean=("nll_mean", "mean"),
-            coverage95_mean=("coverage95_mean", "mean"),
-            repeats=("repeat", "nunique"),
-        )
-        .reset_index()
-    )
+    out = summaries.over_repeats_x10(per_repeat(per_device), _KEYS)
     return _order(out)[CSV_COLUMNS]
 
 
 def comparison_table(per_device: pd.DataFrame) -> pd.DataFrame:
     """Ours (with the std over repeats) beside the paper's numbers where the paper has them
     (outputs 1, 3, 5, 7; FGPR and Ditto; random partition, paper protocol)."""
-    rep = per_repeat(per_device)
-
-    def sd(v):
-        return 10 * v.std(ddof=1) if len(v) > 1 else np.nan
-
-    ours = (
-        rep.groupby(_KEYS, sort=False)
-        .agg(
-            rmse_mean_x10=("rmse_mean", lambda v: 10 * v.mean()),
-            rmse_mean_x10_sd=("rmse_mean", sd),
-            rmse_std_x10=("rmse_std", lambda v: 10 * v.mean()),
-            rmse_std_x10_sd=("rmse_std", sd),
-            nll_mean=("nll_mean", "mean"),
-            coverage95_mean=("coverage95_mean", "mean"),
-            repeats=("repeat", "nunique"),
-        )
-        .reset_index()
-    )
+    ours = summaries.over_repeats_x10(per_repeat(per_device), _KEYS, spread=True)
     paper = PAPER_TABLE3.rename(columns={c: f"paper_{c}" for c in PAPER_TABLE3.columns[2:]})
     paper = paper.assign(partition="iid")
     return _order(ours.merge(paper, on=["output", "method", "partition"], how="left"))
