@@ -6,9 +6,20 @@
 
 FGPR with M = 32, d = 5, E = 5 local Adam steps, ScaleKernel(RBF-ARD), float64, 100 points per
 client. Every measurement runs in a fresh subprocess (so peak RSS is its own) and is repeated;
-the table reports medians. "loop" is what a GPyTorch user would otherwise write, following the
-GPyTorch regression tutorial: one ``ExactGP`` per client, ``set_train_data`` per minibatch step,
-a fresh ``torch.optim.Adam`` per client and round, FedAvg of the state dicts.
+the table reports medians. Engines:
+
+* ``loop``: what a GPyTorch user would otherwise write, following the GPyTorch regression
+  tutorial: one ``ExactGP`` per client, ``set_train_data`` per minibatch step, a fresh
+  ``torch.optim.Adam`` per client and round, FedAvg of the state dicts;
+* ``sequential``: fedgp's reference engine;
+* ``batched``: the batched engine as installed by ``make`` (the compiled step of
+  ``fedgp.engines.compiled``, numba), ``batched_tensor`` the same engine with ``compiled=False``
+  (the tensor path: fused Gram, batched LAPACK Cholesky), ``batched_f32`` the compiled step with
+  float32 minibatches.
+
+Throughput rows time a fit after an untimed one-round fit of the same engine on 64 clients (so
+imports, numba's cache load and first-call costs are excluded for every engine alike); the
+``--target`` rows time the whole ``fit`` in a fresh process, start-up included.
 
 Writes results/benchmarks/engine_throughput.csv (K, engine, threads, client_steps_per_s,
 ratio_vs_loop, peak_rss_mb, wall_s) and prints the table, the thread counts, and the achieved
@@ -86,28 +97,32 @@ def worker(config: dict) -> dict:
     import fedgp
 
     fed = make_federation(config["K"])
-    if config["engine"] == "loop" and config.get("loop_clients"):
+    if config["engine"] in ("loop", "sequential") and config.get("loop_clients"):
         fed = fed[: config["loop_clients"]]
     K = len(fed)
-    start = time.perf_counter()
-    if config["engine"] == "loop":
-        run_loop(fed, config["rounds"])
-    else:
-        options = {"minibatch_dtype": torch.float32} if config["engine"] == "batched_f32" else None
-        spec = fedgp.data.gp_spec(D, "rbf")
-        strategy = fedgp.strategies.FGPR(local_steps=E, batch_size=M, lr=0.05)
-        engine = "batched" if config["engine"].startswith("batched") else config["engine"]
+
+    def run(federation, rounds):
+        if config["engine"] == "loop":
+            return run_loop(federation, rounds)
+        options = {"minibatch_dtype": torch.float32} if config["engine"] == "batched_f32" else {}
+        if config["engine"].startswith("batched"):
+            options["compiled"] = config["engine"] != "batched_tensor"
         fedgp.fit(
-            spec,
-            fed,
-            strategy,
-            rounds=config["rounds"],
-            engine=engine,
+            fedgp.data.gp_spec(D, "rbf"),
+            federation,
+            fedgp.strategies.FGPR(local_steps=E, batch_size=M, lr=0.05),
+            rounds=rounds,
+            engine="batched" if config["engine"].startswith("batched") else config["engine"],
             seed=0,
             progress=False,
             eval_every=0,
             engine_options=options,
         )
+
+    if config.get("warmup", True):
+        run(fed[:64], 1)
+    start = time.perf_counter()
+    run(fed, config["rounds"])
     wall = time.perf_counter() - start
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB -> MiB on Linux
     return {
@@ -138,27 +153,16 @@ def measure(config: dict, repeats: int) -> dict:
 
 
 def flops_per_client_step(m: int = M, d: int = D) -> float:
-    """Floating-point operations of one batched-engine client step, forward + backward, counted
-    from fedgp/engines/batched.py (an exp counts as one operation):
+    """Floating-point operations one client-step needs, forward and backward, counted from the
+    compiled step (fedgp/engines/compiled.py; an exp or sqrt counts as one operation). The same
+    count is used for every engine, so GFLOP/s compares useful work, not work done:
 
-    * Gram matrix forward: ZZᵀ via baddbmm 2m²d, six elementwise passes 6m²;
-    * NLL forward: Cholesky m³/3, triangular inverse m³/3, L⁻¹r 2m²;
-    * NLL backward: α 2m², L⁻¹·c m², K⁻¹ = L⁻ᵀ(cL⁻¹) 2m³, rank-one update 3m²;
-    * Gram backward: four elementwise passes 4m², HZ 2m²d.
+    * Gram matrix: m(m-1)/2 pairs, each 3d for the squared distance and 5 for k, k' and s·k;
+    * Cholesky m³/3, triangular inverse m³/3, K⁻¹ = L⁻ᵀL⁻¹ m³/3, α = K⁻¹r 2m²;
+    * gradients: per pair 9 for W, ∂/∂s and the pair's factor, and 4d for ∂/∂z.
     """
-    return (
-        2 * m * m * d
-        + 6 * m * m
-        + m**3 / 3
-        + m**3 / 3
-        + 2 * m * m
-        + 2 * m * m
-        + m * m
-        + 2 * m**3
-        + 3 * m * m
-        + 4 * m * m
-        + 2 * m * m * d
-    )
+    pairs = m * (m - 1) / 2
+    return pairs * (3 * d + 5) + m**3 + 2 * m * m + pairs * (9 + 4 * d)
 
 
 def matmul_roofline(threads: int) -> dict:
@@ -219,13 +223,15 @@ def main() -> None:
         for engine, threads, rounds in (
             ("loop", 1, slow_rounds),
             ("sequential", 1, slow_rounds),
+            ("batched_tensor", 1, args.rounds),
+            ("batched_tensor", 2, args.rounds),
             ("batched", 1, args.rounds),
             ("batched", 2, args.rounds),
             ("batched_f32", 1, args.rounds),
             ("batched_f32", 2, args.rounds),
         ):
             config = {"K": K, "engine": engine, "threads": threads, "rounds": rounds}
-            if engine != "batched" and args.loop_clients:
+            if engine in ("loop", "sequential") and args.loop_clients:
                 config["loop_clients"] = min(K, args.loop_clients)
             result = measure(config, args.repeats)
             rows.append({"K": K, "engine": engine, "threads": threads, **result})
@@ -237,8 +243,8 @@ def main() -> None:
                 flush=True,
             )
     if args.target:
-        for engine in ("batched", "batched_f32"):
-            config = {"K": 10000, "engine": engine, "threads": 2, "rounds": 100}
+        for engine in ("batched_tensor", "batched", "batched_f32"):
+            config = {"K": 10000, "engine": engine, "threads": 2, "rounds": 100, "warmup": False}
             result = measure(config, 1)
             rows.append({"K": 10000, "engine": f"{engine}_R100", "threads": 2, **result})
             print(
@@ -258,12 +264,13 @@ def main() -> None:
         "torch threads as listed"
     )
     print(table[columns + ["K_run"]].to_string(index=False, float_format=lambda v: f"{v:.4g}"))
-    best = table[table.engine == "batched"].groupby("threads")["client_steps_per_s"].max()
+    batched = table[table.engine.isin(["batched", "batched_tensor"])]
+    best = batched.groupby(["engine", "threads"])["client_steps_per_s"].max()
     roof = {t: matmul_roofline(t) for t in (1, 2)}
     flops = flops_per_client_step()
-    for t, steps in best.items():
+    for (engine, t), steps in best.items():
         print(
-            f"batched, {t} thread(s): {steps * flops / 1e9:.2f} GFLOP/s achieved "
+            f"{engine}, {t} thread(s): {steps * flops / 1e9:.2f} GFLOP/s achieved "
             f"({flops / 1e3:.0f} kFLOP per client-step) vs measured roofline "
             f"bmm(32x32) {roof[t]['bmm_32']:.1f} GFLOP/s, gemm(2048) {roof[t]['gemm_2048']:.1f} GFLOP/s"
         )

@@ -21,6 +21,11 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+try:  # optional: compiles the one scalar loop below
+    import numba as _numba
+except ImportError:  # pragma: no cover - exercised only where numba is absent
+    _numba = None
+
 __all__ = [
     "generator",
     "client_uniform",
@@ -90,15 +95,34 @@ def uniform_minibatches(u: torch.Tensor, sizes: torch.Tensor, batch_size: int) -
         raise ValueError(f"expected {batch_size} uniforms per row, got {m}")
     if bool((sizes < batch_size).any()):
         raise ValueError("every client must hold at least batch_size points")
-    sizes = sizes.to(torch.float64)
-    chosen = torch.empty(rows, m, dtype=torch.long)
-    for j in range(m):
-        top = sizes - m + j  # Floyd: draw t in [0, top]; if taken, take top instead
-        t = torch.floor(u[:, j] * (top + 1)).to(torch.long)
-        t = torch.minimum(t, top.to(torch.long))
-        taken = (chosen[:, :j] == t.unsqueeze(1)).any(dim=1) if j else torch.zeros(rows, dtype=torch.bool)
-        chosen[:, j] = torch.where(taken, top.to(torch.long), t)
+    # Floyd: at step j draw t in [0, top_j], top_j = N - m + j; if t is taken, take top_j instead.
+    # Every draw is computed up front; only the "taken" test has to run step by step.
+    top = sizes.to(torch.float64).unsqueeze(1) - m + torch.arange(m, dtype=torch.float64)
+    draws = torch.minimum(torch.floor(u * (top + 1)), top).to(torch.long)
+    top = top.to(torch.long)
+    chosen = draws.clone()
+    if _numba is not None:
+        _resolve_taken(chosen.numpy(), top.numpy())
+        return chosen
+    for j in range(1, m):
+        taken = (chosen[:, :j] == draws[:, j : j + 1]).any(dim=1)
+        chosen[:, j] = torch.where(taken, top[:, j], draws[:, j])
     return chosen
+
+
+def _resolve_taken_loop(chosen: np.ndarray, top: np.ndarray) -> None:
+    """Floyd's "if taken, take top" in place, row by row (compiled when numba is installed: the
+    tensor loop above costs 30 small operations per minibatch draw)."""
+    rows, m = chosen.shape
+    for r in range(rows):
+        for j in range(1, m):
+            for i in range(j):
+                if chosen[r, i] == chosen[r, j]:
+                    chosen[r, j] = top[r, j]
+                    break
+
+
+_resolve_taken = None if _numba is None else _numba.njit(cache=True)(_resolve_taken_loop)
 
 
 def nearest_neighbour_minibatches(

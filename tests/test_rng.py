@@ -73,3 +73,19 @@ def test_draw_minibatches_per_client_rows_independent_of_batch():
 def test_server_generator_is_reproducible():
     assert generator(0, "sample", 3).integers(1 << 30) == generator(0, "sample", 3).integers(1 << 30)
     assert generator(0, "sample", 3).integers(1 << 30) != generator(0, "sample", 4).integers(1 << 30)
+
+
+def test_compiled_and_tensor_floyd_give_the_same_minibatches(monkeypatch):
+    import fedgp.rng
+
+    if fedgp.rng._numba is None:
+        pytest.skip("numba is not installed: only the tensor loop exists")
+    g = torch.Generator().manual_seed(0)
+    for m, rows in ((32, 400), (5, 300), (2, 50)):
+        u = client_uniform(0, "minibatch", 3, np.arange(rows), (m,))
+        sizes = torch.randint(m, m + 60, (rows,), generator=g)
+        sizes[: rows // 4] = m  # N == m: every draw after the first collides somewhere
+        compiled = uniform_minibatches(u, sizes, m)
+        monkeypatch.setattr(fedgp.rng, "_numba", None)
+        assert torch.equal(compiled, uniform_minibatches(u, sizes, m))
+        monkeypatch.undo()
