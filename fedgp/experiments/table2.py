@@ -45,6 +45,7 @@ __all__ = [
     "comparison_table",
     "reproduce",
     "default_engine",
+    "fgpr_repeat",
 ]
 
 METHODS = ("FGPR", "Polynomial", "Neural", "LocalGP")
@@ -199,7 +200,8 @@ def _test_client(client: ClientData, seed: int, repeat: int, how: str) -> Client
     return half
 
 
-def _one_repeat(cm, settings: Table2Settings, seed: int, repeat: int, engine: str) -> tuple[list, list]:
+def _split(cm, settings: Table2Settings, seed: int, repeat: int):
+    """(train, test, validation, fit) engine units and the FGPR seed of one repeat."""
     units = np.array(cm.units("train"))
     perm = generator(seed, "table2-engines", repeat).permutation(units)
     train_units = np.sort(perm[: settings.train_engines])
@@ -211,20 +213,50 @@ def _one_repeat(cm, settings: Table2Settings, seed: int, repeat: int, engine: st
     )
     fit_units = np.setdiff1d(train_units, val_units)
     fit_seed = int(generator(seed, "table2-fit", repeat).integers(2**31 - 1))
+    return train_units, test_units, val_units, fit_units, fit_seed
+
+
+def _test_clients(cm, settings: Table2Settings, sensor: str, units, seed: int, repeat: int) -> list:
+    return [
+        _test_client(c, seed, repeat, settings.standardize_test)
+        for c in cm.federation(sensor, units=units, x_scale=settings.x_scale)
+    ]
+
+
+def _fit_fgpr(cm, settings: Table2Settings, sensor: str, units, fit_seed: int, engine: str):
+    spec = gp_spec(1, settings.kernel, ard=False)
+    train = cm.federation(sensor, units=units, x_scale=settings.x_scale)
+    return fedgp.fit(
+        spec, train, settings.fgpr, rounds=settings.rounds, engine=engine, seed=fit_seed, progress=False
+    )
+
+
+def fgpr_repeat(
+    settings: Table2Settings, seed: int = 0, repeat: int = 0, root=None, engine: str | None = None
+) -> dict:
+    """FGPR alone for one repeat: ``{sensor: (learned state, per-test-engine RMSE)}`` (pinned by the
+    tests, so a refactor of the round protocol cannot move Table 2)."""
+    cm = load_cmapss(settings.subset, root=root)
+    train_units, test_units, _, _, fit_seed = _split(cm, settings, seed, repeat)
+    out = {}
+    for sensor in settings.sensors:
+        result = _fit_fgpr(cm, settings, sensor, train_units, fit_seed, engine or default_engine())
+        tests = _test_clients(cm, settings, sensor, test_units, seed, repeat)
+        out[sensor] = (result.state, [result.posterior(c.X_test, c).rmse(c.y_test) for c in tests])
+    return out
+
+
+def _one_repeat(cm, settings: Table2Settings, seed: int, repeat: int, engine: str) -> tuple[list, list]:
+    train_units, test_units, val_units, fit_units, fit_seed = _split(cm, settings, seed, repeat)
     spec = gp_spec(1, settings.kernel, ard=False)
     records, details = [], []
     for sensor in settings.sensors:
         train = cm.federation(sensor, units=train_units, x_scale=settings.x_scale)
         fit_fed = cm.federation(sensor, units=fit_units, x_scale=settings.x_scale)
         val_fed = cm.federation(sensor, units=val_units, x_scale=settings.x_scale)
-        tests = [
-            _test_client(c, seed, repeat, settings.standardize_test)
-            for c in cm.federation(sensor, units=test_units, x_scale=settings.x_scale)
-        ]
+        tests = _test_clients(cm, settings, sensor, test_units, seed, repeat)
 
-        result = fedgp.fit(
-            spec, train, settings.fgpr, rounds=settings.rounds, engine=engine, seed=fit_seed, progress=False
-        )
+        result = _fit_fgpr(cm, settings, sensor, train_units, fit_seed, engine)
         degree, degree_table = select_degree(fit_fed, val_fed, settings.degrees, **settings.poly)
         poly_var = float(degree_table.set_index("degree").loc[degree, "val_mse"])
         poly = FedAvgPolynomial(degree=degree, **settings.poly).fit(train)
