@@ -1,15 +1,23 @@
 """``fedgp.fit``: spec + federation + strategy + engine -> a result that predicts per client.
 
-The round loop lives here, once, for every engine: configure, run the clients' local updates in
-the chunks the engine chooses, aggregate, record, checkpoint. Engines only provide
-:class:`~fedgp.strategies.base.ClientOps` for chunks of clients; strategies only see states.
+The round loop lives here, once, for every engine, and never runs client code::
+
+    registry = engine.start(strategy, seed)                  # hello: ids and sizes
+    for each round:
+        plan = strategy.configure(...)                       # who, what, which replies
+        exchange = rounds.exchange(engine, "train", ...)     # messages out, replies and failures back
+        server, metrics = strategy.aggregate(..., exchange.replies, ...)
+
+Evaluation, prediction and a client's personal state are exchanges too: the client computes them
+on its own data and only the results travel.
 """
 
 from __future__ import annotations
 
+import math
 import os
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -18,22 +26,26 @@ import torch
 from tqdm import tqdm
 
 from fedgp.data.client import ClientData, Federation
+from fedgp.engines.base import Engine, InProcessEngine, Registry
 from fedgp.engines.batched import BatchedEngine
 from fedgp.engines.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
+from fedgp.engines.client import reply_fields
 from fedgp.engines.sequential import SequentialEngine
+from fedgp.messages import Record, read_state
 from fedgp.models.posterior import Prediction
 from fedgp.models.spec import GPSpec
 from fedgp.models.state import HyperState
 from fedgp.rng import generator
-from fedgp.strategies.base import Reply, ServerContext, Strategy, concat_replies, index_reply
+from fedgp.rounds import RoundFailedError, exchange
+from fedgp.strategies.base import RoundPlan, ServerContext, Strategy
 from fedgp.strategies.fgpr import FGPR
 
-__all__ = ["fit", "FitResult", "make_engine", "ENGINES"]
+__all__ = ["fit", "FitResult", "make_engine", "server_context", "ENGINES", "RoundFailedError"]
 
 ENGINES: dict[str, Any] = {"sequential": SequentialEngine, "batched": BatchedEngine}
 
 
-def make_engine(name: str, spec: GPSpec, federation: Federation, seed: int, **options):
+def make_engine(name: str, spec: GPSpec, federation: Federation, seed: int = 0, **options) -> Engine:
     try:
         cls = ENGINES[name]
     except KeyError:
@@ -41,37 +53,44 @@ def make_engine(name: str, spec: GPSpec, federation: Federation, seed: int, **op
     return cls(spec, federation, seed, **options)
 
 
-def _run_clients(strategy: Strategy, engine, participants: torch.Tensor, rnd: int, payload: Any) -> Reply:
-    """Local updates of the participants (each distinct client once), in participant order."""
-    unique, inverse = torch.unique(participants, sorted=True, return_inverse=True)
-    parts = [strategy.local_update(ops, payload) for ops in engine.chunks(unique, rnd)]
-    return index_reply(concat_replies(parts), inverse)
+def server_context(spec: GPSpec, registry: Registry, seed: int) -> ServerContext:
+    """What the server knows after registration: sizes, weights p_k = n_k / N, ids, seed."""
+    sizes = registry.sizes.to(torch.long)
+    return ServerContext(spec, sizes, sizes.to(torch.float64) / sizes.sum(), registry.ids, seed)
 
 
-def _per_client_predictions(
-    strategy, server, engine, indices: torch.Tensor
-) -> Iterator[tuple[int, Prediction]]:
-    for ops in engine.chunks(indices, 0):
-        preds = ops.predict(strategy.personal_state(server, ops))
-        yield from zip(ops.indices.tolist(), preds)
+def _num_clusters(strategy: Strategy, server: Any) -> int:
+    state = strategy.global_state(server)
+    return int(state.batch_shape[0]) if state.batch_shape else 1
 
 
-def evaluate_clients(strategy, server, engine, federation: Federation) -> pd.DataFrame:
-    """Per-client test metrics: each client conditions its personal state on its training data."""
-    indices = torch.tensor([i for i, c in enumerate(federation) if c.has_test], dtype=torch.long)
-    rows = []
-    for i, pred in _per_client_predictions(strategy, server, engine, indices):
-        y = federation[i].y_test
-        rows.append(
-            {
-                "client": federation[i].id,
-                "n_test": len(y),
-                "rmse": pred.rmse(y),
-                "nll": pred.nll(y),
-                "coverage95": pred.coverage(y),
-            }
-        )
-    return pd.DataFrame(rows)
+def _personal_exchange(
+    strategy, server, ctx, engine, registry, kind, positions, known, shared=None, points=0
+):
+    """A ``kind`` task (evaluate / predict / personal) to the clients at ``positions`` of ``engine``;
+    ``known`` are their positions in the training registry (-1 for clients it never saw)."""
+    shared_rec, personal = strategy.configure_personal(server, ctx, known)
+    if shared:
+        shared_rec = Record({**shared_rec.tensors, **shared}, shared_rec.settings)
+    fields = reply_fields(kind, ctx.spec, _num_clusters(strategy, server), points)
+    plan = RoundPlan(positions, torch.ones(len(positions), dtype=torch.float64), shared_rec, personal, fields)
+    return exchange(engine, kind, 0, plan, registry.ids, min_replies=1)
+
+
+def evaluate_clients(strategy, server, ctx, engine, registry) -> pd.DataFrame:
+    """Per-client test metrics, computed by each client on its own test split."""
+    positions = torch.nonzero(registry.n_test > 0).flatten()
+    columns = ["client", "n_test", "rmse", "nll", "coverage95", "cluster"]
+    if not len(positions):
+        return pd.DataFrame(columns=columns)
+    replies = _personal_exchange(
+        strategy, server, ctx, engine, registry, "evaluate", positions, positions
+    ).replies
+    frame = pd.DataFrame({name: replies[name].tolist() for name in columns[1:]})
+    frame.insert(0, "client", [registry.ids[p] for p in replies.participants.tolist()])
+    failed = {registry.ids[p]: r for p, r in replies.failures.items()}
+    frame.attrs["failures"] = failed
+    return frame
 
 
 def _summarise(per_client: pd.DataFrame) -> dict[str, float]:
@@ -85,47 +104,91 @@ def _summarise(per_client: pd.DataFrame) -> dict[str, float]:
 
 @dataclass
 class FitResult:
-    """The outcome of :func:`fit`: learned server state, history, and per-client prediction."""
+    """The outcome of :func:`fit`: learned server state, history, and per-client prediction.
+
+    ``history`` has one row per round (metrics, the round's failures and bytes); ``failures`` one
+    row per failed client and round, with the reason.
+    """
 
     spec: GPSpec
     strategy: Strategy
-    federation: Federation
+    federation: Federation | None
     server_state: Any
     history: pd.DataFrame
     seed: int
-    engine: Any
+    engine: Engine
+    registry: Registry | None = None
+    failures: pd.DataFrame = field(default_factory=pd.DataFrame)
 
     @property
     def state(self) -> HyperState:
         """The learned (global) hyper-parameters, in constrained units."""
         return self.strategy.global_state(self.server_state)
 
-    def _client(self, client: int | ClientData | Any) -> tuple[int | None, ClientData]:
+    @property
+    def context(self) -> ServerContext:
+        return server_context(self.spec, self.registry, self.seed)
+
+    def _resolve(self, client: int | ClientData | Any) -> tuple[Engine, Registry, int, int]:
+        """(engine hosting the client, its registry, its position there, its training position or -1).
+
+        An int is a position, a ``ClientData`` of the federation that client, any other
+        ``ClientData`` a new client (hosted alone, as the server has never seen it), else an id."""
         if isinstance(client, ClientData):
-            return None, client
+            members = [] if self.federation is None else list(self.federation)
+            for i, member in enumerate(members):
+                if member is client:
+                    return self.engine, self.registry, i, i
+            engine = SequentialEngine(self.spec, [client], self.seed)
+            return engine, engine.start(self.strategy, self.seed), 0, -1
         if isinstance(client, (int, np.integer)) and not isinstance(client, bool):
-            return int(client), self.federation[int(client)]
-        index = self.federation.index_of(client)
-        return index, self.federation[index]
+            position = int(client)
+            if not 0 <= position < len(self.registry.ids):
+                raise IndexError(f"client position {position} out of range (0..{len(self.registry.ids) - 1})")
+            return self.engine, self.registry, position, position
+        position = self.registry.position(client)
+        return self.engine, self.registry, position, position
+
+    def _ask(self, kind: str, client, shared: dict | None = None, points: int = 0):
+        engine, registry, position, known = self._resolve(client)
+        ctx = self.context
+        try:
+            replies = _personal_exchange(
+                self.strategy,
+                self.server_state,
+                ctx,
+                engine,
+                registry,
+                kind,
+                torch.tensor([position]),
+                torch.tensor([known]),
+                shared,
+                points,
+            ).replies
+        except RoundFailedError as err:
+            (reason,) = err.failures.values()
+            raise RuntimeError(f"client {registry.ids[position]!r} could not {kind}: {reason}") from None
+        return replies
 
     def client_state(self, client: int | ClientData | Any) -> HyperState:
-        """The state a client conditions on (for FGPR the global state; for IFCA its cluster's)."""
-        _, data = self._client(client)
-        ops = self.engine_for_prediction().ops_for(data)
-        return self.strategy.personal_state(self.server_state, ops).index(0)
-
-    def engine_for_prediction(self) -> SequentialEngine:
-        return SequentialEngine(self.spec, self.federation, self.seed)
+        """The state a client conditions on (FGPR: the global state; clustered: its cluster's)."""
+        replies = self._ask("personal", client)
+        return read_state(replies.individual, self.spec, "state/").index(0)
 
     def posterior(self, X: Any, client: int | ClientData | Any) -> Prediction:
         """Predictive distribution at ``X`` for ``client`` (an index, an id, or a new ``ClientData``),
         conditioning its personal state on that client's training data only."""
-        _, data = self._client(client)
-        ops = self.engine_for_prediction().ops_for(data)
-        X = torch.as_tensor(np.asarray(X) if not isinstance(X, torch.Tensor) else X, dtype=self.spec.dtype)
-        if X.dim() != 2 or X.shape[1] != data.n_features:
-            raise ValueError(f"X must have shape (n, {data.n_features}), got {tuple(X.shape)}")
-        return ops.predict(self.strategy.personal_state(self.server_state, ops), X)[0]
+        X = torch.as_tensor(np.asarray(X) if not isinstance(X, torch.Tensor) else X, dtype=torch.float64)
+        d = self._dims(client)
+        if X.dim() != 2 or X.shape[1] != d:
+            raise ValueError(f"X must have shape (n, {d}), got {tuple(X.shape)}")
+        replies = self._ask("predict", client, {"X": X}, X.shape[0])
+        return Prediction(replies["mean"][0], replies["variance_f"][0], replies["variance_y"][0])
+
+    def _dims(self, client) -> int:
+        if isinstance(client, ClientData):
+            return client.n_features
+        return int(self.registry.dims[self._resolve(client)[2]])
 
     def predict(
         self, X: Any, client: int | ClientData | Any, observation_noise: bool = False
@@ -135,16 +198,20 @@ class FitResult:
         return pred.mean, pred.variance(observation_noise)
 
     def evaluate(self) -> pd.DataFrame:
-        """Per-client test RMSE, NLL and 95% coverage (clients with a test split)."""
-        return evaluate_clients(self.strategy, self.server_state, self.engine, self.federation)
+        """Per-client test RMSE, NLL, 95% coverage and cluster (clients with a test split)."""
+        return evaluate_clients(self.strategy, self.server_state, self.context, self.engine, self.registry)
+
+
+def _failure_summary(failures: dict, ids) -> str:
+    return " | ".join(f"{ids[p]!r}: {reason}" for p, reason in failures.items())
 
 
 def fit(
     spec: GPSpec,
-    federation: Federation,
+    federation: Federation | None,
     strategy: Strategy | None = None,
     rounds: int = 100,
-    engine: str = "sequential",
+    engine: str | Engine = "sequential",
     seed: int = 0,
     *,
     progress: bool | None = None,
@@ -154,32 +221,52 @@ def fit(
     resume_from: str | os.PathLike | None = None,
     engine_options: dict | None = None,
     callback: Callable[[int, Any], None] | None = None,
+    min_replies: int | float = 1,
+    simulate_failures: float = 0.0,
 ) -> FitResult:
     """Train ``strategy`` (default :class:`~fedgp.strategies.FGPR`) on ``federation``.
 
     Args:
         rounds: communication rounds R (total, including rounds restored from a checkpoint).
         engine: ``"sequential"`` (the reference) or ``"batched"`` (all clients' steps as one tensor
-            program; same results, much faster for many clients); ``engine_options`` are passed to it.
+            program; same results, much faster for many clients), with ``engine_options``; or an
+            :class:`~fedgp.engines.base.Engine` instance (then ``federation`` may be ``None``).
         seed: master seed; every random draw derives from it, per round and client.
         progress: tqdm bar over rounds; ``None`` shows it only on a terminal.
-        eval_every: every how many rounds to compute per-client test metrics (default 1 if the
-            federation has test splits, else never). Each evaluation conditions every client.
+        eval_every: every how many rounds the clients report test metrics (default 1 if some have
+            test splits, else never). Each evaluation conditions every client on its own data.
         checkpoint_every / checkpoint_path: save a checkpoint every N rounds (and at the end).
         resume_from: continue from a checkpoint; the result is bit-identical to an unbroken run.
         callback: called as ``callback(round, server_state)`` after every round (1-based round).
+        min_replies: the fewest clients that must reply for a round to count: a count (int) or a
+            fraction of the round's participants (float). Below it ``fit`` raises
+            :class:`RoundFailedError` naming the clients that failed and why. A failed client is
+            dropped from its round (weights renormalised over the replies) and asked again next round.
+        simulate_failures: each participating client fails its local update with this probability
+            per round (drawn from (seed, round, client), so the same clients fail on every engine).
     """
     strategy = FGPR() if strategy is None else strategy
-    if not isinstance(federation, Federation):
-        raise TypeError(f"federation must be a fedgp.data.Federation, got {type(federation).__name__}")
     if rounds < 1:
         raise ValueError("rounds must be >= 1")
     if checkpoint_every is not None and checkpoint_path is None:
         raise ValueError("checkpoint_every needs checkpoint_path")
+    if not (isinstance(simulate_failures, (int, float)) and 0.0 <= simulate_failures < 1.0):
+        raise ValueError(f"simulate_failures must be a probability in [0, 1), got {simulate_failures!r}")
+    if isinstance(engine, Engine):
+        if engine_options:
+            raise ValueError("engine_options apply to an engine given by name, not to an instance")
+        runner = engine
+        if federation is None and isinstance(engine, InProcessEngine):
+            federation = Federation(list(engine.clients))
+    else:
+        if not isinstance(federation, Federation):
+            raise TypeError(f"federation must be a fedgp.data.Federation, got {type(federation).__name__}")
+        runner = make_engine(engine, spec, federation, seed, **(engine_options or {}))
+    registry = runner.start(strategy, seed)
+    ctx = server_context(spec, registry, seed)
     if eval_every is None:
-        eval_every = 1 if federation.has_test else 0
-    runner = make_engine(engine, spec, federation, seed, **(engine_options or {}))
-    ctx = ServerContext(spec, federation.sizes, federation.weights, federation.ids, seed)
+        eval_every = 1 if bool((registry.n_test > 0).any()) else 0
+    options = {"simulate_failures": float(simulate_failures)} if simulate_failures else {}
 
     if resume_from is not None:
         ckpt = load_checkpoint(resume_from)
@@ -197,6 +284,7 @@ def fit(
         start, server, history = ckpt.completed_rounds, ckpt.server_state, list(ckpt.history)
     else:
         start, server, history = 0, strategy.initialize(ctx, generator(seed, "init")), []
+    failures: list[dict] = []
 
     def checkpoint(done: int) -> None:
         save_checkpoint(
@@ -214,18 +302,36 @@ def fit(
     )
     for rnd in bar:
         plan = strategy.configure(rnd, server, ctx, generator(seed, "configure", rnd))
-        replies = _run_clients(strategy, runner, plan.participants, rnd, plan.payload)
-        server, metrics = strategy.aggregate(rnd, server, plan, replies, ctx)
+        done = exchange(runner, "train", rnd, plan, registry.ids, min_replies, options)
+        server, metrics = strategy.aggregate(rnd, server, plan, done.replies, ctx)
+        failed = done.replies.failures
         row = {"round": rnd + 1, **metrics}
+        row.update(
+            failed=len(failed),
+            failures=_failure_summary(failed, registry.ids),
+            bytes_down=done.bytes_down,
+            bytes_up=done.bytes_up,
+        )
+        failures.extend({"round": rnd + 1, "client": registry.ids[p], "reason": r} for p, r in failed.items())
         if eval_every and ((rnd + 1) % eval_every == 0 or rnd + 1 == rounds):
-            row.update(_summarise(evaluate_clients(strategy, server, runner, federation)))
+            row.update(_summarise(evaluate_clients(strategy, server, ctx, runner, registry)))
         row.update(strategy.describe(server))
         history.append(row)
         if callback is not None:
             callback(rnd + 1, server)
-        if "train_nll" in metrics:
+        if "train_nll" in metrics and not math.isnan(metrics["train_nll"]):
             bar.set_postfix(train_nll=f"{metrics['train_nll']:.4f}", refresh=False)
         if checkpoint_every and ((rnd + 1) % checkpoint_every == 0 or rnd + 1 == rounds):
             checkpoint(rnd + 1)
     bar.close()
-    return FitResult(spec, strategy, federation, server, pd.DataFrame(history), seed, runner)
+    return FitResult(
+        spec,
+        strategy,
+        federation,
+        server,
+        pd.DataFrame(history),
+        seed,
+        runner,
+        registry,
+        pd.DataFrame(failures, columns=["round", "client", "reason"]),
+    )

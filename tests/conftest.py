@@ -12,3 +12,12 @@ def rng():
     import numpy as np
 
     return np.random.default_rng(12345)
+
+
+# Property-based tests: derandomised under CI (the same examples every run), no deadline (a shared
+# 2-core machine makes per-example timings meaningless).
+from hypothesis import settings as _hypothesis_settings  # noqa: E402
+
+_hypothesis_settings.register_profile("ci", derandomize=True, deadline=None, print_blob=True)
+_hypothesis_settings.register_profile("dev", deadline=None)
+_hypothesis_settings.load_profile("ci" if os.environ.get("CI", "").strip().lower() == "true" else "dev")

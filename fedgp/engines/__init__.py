@@ -1,6 +1,20 @@
-"""Engines: who runs the rounds. ``sequential`` is the reference."""
+"""Engines: who runs the clients' side of the rounds. ``sequential`` is the reference."""
 
+from fedgp.engines.base import Engine, InProcessEngine, Outcome, Registry
 from fedgp.engines.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
+from fedgp.engines.client import ClientFailure, SimulatedFailure
 from fedgp.engines.sequential import SequentialEngine, SequentialOps
 
-__all__ = ["SequentialEngine", "SequentialOps", "Checkpoint", "load_checkpoint", "save_checkpoint"]
+__all__ = [
+    "Engine",
+    "InProcessEngine",
+    "Outcome",
+    "Registry",
+    "SequentialEngine",
+    "SequentialOps",
+    "ClientFailure",
+    "SimulatedFailure",
+    "Checkpoint",
+    "load_checkpoint",
+    "save_checkpoint",
+]

@@ -33,6 +33,7 @@ from torch import nn
 
 from fedgp.data.client import ClientData
 from fedgp.engines import compiled as compiled_step
+from fedgp.engines.base import InProcessEngine
 from fedgp.engines.minibatch import draw_minibatches
 from fedgp.models.objective import CHOLESKY_JITTER, CHOLESKY_MAX_TRIES, FactorizationError
 from fedgp.models.posterior import Prediction
@@ -238,31 +239,44 @@ class GaussianNLL(torch.autograd.Function):
 
 
 def cholesky(K: torch.Tensor, client_ids: Sequence) -> torch.Tensor:
-    """Batched Cholesky with GPyTorch's jitter schedule on failing rows only (float64: 1e-8, 1e-7,
-    1e-6; float32: 1e-6, 1e-5, 1e-4)."""
+    """Batched Cholesky with GPyTorch's jitter schedule (``psd_safe_cholesky``), row by row.
+
+    Only rows that fail get jitter, and each gets the smallest of 1e-8, 1e-7, 1e-6 (float32: 1e-6,
+    1e-5, 1e-4) that works, added in GPyTorch's increments; rows that succeed keep their factor. A
+    :class:`FactorizationError` names exactly the clients whose rows fail at the largest jitter.
+    """
     L, info = torch.linalg.cholesky_ex(K)
-    failed = info > 0
-    if not bool(failed.any()):
+    failed = torch.nonzero(info > 0).flatten()
+    if not len(failed):
         return L
-    eye = torch.eye(K.shape[-1], dtype=K.dtype)
     first = CHOLESKY_JITTER if K.dtype == torch.float64 else 1e-6
+    A = K[failed].clone()  # the failing rows, with GPyTorch's cumulative jitter
+    pending = torch.ones(len(failed), dtype=torch.bool)  # rows of ``failed`` still without a factor
+    previous = 0.0
     for attempt in range(CHOLESKY_MAX_TRIES):
         jitter = first * 10**attempt
-        L_try, info_try = torch.linalg.cholesky_ex(K[failed] + jitter * eye)
-        L = L.index_put((failed.nonzero().flatten(),), L_try)
-        still = torch.zeros_like(failed)
-        still[failed.nonzero().flatten()] = info_try > 0
-        if not bool(still.any()):
+        # Exactly GPyTorch's increment: a bool mask times a Python float (default dtype, as there).
+        A.diagonal(dim1=-2, dim2=-1).add_((pending * (jitter - previous)).unsqueeze(-1))
+        previous = jitter
+        rows = torch.nonzero(pending).flatten()
+        L_try, info_try = torch.linalg.cholesky_ex(A[rows])
+        done = info_try == 0
+        L[failed[rows[done]]] = L_try[done]
+        pending[rows[done]] = False
+        if not bool(pending.any()):
             return L
-    bad = [client_ids[i] for i in failed.nonzero().flatten().tolist()][:5]
+    bad = [client_ids[i] for i in failed[pending].tolist()]
+    shown = bad[:5]
+    others = f" (and others: {shown[1:]!r})" if len(shown) > 1 else ""
     raise FactorizationError(
-        f"client {bad[0]!r}{' (and others: ' + repr(bad[1:]) + ')' if len(bad) > 1 else ''}: covariance "
+        f"client {shown[0]!r}{others}: covariance "
         f"matrix not positive definite after {CHOLESKY_MAX_TRIES} jitter retries (largest jitter "
-        f"{first * 10 ** (CHOLESKY_MAX_TRIES - 1):.0e})"
+        f"{first * 10 ** (CHOLESKY_MAX_TRIES - 1):.0e})",
+        tuple(dict.fromkeys(bad)),
     )
 
 
-class BatchedEngine:
+class BatchedEngine(InProcessEngine):
     """Runs chunks of clients as batched tensor programs.
 
     Args:
@@ -277,6 +291,8 @@ class BatchedEngine:
         compiled: the compiled minibatch step of :mod:`fedgp.engines.compiled` (RBF/Matérn
             kernels, needs numba): ``None`` uses it where it applies, ``False`` never, ``True`` insists.
             It computes the same numbers as the tensor path (to rounding), 2–3× faster.
+        loopback, timeout: as for every in-process engine (:class:`~fedgp.engines.base.InProcessEngine`);
+            a timeout applies to a whole chunk, whose clients all fail when it is exceeded.
     """
 
     name = "batched"
@@ -285,16 +301,17 @@ class BatchedEngine:
         self,
         spec: GPSpec,
         clients: Sequence[ClientData],
-        seed: int,
+        seed: int = 0,
         chunk_size: int = 512,
         memory_mb: float = 256.0,
         check: bool = True,
         minibatch_dtype: torch.dtype | None = None,
         compiled: bool | None = None,
+        **options,
     ):
         if chunk_size < 1:
             raise ValueError("chunk_size must be >= 1")
-        self.spec, self.clients, self.seed = spec, clients, seed
+        super().__init__(spec, clients, seed, **options)
         self.chunk_size, self.memory_mb = chunk_size, memory_mb
         self.minibatch_dtype = minibatch_dtype or spec.dtype
         if self.minibatch_dtype not in (torch.float32, torch.float64):
@@ -309,13 +326,11 @@ class BatchedEngine:
             self.X_mb, self.y_mb = self.X.to(self.minibatch_dtype), self.y.to(self.minibatch_dtype)
         else:
             self.X_mb, self.y_mb = self.X, self.y
-        self.ids = [c.id for c in clients]
         if check:
             check_against_gpytorch(spec, compiled=compiled)
 
-    def chunks(self, indices: torch.Tensor, rnd: int) -> Iterator[BatchedOps]:
-        for start in range(0, len(indices), self.chunk_size):
-            yield BatchedOps(self, indices[start : start + self.chunk_size], rnd)
+    def ops(self, clients: torch.Tensor, rnd: int) -> BatchedOps:
+        return BatchedOps(self, clients, rnd)
 
     # -- data access ------------------------------------------------------------------------------
     def padded(self, rows: torch.Tensor, lengths: torch.Tensor | None = None):
@@ -351,7 +366,7 @@ class BatchedOps:
     """:class:`~fedgp.strategies.base.ClientOps` for a chunk of clients."""
 
     def __init__(self, engine: BatchedEngine, indices: torch.Tensor, rnd: int):
-        self.engine, self.round = engine, rnd
+        self.engine, self.round, self.seed = engine, rnd, engine.seed
         self.indices = indices
         self.sizes = engine.sizes[indices]
         self.clients = [engine.clients[i] for i in indices.tolist()]

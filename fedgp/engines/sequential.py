@@ -7,11 +7,12 @@ into a GPyTorch model, swaps in the minibatch with ``set_train_data``, and asks 
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 
 import torch
 
 from fedgp.data.client import ClientData
+from fedgp.engines.base import InProcessEngine
 from fedgp.engines.minibatch import draw_minibatches
 from fedgp.models.objective import factorization_guard, minibatch_nll
 from fedgp.models.posterior import Prediction, predict_with_model
@@ -127,19 +128,22 @@ class SequentialOps:
         return [predict_with_model(self.model, self.client.X, self.client.y, X_new, self.client.id)]
 
 
-class SequentialEngine:
-    """Runs clients one by one with a single reusable GPyTorch model."""
+class SequentialEngine(InProcessEngine):
+    """Runs clients one by one with a single reusable GPyTorch model.
+
+    Options (``engine_options``): ``loopback`` (every message and reply through bytes) and
+    ``timeout`` (seconds a client may take; a later reply is dropped as a failure of that round).
+    """
 
     name = "sequential"
+    chunk_size = 1
 
-    def __init__(self, spec: GPSpec, clients: Sequence[ClientData], seed: int):
-        self.spec, self.clients, self.seed = spec, clients, seed
+    def __init__(self, spec: GPSpec, clients: Sequence[ClientData], seed: int = 0, **options):
+        super().__init__(spec, clients, seed, **options)
         self.model = spec.build()
 
-    def chunks(self, indices: torch.Tensor, rnd: int) -> Iterator[SequentialOps]:
-        for i in indices.tolist():
-            yield SequentialOps(self.spec, self.model, self.clients[i], i, rnd, self.seed)
-
-    def ops_for(self, client: ClientData) -> SequentialOps:
-        """Ops for a client outside the training loop (e.g. a new client at prediction time)."""
-        return SequentialOps(self.spec, self.model, client, -1, 0, self.seed)
+    def ops(self, clients: torch.Tensor, rnd: int) -> SequentialOps:
+        if len(clients) != 1:
+            raise ValueError(f"the sequential engine runs one client at a time, got {len(clients)}")
+        i = int(clients[0])
+        return SequentialOps(self.spec, self.model, self.clients[i], i, rnd, self.seed)

@@ -43,9 +43,9 @@ from fedgp.data import su_xu_yang_setting
 from fedgp.experiments.metrics import markdown_table, max_matched_error
 from fedgp.fit import ENGINES
 from fedgp.models import GPSpec, ZeroKernel
+from fedgp.models.linear import linear_model
 from fedgp.strategies import clustered as C
-from fedgp.strategies.linear import linear_model
-from fedgp.strategies.moment_descent import MomentDescentInit, merge_anchors
+from fedgp.strategies.clustered.moment_descent import MomentDescentInit, merge_anchors
 
 __all__ = [
     "METHODS",

@@ -20,6 +20,7 @@ REPRODUCTIONS: dict[str, str] = {
     "table1": "fedgp.experiments.table1:reproduce",
     "table2": "fedgp.experiments.table2:reproduce",
     "table3": "fedgp.experiments.table3:reproduce",
+    "failures": "fedgp.experiments.failures:reproduce",
 }
 
 

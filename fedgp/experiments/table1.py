@@ -159,7 +159,7 @@ class WeightedFGPR(FGPR):
         weights = torch.cat(
             [torch.tensor([self.hf_weight], dtype=torch.float64), (1 - self.hf_weight) * rest / rest.sum()]
         )
-        return RoundPlan(plan.participants, weights[plan.participants], plan.payload)
+        return replace(plan, weights=weights[plan.participants])
 
 
 # -- one repeat ------------------------------------------------------------------------------------

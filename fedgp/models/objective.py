@@ -28,7 +28,14 @@ CHOLESKY_MAX_TRIES = 3
 
 
 class FactorizationError(ValueError):
-    """A client's covariance matrix could not be Cholesky-factorised, even with jitter."""
+    """A client's covariance matrix could not be Cholesky-factorised, even with jitter.
+
+    ``clients``: the ids of the clients whose matrices failed, so an engine can drop just them.
+    """
+
+    def __init__(self, message: str, clients: tuple = ()):
+        super().__init__(message)
+        self.clients = tuple(clients)
 
 
 @contextlib.contextmanager
@@ -53,7 +60,8 @@ def factorization_guard(client: Any, what: str) -> Iterator[None]:
             f"client {client!r}: {what}: covariance matrix not positive definite after "
             f"{CHOLESKY_MAX_TRIES} jitter retries (largest jitter "
             f"{CHOLESKY_JITTER * 10 ** (CHOLESKY_MAX_TRIES - 1):.0e}). Duplicate inputs with a tiny "
-            f"noise level, or an extreme lengthscale, are the usual causes. ({err})"
+            f"noise level, or an extreme lengthscale, are the usual causes. ({err})",
+            (client,),
         ) from err
 
 

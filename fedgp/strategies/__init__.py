@@ -1,12 +1,12 @@
 """Strategy layer: federated algorithms as pure logic over hyper-parameter states."""
 
 from fedgp.strategies import clustered
-from fedgp.strategies.base import ClientOps, RoundPlan, ServerContext, Strategy, TrainResult
-from fedgp.strategies.clustered import ClusteredGP, ClusteredState
+from fedgp.strategies.aggregators import CoordinateMedian, StateAggregator, WeightedMean
+from fedgp.strategies.base import ClientOps, Replies, RoundPlan, ServerContext, Strategy, TrainResult
+from fedgp.strategies.clustered import ClusteredGP, ClusteredState, MomentDescentInit
 from fedgp.strategies.fgpr import FGPR
 from fedgp.strategies.ifca import IFCA, IFCAState
 from fedgp.strategies.local import SGD, Adam, LocalTraining
-from fedgp.strategies.moment_descent import MomentDescentInit
 
 __all__ = [
     "FGPR",
@@ -15,11 +15,15 @@ __all__ = [
     "Strategy",
     "ClientOps",
     "RoundPlan",
+    "Replies",
     "ServerContext",
     "TrainResult",
     "LocalTraining",
     "Adam",
     "SGD",
+    "StateAggregator",
+    "WeightedMean",
+    "CoordinateMedian",
     "ClusteredGP",
     "ClusteredState",
     "MomentDescentInit",

@@ -1,29 +1,37 @@
-"""The strategy interface: an algorithm as pure logic over states, independent of the engine.
+"""The strategy interface: an algorithm as pure logic over states, talking to clients in records.
 
 A round has three parts, in the spirit of Flower's configure/aggregate hooks:
 
-1. ``configure`` (server): pick the participating clients and the payload they receive.
-2. ``local_update`` (client): given a :class:`ClientOps` for a *batch* of clients and the payload,
-   compute the reply. ``ClientOps`` is provided by the engine; it evaluates, differentiates and
-   trains states on the clients' data. The sequential engine passes batches of one client, the
-   batched engine batches of many, a Flower node its own single client; strategy code is the same.
-3. ``aggregate`` (server): combine the replies into the next server state.
+1. ``configure`` (server): pick the participants, their aggregation weights and what they receive —
+   a shared :class:`~fedgp.messages.Record` and one personal row each — and declare the reply
+   fields (:class:`~fedgp.messages.Field`: shape, dtype, individual or summed).
+2. ``local_update`` (client): given a :class:`ClientOps` for a *batch* of clients and the round's
+   :class:`~fedgp.messages.Task`, return the reply tensors (one row per client). ``ClientOps`` is the
+   engine's: it evaluates, differentiates and trains states on the clients' own data. The
+   sequential engine passes batches of one client, the batched engine batches of many, a Flower
+   node its own client; strategy code is the same.
+3. ``aggregate`` (server): combine the :class:`Replies` that arrived — individual fields per
+   participant, summed fields only as sums — into the next server state.
 
-Replies are dicts of tensors / :class:`HyperState` values whose first dimension runs over the
-participants, in the order of ``RoundPlan.participants`` (duplicates included).
+For prediction and evaluation, ``configure_personal`` (server) tells each client what it needs to
+choose the state it conditions on, and ``personal_state`` (client) chooses it. Predictions,
+``FitResult.client_state`` and per-client test metrics all go through this one pair.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any, Protocol
 
 import numpy as np
 import torch
 
 from fedgp.data.client import ClientData
+from fedgp.messages import Configurable, Field, Record, Task, read_state
+from fedgp.models.posterior import Prediction
 from fedgp.models.spec import GPSpec
 from fedgp.models.state import HyperState
 from fedgp.strategies.local import LocalTraining
@@ -33,15 +41,10 @@ __all__ = [
     "TrainResult",
     "ServerContext",
     "RoundPlan",
+    "Replies",
     "Strategy",
-    "Reply",
-    "concat_replies",
-    "index_reply",
     "sample_participants",
-    "average_states",
 ]
-
-Reply = dict[str, Any]
 
 
 @dataclass(frozen=True)
@@ -54,17 +57,18 @@ class TrainResult:
 
 
 class ClientOps(Protocol):
-    """Engine-provided operations on the data of a batch of B clients (never exposes the data).
+    """Engine-provided operations on the data of a batch of B clients: the client side of a round.
 
     States passed in have batch shape ``(B, *extra)``: one or more states per client.
     """
 
-    indices: torch.Tensor  # (B,) positions of these clients in the federation
+    spec: GPSpec  # the clients' own model specification
+    indices: torch.Tensor  # (B,) the clients' keys (their positions in the engine's registry)
     sizes: torch.Tensor  # (B,) their training-set sizes
     round: int
+    seed: int  # the master seed: client-side draws are functions of (seed, stream, round, key)
     # The clients' own data, for local computations other than the GP likelihood (e.g. the
-    # moment statistics of Su–Xu–Yang's Phase 1). It is read on the client; only what a
-    # strategy puts in its reply ever leaves it.
+    # moment statistics of Su–Xu–Yang's Phase 1). Only what a strategy replies ever leaves.
     clients: Sequence[ClientData]
 
     def nll(self, states: HyperState) -> torch.Tensor:
@@ -77,10 +81,14 @@ class ClientOps(Protocol):
     def train(self, states: HyperState, local: LocalTraining) -> TrainResult:
         """Run ``local`` from each state; every extra state of a client sees the same minibatches."""
 
+    def predict(self, states: HyperState, X_new: torch.Tensor | None = None) -> list[Prediction]:
+        """Condition each client's state (batch ``(B,)``) on its training data; predict at its test
+        inputs, or at ``X_new``."""
+
 
 @dataclass(frozen=True)
 class ServerContext:
-    """What the server knows: the spec, client sizes/weights/ids, and the master seed."""
+    """What the server knows: the spec, the clients' ids and sizes (from registration), the seed."""
 
     spec: GPSpec
     sizes: torch.Tensor
@@ -95,37 +103,95 @@ class ServerContext:
 
 @dataclass(frozen=True)
 class RoundPlan:
-    """Participants of a round (may repeat), their aggregation weights, and the broadcast payload."""
+    """A round as the server plans it.
+
+    ``participants``: registry positions (may repeat: sampling with replacement); ``weights``: their
+    aggregation weights; ``shared``: what every participant receives; ``personal``: one row per
+    participant (aligned with ``participants``); ``replies``: the declared reply fields.
+    """
 
     participants: torch.Tensor
     weights: torch.Tensor
-    payload: Any
+    shared: Record = field(default_factory=Record)
+    personal: Record = field(default_factory=Record)
+    replies: Mapping[str, Field] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for name, value in self.personal.tensors.items():
+            if value.shape[:1] != self.participants.shape:
+                raise ValueError(
+                    f"personal field {name!r} has {value.shape[0] if value.dim() else 0} rows for "
+                    f"{len(self.participants)} participants"
+                )
+        object.__setattr__(self, "replies", MappingProxyType(dict(self.replies)))
 
 
-class Strategy(ABC):
+@dataclass(frozen=True)
+class Replies(Mapping[str, torch.Tensor]):
+    """The replies of a round as ``aggregate`` sees them.
+
+    Indexing gives an *individual* field, one row per participant that replied (in participant
+    order, duplicates included). Summed fields exist only as ``sums`` over the clients that replied.
+    ``weights`` are the plan's weights of the participants that replied, renormalised to the plan's
+    total when some failed; ``failures`` maps the positions of failed clients to the reason.
+    """
+
+    participants: torch.Tensor
+    weights: torch.Tensor
+    individual: Mapping[str, torch.Tensor]
+    sums: Mapping[str, torch.Tensor]
+    failures: Mapping[int, str]
+    slots: torch.Tensor  # indices into the plan's participants of those that replied
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        try:
+            return self.individual[name]
+        except KeyError:
+            if name in self.sums:
+                raise KeyError(
+                    f"reply field {name!r} is summed: only replies.sums[{name!r}] exists"
+                ) from None
+            raise
+
+    def __iter__(self):
+        return iter(self.individual)
+
+    def __len__(self) -> int:
+        return len(self.individual)
+
+    def state(self, spec: GPSpec, prefix: str) -> HyperState:
+        """The individual state fields named ``prefix + name`` as a batched state."""
+        return read_state(self.individual, spec, prefix)
+
+    def summed_state(self, spec: GPSpec, prefix: str) -> HyperState:
+        """The summed state fields named ``prefix + name`` as a state."""
+        return read_state(self.sums, spec, prefix)
+
+
+class Strategy(Configurable, ABC):
     """Base class of federated algorithms. Subclasses are frozen dataclasses of settings."""
 
+    # -- server ---------------------------------------------------------------------------------
     @abstractmethod
     def initialize(self, ctx: ServerContext, rng: np.random.Generator) -> Any:
         """The server state before round 1."""
 
     @abstractmethod
     def configure(self, rnd: int, server: Any, ctx: ServerContext, rng: np.random.Generator) -> RoundPlan:
-        """Choose participants and payload for round ``rnd`` (0-based)."""
-
-    @abstractmethod
-    def local_update(self, ops: ClientOps, payload: Any) -> Reply:
-        """The clients' side of a round."""
+        """Participants, their payloads and the declared replies for round ``rnd`` (0-based)."""
 
     @abstractmethod
     def aggregate(
-        self, rnd: int, server: Any, plan: RoundPlan, replies: Reply, ctx: ServerContext
-    ) -> tuple[Any, dict[str, float]]:
+        self, rnd: int, server: Any, plan: RoundPlan, replies: Replies, ctx: ServerContext
+    ) -> tuple[Any, dict[str, Any]]:
         """The next server state, and round metrics for the history."""
 
     @abstractmethod
-    def personal_state(self, server: Any, ops: ClientOps) -> HyperState:
-        """The state each client of ``ops`` conditions on to predict: batch ``(B,)``."""
+    def configure_personal(
+        self, server: Any, ctx: ServerContext, positions: torch.Tensor
+    ) -> tuple[Record, Record]:
+        """What clients at ``positions`` (``-1``: a client the server has never seen) receive to
+        choose the state they condition on: ``(shared, personal rows)``."""
 
     @abstractmethod
     def global_state(self, server: Any) -> HyperState:
@@ -142,24 +208,19 @@ class Strategy(ABC):
             }
         return state.to_dict()
 
+    def client_view(self) -> Strategy:
+        """The settings a client needs (the default: all of them). Override to strip what only the
+        server may know, e.g. every client's given cluster label."""
+        return self
 
-# -- helpers shared by strategies ---------------------------------------------------------------
+    # -- client ---------------------------------------------------------------------------------
+    @abstractmethod
+    def local_update(self, ops: ClientOps, task: Task) -> dict[str, torch.Tensor]:
+        """The clients' side of a training round: reply tensors with one row per client."""
 
-
-def concat_replies(parts: Sequence[Reply]) -> Reply:
-    """Concatenate replies of consecutive client batches along the participant dimension."""
-    out: Reply = {}
-    for key in parts[0]:
-        values = [p[key] for p in parts]
-        if isinstance(values[0], HyperState):
-            out[key] = HyperState.cat(values)
-        else:
-            out[key] = torch.cat(values, 0)
-    return out
-
-
-def index_reply(reply: Reply, idx: torch.Tensor) -> Reply:
-    return {k: (v.index(idx) if isinstance(v, HyperState) else v[idx]) for k, v in reply.items()}
+    @abstractmethod
+    def personal_state(self, ops: ClientOps, task: Task) -> tuple[HyperState, torch.Tensor]:
+        """The state each client of ``ops`` conditions on (batch ``(B,)``) and its cluster index."""
 
 
 def sample_participants(
@@ -187,22 +248,3 @@ def sample_participants(
         w = ctx.weights[chosen]
         return chosen, w / w.sum()
     raise ValueError(f"sampling must be 'weighted' or 'uniform', got {sampling!r}")
-
-
-def average_states(
-    spec: GPSpec, states: HyperState, weights: torch.Tensor, previous: HyperState, space: str
-) -> HyperState:
-    """``sum_i w_i θ_i`` over the first batch dimension, in constrained or raw units.
-
-    Fixed (untrained) parameters are copied from ``previous`` so that averaging never perturbs them.
-    """
-    if space == "constrained":
-        mean = states.weighted_mean(weights)
-    elif space == "raw":
-        mean = spec.from_raw(spec.to_raw(states).weighted_mean(weights))
-    else:
-        raise ValueError(f"average_space must be 'constrained' or 'raw', got {space!r}")
-    return HyperState(
-        {p.name: (mean[p.name] if p.trainable else previous[p.name]) for p in spec.params},
-        spec.event_shapes,
-    )

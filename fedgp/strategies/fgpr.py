@@ -12,20 +12,17 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
+import torch
 
+from fedgp.messages import Field, Record, Task, read_state, state_fields, state_tensors
 from fedgp.models.state import HyperState
-from fedgp.strategies.base import (
-    ClientOps,
-    Reply,
-    RoundPlan,
-    ServerContext,
-    Strategy,
-    average_states,
-    sample_participants,
-)
+from fedgp.strategies.aggregators import StateAggregator, WeightedMean
+from fedgp.strategies.base import ClientOps, Replies, RoundPlan, ServerContext, Strategy, sample_participants
 from fedgp.strategies.local import SGD, Adam, LocalTraining, make_optimizer
 
 __all__ = ["FGPR"]
+
+STATE = "state/"
 
 
 @dataclass(frozen=True)
@@ -43,8 +40,11 @@ class FGPR(Strategy):
         clients_per_round: ``None`` = full participation; else K_c participants per round.
         sampling: ``"weighted"`` (∝ p_k with replacement, simple average; the paper) or
             ``"uniform"`` (without replacement, p_k renormalised).
-        average_space: ``"constrained"`` (the paper and its code) or ``"raw"``.
+        average_space: ``"constrained"`` (the paper and its code) or ``"raw"``: the space of the
+            default aggregator, the weighted mean.
         prox_mu: FedProx proximal weight (0 = plain FGPR).
+        aggregator: how the server combines the participants' states
+            (:mod:`fedgp.strategies.aggregators`; default ``WeightedMean(average_space)``, FedAvg).
     """
 
     local_steps: int | None = 5
@@ -57,6 +57,7 @@ class FGPR(Strategy):
     sampling: str = "weighted"
     average_space: str = "constrained"
     prox_mu: float = 0.0
+    aggregator: StateAggregator | None = None
     local: LocalTraining = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -75,9 +76,18 @@ class FGPR(Strategy):
         )
         if self.average_space not in ("constrained", "raw"):
             raise ValueError(f"average_space must be 'constrained' or 'raw', got {self.average_space!r}")
+        if self.aggregator is not None and self.average_space != "constrained":
+            raise ValueError(
+                "give the averaging space to the aggregator, not average_space, when you pass one"
+            )
         if self.sampling not in ("weighted", "uniform"):
             raise ValueError(f"sampling must be 'weighted' or 'uniform', got {self.sampling!r}")
 
+    @property
+    def state_aggregator(self) -> StateAggregator:
+        return self.aggregator if self.aggregator is not None else WeightedMean(self.average_space)
+
+    # -- server -----------------------------------------------------------------------------------
     def initialize(self, ctx: ServerContext, rng: np.random.Generator) -> HyperState:
         return ctx.spec.initial_state()
 
@@ -85,20 +95,27 @@ class FGPR(Strategy):
         self, rnd: int, server: HyperState, ctx: ServerContext, rng: np.random.Generator
     ) -> RoundPlan:
         participants, weights = sample_participants(ctx, self.clients_per_round, self.sampling, rng)
-        return RoundPlan(participants, weights, payload=server)
-
-    def local_update(self, ops: ClientOps, payload: HyperState) -> Reply:
-        result = ops.train(payload.expand(len(ops.indices)), self.local)
-        return {"state": result.states, "loss": result.loss}
+        replies = {**state_fields(ctx.spec, STATE), "loss": Field()}
+        return RoundPlan(participants, weights, shared=Record(state_tensors(server, STATE)), replies=replies)
 
     def aggregate(
-        self, rnd: int, server: HyperState, plan: RoundPlan, replies: Reply, ctx: ServerContext
+        self, rnd: int, server: HyperState, plan: RoundPlan, replies: Replies, ctx: ServerContext
     ) -> tuple[HyperState, dict[str, float]]:
-        new = average_states(ctx.spec, replies["state"], plan.weights, server, self.average_space)
+        new = self.state_aggregator(ctx.spec, replies.state(ctx.spec, STATE), replies.weights, server)
         return new, {"train_nll": float(replies["loss"].mean())}
 
-    def personal_state(self, server: HyperState, ops: ClientOps) -> HyperState:
-        return server.expand(len(ops.indices))
+    def configure_personal(self, server: HyperState, ctx: ServerContext, positions: torch.Tensor):
+        return Record(state_tensors(server, STATE)), Record()
 
     def global_state(self, server: HyperState) -> HyperState:
         return server
+
+    # -- client -----------------------------------------------------------------------------------
+    def local_update(self, ops: ClientOps, task: Task) -> dict[str, torch.Tensor]:
+        start = read_state(task.shared.tensors, ops.spec, STATE)
+        result = ops.train(start.expand(len(ops.indices)), self.local)
+        return {**state_tensors(result.states, STATE), "loss": result.loss}
+
+    def personal_state(self, ops: ClientOps, task: Task) -> tuple[HyperState, torch.Tensor]:
+        state = read_state(task.shared.tensors, ops.spec, STATE)
+        return state.expand(len(ops.indices)), torch.zeros(len(ops.indices), dtype=torch.long)

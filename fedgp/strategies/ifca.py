@@ -25,9 +25,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
+import torch
 
+from fedgp.messages import Task
 from fedgp.models.state import HyperState
-from fedgp.strategies.base import ClientOps, Reply, RoundPlan, ServerContext, Strategy
+from fedgp.strategies.base import ClientOps, Replies, RoundPlan, ServerContext, Strategy
 from fedgp.strategies.clustered import (
     ClusterAverage,
     ClusteredGP,
@@ -123,7 +125,7 @@ class IFCA(Strategy):
             aggregator = GradientStep(self.lr, self.gradient_normalization)
         else:
             solver = LocalTrainingSolver(local)
-            aggregator = ClusterAverage(self.weighted, self.average_space)
+            aggregator = ClusterAverage(weighted=self.weighted, average_space=self.average_space)
         model = ClusteredGP(
             num_clusters=self.num_clusters,
             initializer=initializer,
@@ -146,17 +148,20 @@ class IFCA(Strategy):
         return self.model.configure(rnd, server, ctx, rng)
 
     def aggregate(
-        self, rnd: int, server: IFCAState, plan: RoundPlan, replies: Reply, ctx: ServerContext
+        self, rnd: int, server: IFCAState, plan: RoundPlan, replies: Replies, ctx: ServerContext
     ) -> tuple[IFCAState, dict[str, float]]:
         return self.model.aggregate(rnd, server, plan, replies, ctx)
 
-    def local_update(self, ops: ClientOps, payload) -> Reply:
-        return self.model.local_update(ops, payload)
-
-    def personal_state(self, server: IFCAState, ops: ClientOps) -> HyperState:
-        """Each client's best cluster by local NLL (also for clients never seen in training)."""
-        return self.model.personal_state(server, ops)
+    def configure_personal(self, server: IFCAState, ctx: ServerContext, positions: torch.Tensor):
+        return self.model.configure_personal(server, ctx, positions)
 
     def global_state(self, server: IFCAState) -> HyperState:
         """The k cluster states of the best restart: batch ``(k,)``."""
         return self.model.global_state(server)
+
+    def local_update(self, ops: ClientOps, task: Task) -> dict[str, torch.Tensor]:
+        return self.model.local_update(ops, task)
+
+    def personal_state(self, ops: ClientOps, task: Task) -> tuple[HyperState, torch.Tensor]:
+        """Each client's best cluster by local NLL (also for clients never seen in training)."""
+        return self.model.personal_state(ops, task)

@@ -11,11 +11,14 @@ A test checks ``Adam`` against ``torch.optim.Adam`` step for step.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 
 import torch
 
-__all__ = ["Adam", "SGD", "LocalTraining", "make_optimizer"]
+from fedgp.messages import Configurable
+
+__all__ = ["Adam", "SGD", "LocalOptimizer", "LocalTraining", "make_optimizer"]
 
 Tensors = dict[str, torch.Tensor]
 
@@ -26,8 +29,43 @@ def _mask(active: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor | Non
     return active.reshape(tuple(active.shape) + (1,) * (like.dim() - active.dim()))
 
 
+class LocalOptimizer(Configurable, ABC):
+    """A step rule over batched tensors; the base applies it per parameter and masks inactive rows."""
+
+    def init(self, params: Tensors) -> dict:
+        return {}
+
+    @abstractmethod
+    def update(
+        self, p: torch.Tensor, g: torch.Tensor, slots: dict, global_step: torch.Tensor
+    ) -> tuple[torch.Tensor, dict]:
+        """The new value of one parameter and of its optimiser slots (e.g. Adam's moments)."""
+
+    def step(
+        self,
+        params: Tensors,
+        grads: Tensors,
+        state: dict,
+        global_step: torch.Tensor,
+        active: torch.Tensor | None,
+    ) -> Tensors:
+        """One step for every parameter; rows with ``active`` False keep their values and slots."""
+        out = {}
+        for k, p in params.items():
+            slots = {name: values[k] for name, values in state.items()}
+            new_p, new_slots = self.update(p, grads[k], slots, global_step)
+            mask = _mask(active, p)
+            if mask is not None:
+                new_p = torch.where(mask, new_p, p)
+                new_slots = {name: torch.where(mask, v, slots[name]) for name, v in new_slots.items()}
+            for name, v in new_slots.items():
+                state[name][k] = v
+            out[k] = new_p
+        return out
+
+
 @dataclass(frozen=True)
-class Adam:
+class Adam(LocalOptimizer):
     """Adam (Kingma & Ba), state re-initialised at the start of every round."""
 
     lr: float = 0.05
@@ -41,37 +79,21 @@ class Adam:
             "t": {k: torch.zeros_like(v) for k, v in params.items()},
         }
 
-    def step(
-        self,
-        params: Tensors,
-        grads: Tensors,
-        state: dict,
-        global_step: torch.Tensor,
-        active: torch.Tensor | None,
-    ) -> Tensors:
+    def update(self, p, g, slots, global_step):
         b1, b2 = self.betas
-        out = {}
-        for k, p in params.items():
-            g, m, v, t = grads[k], state["m"][k], state["v"][k], state["t"][k]
-            new_t = t + 1
-            new_m = torch.lerp(m, g, 1 - b1)
-            new_v = (v * b2).addcmul(g, g, value=1 - b2)
-            # The same operation order as torch.optim.Adam (single-tensor path).
-            bias1 = 1 - b1**new_t
-            bias2_sqrt = (1 - b2**new_t).sqrt()
-            denom = new_v.sqrt() / bias2_sqrt + self.eps
-            new_p = p - (self.lr / bias1) * new_m / denom
-            mask = _mask(active, p)
-            if mask is not None:
-                new_p, new_m = torch.where(mask, new_p, p), torch.where(mask, new_m, m)
-                new_v, new_t = torch.where(mask, new_v, v), torch.where(mask, new_t, t)
-            state["m"][k], state["v"][k], state["t"][k] = new_m, new_v, new_t
-            out[k] = new_p
-        return out
+        m, v, t = slots["m"], slots["v"], slots["t"]
+        new_t = t + 1
+        new_m = torch.lerp(m, g, 1 - b1)
+        new_v = (v * b2).addcmul(g, g, value=1 - b2)
+        # The same operation order as torch.optim.Adam (single-tensor path).
+        bias1 = 1 - b1**new_t
+        bias2_sqrt = (1 - b2**new_t).sqrt()
+        denom = new_v.sqrt() / bias2_sqrt + self.eps
+        return p - (self.lr / bias1) * new_m / denom, {"m": new_m, "v": new_v, "t": new_t}
 
 
 @dataclass(frozen=True)
-class SGD:
+class SGD(LocalOptimizer):
     """Plain SGD. ``schedule="inverse_t"`` is the FGPR theory's η_t = β/t on the *global* step t.
 
     ``t`` counts every local step of the client since round 0 (``round * E_k + s``), so the step
@@ -85,28 +107,13 @@ class SGD:
         if self.schedule not in ("inverse_t", "constant"):
             raise ValueError(f"schedule must be 'inverse_t' or 'constant', got {self.schedule!r}")
 
-    def init(self, params: Tensors) -> dict:
-        return {}
-
-    def step(
-        self,
-        params: Tensors,
-        grads: Tensors,
-        state: dict,
-        global_step: torch.Tensor,
-        active: torch.Tensor | None,
-    ) -> Tensors:
-        out = {}
-        for k, p in params.items():
-            if self.schedule == "inverse_t":
-                eta = self.lr / global_step.to(p.dtype).clamp_min(1.0)
-                eta = eta.reshape(tuple(eta.shape) + (1,) * (p.dim() - eta.dim()))
-            else:
-                eta = self.lr
-            new_p = p - eta * grads[k]
-            mask = _mask(active, p)
-            out[k] = new_p if mask is None else torch.where(mask, new_p, p)
-        return out
+    def update(self, p, g, slots, global_step):
+        if self.schedule == "inverse_t":
+            eta = self.lr / global_step.to(p.dtype).clamp_min(1.0)
+            eta = eta.reshape(tuple(eta.shape) + (1,) * (p.dim() - eta.dim()))
+        else:
+            eta = self.lr
+        return p - eta * g, {}
 
 
 def make_optimizer(optimizer: str | Adam | SGD, lr: float) -> Adam | SGD:
@@ -120,7 +127,7 @@ def make_optimizer(optimizer: str | Adam | SGD, lr: float) -> Adam | SGD:
 
 
 @dataclass(frozen=True)
-class LocalTraining:
+class LocalTraining(Configurable):
     """How a client trains a state locally in one round.
 
     Args:

@@ -9,6 +9,7 @@ import fedgp
 from fedgp import GPSpec
 from fedgp.data import ClientData, Federation, gp_federation, mixed_linear_regression
 from fedgp.engines.batched import BatchedEngine, BatchedOps, GaussianNLL, StationaryGram
+from fedgp.messages import Task
 from fedgp.models import FactorizationError, ZeroKernel
 from fedgp.strategies import FGPR, IFCA
 
@@ -100,8 +101,10 @@ def test_batched_personalised_prediction_matches_per_client(unequal):
     result = fedgp.fit(unequal.spec, unequal.federation, FGPR(local_steps=3), rounds=3, progress=False)
     engine = BatchedEngine(unequal.spec, unequal.federation, 0, chunk_size=4, memory_mb=0.05)
     X = torch.rand(9, 3, dtype=torch.float64)
-    for ops in engine.chunks(torch.arange(len(unequal.federation)), 0):
-        states = result.strategy.personal_state(result.server_state, ops)
+    everyone = torch.arange(len(unequal.federation))
+    shared, _ = result.strategy.configure_personal(result.server_state, result.context, everyone)
+    for ops in engine.chunks(everyone, 0):
+        states, _ = result.strategy.personal_state(ops, Task("evaluate", 0, shared))
         at_test, at_x = ops.predict(states), ops.predict(states, X)
         for j, i in enumerate(ops.indices.tolist()):
             ref = result.posterior(unequal.federation[i].X_test, i)

@@ -66,12 +66,10 @@ CASES = {
 }
 
 
-def strategy_zoo() -> dict[str, list[float]]:
-    """Small runs of every strategy family on both engines: final global states, the history's
-    train NLL and per-client evaluation. A net under the refactor, beyond the issue's three pins."""
+def zoo() -> dict:
+    """``{name: (data, spec, strategy, rounds)}``: a small run of every strategy family."""
     import gpytorch
 
-    import fedgp
     from fedgp import GPSpec
     from fedgp.data import gaussian_mixed_regression, gp_federation
     from fedgp.models import ZeroKernel
@@ -173,11 +171,24 @@ def strategy_zoo() -> dict[str, list[float]]:
             None,
         ),
     }
+    return {
+        name: (
+            data,
+            data.spec if hasattr(data, "spec") else lin,
+            strategy,
+            rounds or strategy.init_rounds + 3,
+        )
+        for name, (data, strategy, rounds) in runs.items()
+    }
+
+
+def strategy_zoo() -> dict[str, list[float]]:
+    """Small runs of every strategy family on both engines: final global states, the history's
+    train NLL and per-client evaluation. A net under the refactor, beyond the issue's three pins."""
+    import fedgp
+
     out: dict[str, list[float]] = {}
-    for name, (data, strategy, rounds) in runs.items():
-        spec = data.spec if hasattr(data, "spec") else lin
-        if rounds is None:
-            rounds = strategy.init_rounds + 3
+    for name, (data, spec, strategy, rounds) in zoo().items():
         for engine in ("sequential", "batched"):
             result = fedgp.fit(
                 spec, data.federation, strategy, rounds=rounds, engine=engine, seed=11, progress=False

@@ -11,9 +11,9 @@ from fedgp.data import gaussian_mixed_regression, gp_federation
 from fedgp.engines.sequential import SequentialEngine
 from fedgp.fit import ENGINES
 from fedgp.models import ZeroKernel
+from fedgp.models.linear import linear_model
 from fedgp.strategies import FGPR
 from fedgp.strategies import clustered as C
-from fedgp.strategies.linear import linear_model
 
 NOISE = "likelihood.noise_covar.noise"
 W = "mean_module.weights"
@@ -97,13 +97,11 @@ def test_marginal_likelihood_assignment_equals_squared_error_assignment():
         engine = SequentialEngine(spec, mr.federation, seed=0)
         for ops in engine.chunks(torch.arange(len(mr.federation)), 0):
             cand = candidates.expand(1)  # (B=1, R=1, k)
-            by_gp = C.TrainPayload(candidates, None, model, closed=False)  # GPyTorch marginal likelihood
+            by_gp = C.ClosedForm(model, closed=False)  # GPyTorch marginal likelihood
             nll, _, choice_nll = C.HardAssigner("nll").assign(ops, cand, by_gp)
             _, _, choice_sse = C.HardAssigner("sse").assign(ops, cand, by_gp)
             assert torch.equal(choice_nll, choice_sse)
-            closed_nll, _, _ = C.HardAssigner("nll").assign(
-                ops, cand, C.TrainPayload(candidates, None, model, True)
-            )
+            closed_nll, _, _ = C.HardAssigner("nll").assign(ops, cand, C.ClosedForm(model, True))
             assert torch.allclose(closed_nll, nll, rtol=1e-10)
 
 
@@ -119,7 +117,7 @@ def test_with_different_noise_levels_likelihood_and_squared_error_can_disagree()
         spec.event_shapes,
     )
     model = linear_model(spec)
-    payload = C.TrainPayload(states.expand(1), None, model, closed=False)
+    payload = C.ClosedForm(model, closed=False)
     engine = SequentialEngine(spec, mr.federation, seed=0)
     disagree = 0
     for ops in engine.chunks(torch.arange(len(mr.federation)), 0):

@@ -11,12 +11,12 @@ import fedgp
 from fedgp import GPSpec
 from fedgp.data import gaussian_mixed_regression, su_xu_yang_setting
 from fedgp.experiments.metrics import max_matched_error
-from fedgp.fit import ENGINES
+from fedgp.fit import ENGINES, RoundFailedError
 from fedgp.models import ZeroKernel
+from fedgp.models.linear import linear_model
 from fedgp.strategies import MomentDescentInit
 from fedgp.strategies import clustered as C
-from fedgp.strategies.linear import linear_model
-from fedgp.strategies.moment_descent import merge_anchors
+from fedgp.strategies.clustered.moment_descent import merge_anchors
 
 NOISE = "likelihood.noise_covar.noise"
 W = "mean_module.weights"
@@ -141,7 +141,8 @@ def test_means_not_linear_in_their_parameters_are_refused():
     mr = gaussian_mixed_regression(k=2, d=3, sizes=[10] * 12, noise=0.1, seed=0)
     spec = GPSpec(kernel=ZeroKernel(), mean=ExpMean(3))
     strategy = C.two_phase(2, phase1=MomentDescentInit(num_anchors=2))
-    with pytest.raises(ValueError, match="ExpMean is not linear in its parameters on client 0"):
+    # found on the clients' own inputs: every client fails the round, and the error names them
+    with pytest.raises(RoundFailedError, match="ExpMean is not linear in its parameters on client 0"):
         fedgp.fit(spec, mr.federation, strategy, rounds=2, progress=False)
     with pytest.raises(ValueError, match="ZeroMean has no parameters"):
         fedgp.fit(GPSpec(), mr.federation, strategy, rounds=2, progress=False)

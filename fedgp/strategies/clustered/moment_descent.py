@@ -45,10 +45,12 @@ from scipy.cluster.hierarchy import fcluster, linkage
 from scipy.sparse.csgraph import connected_components
 
 from fedgp.data.client import ClientData
+from fedgp.messages import Field, Record
+from fedgp.models.linear import LinearMeanModel, linear_model
 from fedgp.models.state import HyperState
 from fedgp.rng import client_uniform, generator
-from fedgp.strategies.clustered import InitDone, Initializer
-from fedgp.strategies.linear import LinearMeanModel, linear_model
+from fedgp.strategies.base import RoundPlan
+from fedgp.strategies.clustered.init import InitDone, Initializer
 
 __all__ = ["MomentDescentInit", "MomentDescentProgress", "merge_anchors", "anchor_step"]
 
@@ -75,34 +77,6 @@ class MomentDescentProgress:
     centres: torch.Tensor | None = None  # after merging, while refilling
     used: torch.Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.long))  # refill clients
     trace: list = field(default_factory=list)  # anchor estimates after every iteration
-
-
-@dataclass(frozen=True)
-class MomentBody:
-    stage: str
-    theta: torch.Tensor
-    Q: torch.Tensor | None
-    pairing: str
-    model: LinearMeanModel
-
-
-@dataclass(frozen=True)
-class AnchorBody:
-    anchors: torch.Tensor
-    theta: torch.Tensor
-    U: torch.Tensor
-    model: LinearMeanModel
-    settings: MomentDescentInit
-    delta: float | None
-    seed: int
-    round: int
-
-
-@dataclass(frozen=True)
-class RefillBody:
-    centres: torch.Tensor
-    model: LinearMeanModel
-    ridge: float
 
 
 def _pack(Y: torch.Tensor) -> torch.Tensor:
@@ -350,57 +324,63 @@ class MomentDescentInit(Initializer):
         return Q
 
     def configure(self, progress, ctx, rng, rnd):
-        model = linear_model(ctx.spec)
+        p = progress.theta.shape[1]
+        settings = {"stage": progress.stage}
         if progress.stage in ("moment", "orth"):
+            # Moments are *summed* fields: each client sends w_c · Y_c and w_c (w_c = n_c for the
+            # U-statistic, 1 for one pair per client); the server only ever sees Σ w_c Y_c / Σ w_c.
             everyone = torch.arange(ctx.num_clients)
-            if self.pairing == "ustat":
-                weights = ctx.sizes.to(torch.float64) / ctx.sizes.sum()
+            weights = torch.full((ctx.num_clients,), 1.0 / ctx.num_clients, dtype=torch.float64)
+            h, shared = len(progress.theta), {"theta": progress.theta}
+            if progress.stage == "moment":
+                fields = {"moment": Field((h, p * (p + 1) // 2), summed=True)}
             else:
-                weights = torch.full((ctx.num_clients,), 1.0 / ctx.num_clients, dtype=torch.float64)
-            Q = progress.Q if progress.stage == "orth" else None
-            return everyone, weights, MomentBody(progress.stage, progress.theta, Q, self.pairing, model)
+                shared["Q"] = progress.Q
+                fields = {"moment_q": Field(tuple(progress.Q.shape), summed=True)}
+            fields["weight"] = Field((), summed=True)
+            return RoundPlan(everyone, weights, shared=Record(shared, settings), replies=fields)
         if progress.stage == "anchor":
-            order = torch.sort(progress.anchors).values
-            body = AnchorBody(
-                progress.anchors, progress.theta, progress.U, model, self, self.delta, ctx.seed, rnd
-            )
-            return order, torch.full((len(order),), 1.0 / len(order), dtype=torch.float64), body
+            # Each anchor receives only its own estimate and subspace.
+            order = torch.argsort(progress.anchors)
+            personal = {"theta": progress.theta[order], "U": progress.U[order]}
+            fields = {"theta": Field((p,)), "sigma_hat": Field(()), "moved": Field((), torch.bool)}
+            n = len(order)
+            weights = torch.full((n,), 1.0 / n, dtype=torch.float64)
+            return RoundPlan(progress.anchors[order], weights, Record({}, settings), Record(personal), fields)
         if progress.stage == "refill":
-            pool = progress.pool
-            body = RefillBody(progress.centres, model, self.refill_ridge)
-            return pool, torch.full((len(pool),), 1.0 / len(pool), dtype=torch.float64), body
+            pool, m = progress.pool, len(progress.centres)
+            weights = torch.full((len(pool),), 1.0 / len(pool), dtype=torch.float64)
+            fields = {"fit": Field((m,)), "estimate": Field((p,))}
+            return RoundPlan(
+                pool, weights, shared=Record({"centres": progress.centres}, settings), replies=fields
+            )
         raise RuntimeError(f"unknown Phase-1 stage {progress.stage!r}")
 
     # -- clients ----------------------------------------------------------------------------------
-    def local_update(self, ops, body):
-        if isinstance(body, MomentBody):
-            model = body.model
-            if body.stage == "moment":
-                return {
-                    "moment": torch.stack(
-                        [_pack(model.second_moment(c, body.theta, body.pairing)) for c in ops.clients]
-                    )
-                }
-            return {
-                "moment_q": torch.stack(
-                    [model.second_moment_times(c, body.theta, body.Q, body.pairing) for c in ops.clients]
-                )
-            }
-        if isinstance(body, AnchorBody):
+    def local_update(self, ops, task, form):
+        model = linear_model(ops.spec)
+        stage = task.setting("stage")
+        if stage in ("moment", "orth"):
+            theta = task.tensor("theta")
+            weight = ops.sizes.to(torch.float64) if self.pairing == "ustat" else torch.ones(len(ops.indices))
+            if stage == "moment":
+                stats = [_pack(model.second_moment(c, theta, self.pairing)) for c in ops.clients]
+                name = "moment"
+            else:
+                Q = task.tensor("Q")
+                stats = [model.second_moment_times(c, theta, Q, self.pairing) for c in ops.clients]
+                name = "moment_q"
+            w = weight.to(torch.float64)
+            return {name: w.reshape(-1, *([1] * stats[0].dim())) * torch.stack(stats), "weight": w}
+        if stage == "anchor":
             thetas, sigmas, moved = [], [], []
-            settings = body.settings
-            for index, client in zip(ops.indices.tolist(), ops.clients):
-                slot = torch.nonzero(body.anchors == index).flatten()
-                if len(slot) != 1:
-                    raise ValueError(f"client {client.id!r} is not an anchor of this Phase-1 round")
-                a = int(slot[0])
+            for b, (index, client) in enumerate(zip(ops.indices.tolist(), ops.clients)):
+                U = task.personal.tensors["U"][b]
                 u = None
-                if settings.power_iters is not None:
-                    u = client_uniform(
-                        body.seed, "phase1 power iteration", body.round, [index], body.U.shape[-1]
-                    )[0]
+                if self.power_iters is not None:
+                    u = client_uniform(ops.seed, "phase1 power iteration", ops.round, [index], U.shape[-1])[0]
                 new, sigma, did = anchor_step(
-                    body.model, client, body.theta[a], body.U[a], settings, body.delta, u
+                    model, client, task.personal.tensors["theta"][b], U, self, self.delta, u
                 )
                 thetas.append(new)
                 sigmas.append(sigma)
@@ -410,27 +390,26 @@ class MomentDescentInit(Initializer):
                 "sigma_hat": torch.tensor(sigmas, dtype=torch.float64),
                 "moved": torch.tensor(moved),
             }
-        if isinstance(body, RefillBody):
-            model = body.model
-            centres = body.centres.expand(len(ops.clients), *body.centres.shape)
+        if stage == "refill":
+            centres = task.tensor("centres")
+            centres = centres.expand(len(ops.clients), *centres.shape)
             fit = model.sse(ops.clients, centres) / ops.sizes.to(torch.float64).unsqueeze(-1)
-            est = torch.stack([model.local_fit(c, body.ridge) for c in ops.clients])
+            est = torch.stack([model.local_fit(c, self.refill_ridge) for c in ops.clients])
             return {"fit": fit, "estimate": est}
-        raise TypeError(f"unexpected Phase-1 payload {type(body).__name__}")
+        raise ValueError(f"unexpected Phase-1 stage {stage!r}")
 
     # -- server aggregation -----------------------------------------------------------------------
     def aggregate(self, progress, plan, replies, ctx, rnd):
         progress = replace(progress, trace=list(progress.trace))  # never mutate a previous server state
         k = progress.k
         p = progress.theta.shape[1]
-        w = plan.weights
         if progress.stage == "moment":
-            Y = _unpack(torch.tensordot(w, replies["moment"], dims=([0], [0])), p)  # (H, p, p)
+            Y = _unpack(replies.sums["moment"] / replies.sums["weight"], p)  # (H, p, p)
             U, _, _ = torch.linalg.svd(Y)
             progress.U, progress.stage = U[..., : self._rank(k)].contiguous(), "anchor"
             return progress, {"stage": "moment", "iteration": progress.iteration + 1}
         if progress.stage == "orth":
-            M = torch.tensordot(w, replies["moment_q"], dims=([0], [0]))  # (H, p, r)
+            M = replies.sums["moment_q"] / replies.sums["weight"]  # (H, p, r)
             step = progress.orth_step
             progress.Q = torch.linalg.qr(M)[0] if step % 2 == 1 else M
             progress.orth_step += 1
@@ -438,7 +417,7 @@ class MomentDescentInit(Initializer):
                 progress.U, progress.stage, progress.orth_step = progress.Q, "anchor", 0
             return progress, {"stage": "orth", "iteration": progress.iteration + 1, "orth_step": step + 1}
         if progress.stage == "anchor":
-            slots = torch.searchsorted(torch.sort(progress.anchors).values, plan.participants)
+            slots = torch.searchsorted(torch.sort(progress.anchors).values, replies.participants)
             order = torch.argsort(progress.anchors)  # sorted position -> anchor slot
             theta = progress.theta.clone()
             sigma = torch.zeros(len(progress.anchors), dtype=torch.float64)
@@ -496,14 +475,15 @@ class MomentDescentInit(Initializer):
         current centres explain worst (largest per-point squared error); one round per missing centre."""
         k = progress.k
         fit = replies["fit"].min(dim=1).values  # each pool client's best per-point SSE
-        used = torch.isin(plan.participants, progress.used)
+        who = replies.participants
+        used = torch.isin(who, progress.used)
         i = int(torch.where(used, torch.tensor(-float("inf")), fit).argmax())
-        progress.used = torch.cat([progress.used, plan.participants[i : i + 1]])
+        progress.used = torch.cat([progress.used, who[i : i + 1]])
         progress.centres = torch.cat([progress.centres, replies["estimate"][i : i + 1]])
         metrics = {
             "stage": "refill",
             "iteration": progress.iteration,
-            "refill_client": int(plan.participants[i]),
+            "refill_client": int(who[i]),
         }
         if len(progress.centres) < k and not bool(used.sum() + 1 >= len(used)):
             return progress, metrics

@@ -1,0 +1,297 @@
+"""The engine contract: engines own dispatch.
+
+``fit`` never runs client code. Each round it hands an engine a :class:`~fedgp.messages.Task`
+(the shared record and one personal row per client), the clients to send it to, and the declared
+reply fields; the engine delivers the messages wherever the data live, runs the client side
+(:func:`fedgp.engines.client.handle`), checks every reply against the declaration, and returns an
+:class:`Outcome`: the individual fields of the clients that replied, the summed fields *only as
+sums*, the failures with their reasons, and the bytes that crossed. A client that raises, or whose
+reply is malformed or not finite, is a failure of that round, never an exception of the run.
+
+:class:`InProcessEngine` implements this for engines that host the clients in this process
+(``sequential``, ``batched``): chunks of clients, failure isolation within a chunk, and an optional
+*loopback* that sends every message and reply through bytes (:mod:`fedgp.messages.wire`) — proof
+that nothing but records crosses the boundary.
+"""
+
+from __future__ import annotations
+
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from fedgp.data.client import ClientData
+from fedgp.engines.client import ClientFailure, handle, reply_fields
+from fedgp.messages import (
+    Field,
+    Record,
+    Task,
+    check_reply,
+    config_json,
+    from_config,
+    record_from_bytes,
+    record_to_bytes,
+    reply_structure,
+    task_from_bytes,
+    task_to_bytes,
+)
+from fedgp.models.objective import FactorizationError
+from fedgp.models.spec import GPSpec
+from fedgp.strategies.base import ClientOps, Strategy
+
+__all__ = ["Engine", "InProcessEngine", "Registry", "Outcome"]
+
+
+@dataclass(frozen=True)
+class Registry:
+    """What the server learns in the first exchange: each client's id, sizes and input dimension.
+    A client's position here is its key (the integer its random streams are keyed by)."""
+
+    ids: list[Any]
+    sizes: torch.Tensor
+    n_test: torch.Tensor
+    dims: torch.Tensor
+
+    def position(self, client_id: Any) -> int:
+        try:
+            return self.ids.index(client_id)
+        except ValueError:
+            raise KeyError(f"no client with id {client_id!r}") from None
+
+
+@dataclass
+class Outcome:
+    """What came back from one task: ``clients`` (positions that replied, ascending), their
+    ``individual`` fields (rows aligned with ``clients``), ``sums`` of the summed fields over them,
+    ``failures`` (position -> reason), and the bytes of every message down and every reply up."""
+
+    clients: torch.Tensor
+    individual: dict[str, torch.Tensor]
+    sums: dict[str, torch.Tensor]
+    failures: dict[int, str] = field(default_factory=dict)
+    bytes_down: int = 0
+    bytes_up: int = 0
+
+
+class Engine(ABC):
+    """Who runs the clients' side of the rounds. See the module docstring for the contract."""
+
+    name: str = "engine"
+
+    @abstractmethod
+    def start(self, strategy: Strategy, seed: int) -> Registry:
+        """Prepare the clients to run ``strategy`` with master ``seed``; register them (``hello``)."""
+
+    @abstractmethod
+    def run(self, task: Task, clients: torch.Tensor, fields: Mapping[str, Field]) -> Outcome:
+        """Deliver ``task`` to ``clients`` (ascending positions; personal rows aligned with them) and
+        collect their replies, checked against ``fields``."""
+
+    def close(self) -> None:  # noqa: B027 - optional hook: in-process engines hold nothing to release
+        """Release workers, processes or connections (nothing for in-process engines)."""
+
+
+class _Malformed(Exception):
+    """A batch's reply does not match the declaration as a whole: find the client by halving."""
+
+
+def _reason(err: BaseException) -> str:
+    text = str(err).splitlines()[0] if str(err) else ""
+    return f"{type(err).__name__}: {text}"[:500]
+
+
+class InProcessEngine(Engine):
+    """Clients hosted in this process, run a chunk at a time.
+
+    Args:
+        spec: the clients' model (each client rebuilds everything else from it and the strategy).
+        clients: the clients' data, in registry order.
+        seed: master seed for direct use of :meth:`chunks`; :meth:`start` sets it for a run.
+        loopback: send every message and every reply through bytes and back (bit-exact; slower).
+        timeout: seconds a chunk may take; a later reply is dropped and its clients fail that round.
+    """
+
+    chunk_size: int = 1
+
+    def __init__(
+        self,
+        spec: GPSpec,
+        clients: Sequence[ClientData],
+        seed: int = 0,
+        *,
+        loopback: bool = False,
+        timeout: float | None = None,
+    ):
+        if timeout is not None and not timeout > 0:
+            raise ValueError("timeout must be > 0 seconds")
+        self.spec, self.clients, self.seed = spec, clients, seed
+        self.ids = [c.id for c in clients]
+        self._positions = {cid: i for i, cid in enumerate(self.ids)}
+        self.loopback, self.timeout = loopback, timeout
+        self.client_strategy: Strategy | None = None
+
+    # -- what subclasses provide ------------------------------------------------------------------
+    @abstractmethod
+    def ops(self, clients: torch.Tensor, rnd: int) -> ClientOps:
+        """Client operations on the data of ``clients`` (positions) for round ``rnd``."""
+
+    def chunks(self, clients: torch.Tensor, rnd: int) -> Iterator[ClientOps]:
+        for start in range(0, len(clients), self.chunk_size):
+            yield self.ops(clients[start : start + self.chunk_size], rnd)
+
+    # -- the contract -----------------------------------------------------------------------------
+    def start(self, strategy: Strategy, seed: int) -> Registry:
+        self.seed = seed
+        # The clients rebuild the strategy from its JSON config, as a remote client would.
+        self.client_strategy = from_config(strategy.client_view().to_config())
+        everyone = torch.arange(len(self.clients))
+        fields = reply_fields("hello", self.spec, 1)
+        out = self.run(Task("hello"), everyone, fields)
+        if out.failures:
+            bad = ", ".join(f"{self.ids[p]!r}: {r}" for p, r in list(out.failures.items())[:5])
+            raise RuntimeError(f"clients failed to register: {bad}")
+        return Registry(list(self.ids), out.individual["n"], out.individual["n_test"], out.individual["d"])
+
+    def run(self, task: Task, clients: torch.Tensor, fields: Mapping[str, Field]) -> Outcome:
+        if self.client_strategy is None:
+            raise RuntimeError(f"{type(self).__name__}.start(strategy, seed) must come first")
+        clients = torch.as_tensor(clients, dtype=torch.long)
+        summed = {k for k, f in fields.items() if f.summed}
+        out = Outcome(torch.zeros(0, dtype=torch.long), {}, {})
+        replied, rows = [], {k: [] for k in fields if k not in summed}
+        sums: dict[str, torch.Tensor] = {}
+        down = None if self.loopback else _message_size(task)
+        for start in range(0, len(clients), self.chunk_size):
+            chunk, part = (
+                clients[start : start + self.chunk_size],
+                task.rows(slice(start, start + self.chunk_size)),
+            )
+            if self.loopback:
+                part, sent = _through_bytes(part, len(chunk))
+                out.bytes_down += sent
+            else:
+                out.bytes_down += down * len(chunk)
+            for ok, reply in self._isolated(part, chunk, out.failures, fields):
+                if self.loopback:
+                    reply, received = _reply_through_bytes(reply, len(ok))
+                    out.bytes_up += received
+                reasons = check_reply(reply, fields, len(ok))
+                good = torch.tensor([r is None for r in reasons], dtype=torch.bool)
+                for pos, reason in zip(ok.tolist(), reasons):
+                    if reason is not None:
+                        out.failures[pos] = f"invalid reply: {reason}"
+                if not self.loopback:
+                    out.bytes_up += _reply_sizes(reply, reasons, fields)
+                if not bool(good.any()):
+                    continue
+                replied.append(ok[good])
+                for name, value in reply.tensors.items():
+                    if name in summed:
+                        part_sum = value[good].sum(0)
+                        sums[name] = part_sum if name not in sums else sums[name] + part_sum
+                    else:
+                        rows[name].append(value[good])
+        if replied:
+            order = torch.argsort(torch.cat(replied))
+            out.clients = torch.cat(replied)[order]
+            out.individual = {k: torch.cat(v)[order] for k, v in rows.items()}
+            out.sums = sums
+        else:
+            out.individual = {
+                k: torch.zeros(0, *f.shape, dtype=f.dtype) for k, f in fields.items() if k in rows
+            }
+        return out
+
+    # -- running a chunk, isolating the clients that fail ----------------------------------------------
+    def _isolated(self, task: Task, clients: torch.Tensor, failures: dict[int, str], fields):
+        """Run ``task`` on ``clients``; yield ``(clients that replied, their reply)`` pieces and record
+        the others in ``failures``. A failure that names its clients drops just them; one that does
+        not (or a malformed reply of the whole batch) is narrowed down by halving the chunk."""
+        try:
+            began = time.perf_counter()
+            reply = Record(handle(self.client_strategy, self.ops(clients, task.round), task))
+            elapsed = time.perf_counter() - began
+            if len(clients) > 1 and reply_structure(reply, fields, len(clients)) is not None:
+                raise _Malformed()
+        except Exception as err:  # noqa: BLE001 - any client-side exception is that client's failure
+            culprits = self._culprits(err, clients)
+            if len(clients) == 1:
+                failures[int(clients[0])] = _reason(err)
+                return
+            if culprits is not None:
+                bad = torch.isin(clients, culprits)
+                for pos in clients[bad].tolist():
+                    failures[pos] = _reason(err)
+                rest = torch.nonzero(~bad).flatten()
+                if len(rest):
+                    yield from self._isolated(task.rows(rest), clients[rest], failures, fields)
+                return
+            half = len(clients) // 2
+            for piece in (torch.arange(half), torch.arange(half, len(clients))):
+                yield from self._isolated(task.rows(piece), clients[piece], failures, fields)
+            return
+        if self.timeout is not None and elapsed > self.timeout:
+            for pos in clients.tolist():
+                failures[pos] = f"timeout: replied after {elapsed:.3g} s > {self.timeout:g} s"
+            return
+        yield clients, reply
+
+    def _culprits(self, err: BaseException, clients: torch.Tensor) -> torch.Tensor | None:
+        """The positions an exception names (a proper subset of ``clients``), else ``None``."""
+        if isinstance(err, ClientFailure) and err.clients:
+            named = torch.tensor(err.clients, dtype=torch.long)
+        elif isinstance(err, FactorizationError) and err.clients:
+            named = torch.tensor([self._positions[c] for c in err.clients if c in self._positions])
+        else:
+            return None
+        named = named[torch.isin(named, clients)]
+        return named if 0 < len(named) < len(clients) else None
+
+    @property
+    def config(self) -> str:
+        """The client-side strategy as JSON (what a remote client would have received)."""
+        return config_json(self.client_strategy)
+
+
+# -- bytes ---------------------------------------------------------------------------------------------
+
+
+def _message_size(task: Task) -> int:
+    """Bytes of one participant's message: every row has the same shapes, hence the same size."""
+    one = task.rows(slice(0, 1)) if task.personal.tensors else task
+    return len(task_to_bytes(one))
+
+
+def _through_bytes(task: Task, count: int) -> tuple[Task, int]:
+    """Each participant's message to bytes and back; the chunk's task rebuilt from what arrived."""
+    if not task.personal.tensors:
+        data = task_to_bytes(task)
+        return task_from_bytes(data), len(data) * count
+    parts = [task_to_bytes(task.rows(slice(i, i + 1))) for i in range(count)]
+    received = [task_from_bytes(p) for p in parts]
+    personal = Record.cat([t.personal for t in received])
+    first = received[0]
+    return Task(first.kind, first.round, first.shared, personal, first.options), sum(map(len, parts))
+
+
+def _reply_through_bytes(reply: Record, count: int) -> tuple[Record, int]:
+    parts = [record_to_bytes(reply.rows(slice(i, i + 1))) for i in range(count)]
+    return Record.cat([record_from_bytes(p) for p in parts]), sum(map(len, parts))
+
+
+def _reply_sizes(reply: Record, reasons: list, fields: Mapping[str, Field]) -> int:
+    """Bytes of the replies in ``reply``: declared shapes make every valid row the same size."""
+    if not reply.tensors:
+        return len(record_to_bytes(reply)) * len(reasons)
+    total = 0
+    valid = [i for i, r in enumerate(reasons) if r is None]
+    if valid:
+        total += len(record_to_bytes(reply.rows(slice(valid[0], valid[0] + 1)))) * len(valid)
+    for i, r in enumerate(reasons):
+        if r is not None:
+            total += len(record_to_bytes(reply.rows(slice(i, i + 1))))
+    return total

@@ -1,0 +1,109 @@
+"""The client side of the protocol: what a client does with a task, the same for every engine.
+
+An engine builds :class:`~fedgp.strategies.base.ClientOps` for the clients it hosts (one, a chunk,
+or a silo) and calls :func:`handle` with the task it received; the tensors returned are the reply
+record. Registration (``hello``), training (the strategy's ``local_update``), evaluation and
+prediction (through the strategy's ``personal_state``) are the only things a client ever does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from fedgp.messages import Field, Task, state_fields, state_tensors
+from fedgp.models.spec import GPSpec
+from fedgp.rng import client_uniform
+from fedgp.strategies.base import ClientOps, Strategy
+
+__all__ = ["ClientFailure", "SimulatedFailure", "handle", "reply_fields", "EVALUATE_FIELDS"]
+
+#: What a client reports about itself when it registers: training size, test size, input dimension.
+HELLO_FIELDS = {"n": Field((), torch.long), "n_test": Field((), torch.long), "d": Field((), torch.long)}
+#: Per-client test metrics: computed on the client, only these numbers travel.
+EVALUATE_FIELDS = {
+    "rmse": Field(),
+    "nll": Field(),
+    "coverage95": Field(),
+    "n_test": Field((), torch.long),
+    "cluster": Field((), torch.long),
+}
+
+
+class ClientFailure(RuntimeError):
+    """A client could not complete its task. ``clients`` are the keys of the clients that failed,
+    when known, so an engine running a batch can drop just them and carry on with the rest."""
+
+    def __init__(self, message: str, clients: Sequence[int] = ()):
+        super().__init__(message)
+        self.clients = tuple(int(c) for c in clients)
+
+
+class SimulatedFailure(ClientFailure):
+    """A failure drawn by ``fit(simulate_failures=p)``: raised inside the client's update, so the
+    real failure path runs."""
+
+
+def reply_fields(kind: str, spec: GPSpec, num_clusters: int, points: int = 0) -> dict[str, Field]:
+    """The declared reply of the non-training tasks."""
+    if kind == "hello":
+        return dict(HELLO_FIELDS)
+    if kind == "evaluate":
+        fields = dict(EVALUATE_FIELDS)
+    elif kind == "predict":
+        fields = {"mean": Field((points,)), "variance_f": Field((points,)), "variance_y": Field((points,))}
+    elif kind == "personal":
+        fields = {**state_fields(spec, "state/"), "cluster": Field((), torch.long)}
+    else:
+        raise ValueError(f"no fixed reply for {kind!r} tasks: the strategy declares it")
+    if "cluster" in fields:
+        fields["cluster"] = Field((), torch.long, bounds=(0, num_clusters - 1))
+    return fields
+
+
+def _simulated_failures(ops: ClientOps, task: Task) -> None:
+    p = float(task.options.get("simulate_failures", 0.0))
+    if p <= 0:
+        return
+    # A function of (seed, round, client key) only: the same clients fail whatever the engine.
+    u = client_uniform(ops.seed, "simulated failure", task.round, ops.indices, ())
+    failing = ops.indices[u < p]
+    if len(failing):
+        raise SimulatedFailure(f"simulated failure (p = {p:g})", failing.tolist())
+
+
+def handle(strategy: Strategy, ops: ClientOps, task: Task) -> dict[str, torch.Tensor]:
+    """Carry out ``task`` on the clients of ``ops``; the reply tensors, one row per client."""
+    if task.kind == "hello":
+        n_test = [0 if c.X_test is None else c.X_test.shape[0] for c in ops.clients]
+        return {
+            "n": ops.sizes.to(torch.long),
+            "n_test": torch.tensor(n_test, dtype=torch.long),
+            "d": torch.tensor([c.n_features for c in ops.clients], dtype=torch.long),
+        }
+    if task.kind == "train":
+        _simulated_failures(ops, task)
+        return strategy.local_update(ops, task)
+    states, cluster = strategy.personal_state(ops, task)
+    if task.kind == "personal":
+        return {**state_tensors(states, "state/"), "cluster": cluster}
+    if task.kind == "evaluate":
+        predictions = ops.predict(states)
+        rows = {name: [] for name in ("rmse", "nll", "coverage95")}
+        for client, pred in zip(ops.clients, predictions):
+            rows["rmse"].append(pred.rmse(client.y_test))
+            rows["nll"].append(pred.nll(client.y_test))
+            rows["coverage95"].append(pred.coverage(client.y_test))
+        out = {k: torch.tensor(v, dtype=torch.float64) for k, v in rows.items()}
+        out["n_test"] = torch.tensor([len(c.y_test) for c in ops.clients], dtype=torch.long)
+        out["cluster"] = cluster.to(torch.long)
+        return out
+    if task.kind == "predict":
+        predictions = ops.predict(states, task.tensor("X").to(ops.spec.dtype))
+        return {
+            "mean": torch.stack([p.mean for p in predictions]).to(torch.float64),
+            "variance_f": torch.stack([p.variance_f for p in predictions]).to(torch.float64),
+            "variance_y": torch.stack([p.variance_y for p in predictions]).to(torch.float64),
+        }
+    raise ValueError(f"unknown task kind {task.kind!r}")

@@ -1,0 +1,115 @@
+"""What a reply may contain, declared before the round, and checked when it arrives.
+
+A strategy declares every field it expects back: its shape (per client), its dtype, whether the
+server may see each client's value (*individual*: a state, a loss, a cluster choice) or only the
+sum over the round's clients (*summed*: moment matrices, sufficient statistics — anything from which
+a client's rows could be rebuilt). Engines check each reply against the declaration before it
+reaches the server: a missing or extra field, a wrong shape or dtype, a NaN or an infinite value,
+or an integer out of its declared range makes that client a failure with the reason, never part
+of an average. Summed fields reach ``aggregate`` only as sums; in Flower they map onto secure
+aggregation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import torch
+
+from fedgp.messages.records import TENSOR_DTYPES, Record
+from fedgp.models.spec import GPSpec
+from fedgp.models.state import HyperState
+
+__all__ = ["Field", "check_reply", "reply_structure", "state_fields", "state_tensors", "read_state"]
+
+
+@dataclass(frozen=True)
+class Field:
+    """One reply field: per-client ``shape``, ``dtype``, ``summed`` or individual, integer ``bounds``."""
+
+    shape: tuple[int, ...] = ()
+    dtype: torch.dtype = torch.float64
+    summed: bool = False
+    bounds: tuple[int, int] | None = None  # inclusive range of an integer field (e.g. a cluster index)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "shape", tuple(int(s) for s in self.shape))
+        if self.dtype not in TENSOR_DTYPES:
+            raise TypeError(f"field dtype {self.dtype} is not one of {TENSOR_DTYPES}")
+        if self.summed and self.dtype == torch.bool:
+            raise TypeError("a summed field must be numeric")
+
+    @property
+    def kind(self) -> str:
+        return "summed" if self.summed else "individual"
+
+
+def reply_structure(reply: Record, fields: Mapping[str, Field], batch: int) -> str | None:
+    """What is wrong with a stacked reply as a whole (a missing or extra field, a wrong dtype or
+    shape), or ``None``."""
+    problems = []
+    missing = sorted(set(fields) - set(reply.tensors))
+    extra = sorted(set(reply.tensors) - set(fields))
+    if missing:
+        problems.append(f"missing field(s) {missing}")
+    if extra:
+        problems.append(f"undeclared field(s) {extra}")
+    for name, f in fields.items():
+        value = reply.tensors.get(name)
+        if value is None:
+            continue
+        if value.dtype != f.dtype:
+            problems.append(f"field {name!r} has dtype {value.dtype}, expected {f.dtype}")
+        elif tuple(value.shape) != (batch, *f.shape):
+            problems.append(f"field {name!r} has shape {tuple(value.shape)[1:]}, expected {f.shape}")
+    return "; ".join(problems) if problems else None
+
+
+def check_reply(reply: Record, fields: Mapping[str, Field], batch: int) -> list[str | None]:
+    """For each of the ``batch`` clients of a stacked reply, ``None`` if its row is valid, else why not.
+
+    A structural problem (:func:`reply_structure`) fails every row: the reply as a whole does not
+    match the declaration.
+    """
+    structure = reply_structure(reply, fields, batch)
+    if structure:
+        return [structure] * batch
+    reasons: list[str | None] = [None] * batch
+    for name, f in fields.items():
+        value = reply.tensors[name].reshape(batch, -1)
+        bad = torch.zeros(batch, dtype=torch.bool)
+        what = ""
+        if value.dtype == torch.float64:
+            bad = ~torch.isfinite(value).all(dim=1)
+            what = "is not finite (NaN or inf)"
+        elif f.bounds is not None and value.dtype == torch.int64 and value.shape[1]:
+            lo, hi = f.bounds
+            bad = ((value < lo) | (value > hi)).any(dim=1)
+            what = f"is outside [{lo}, {hi}]"
+        for row in torch.nonzero(bad).flatten().tolist():
+            reasons[row] = f"{reasons[row]}; " if reasons[row] else ""
+            reasons[row] += f"field {name!r} {what}"
+    return reasons
+
+
+# -- hyper-parameter states in records --------------------------------------------------------------
+
+
+def state_fields(spec: GPSpec, prefix: str, batch: tuple[int, ...] = (), summed: bool = False) -> dict:
+    """The fields of a (batched) state in a reply: ``prefix + name`` for every hyper-parameter."""
+    return {f"{prefix}{p.name}": Field((*batch, *p.shape), torch.float64, summed) for p in spec.params}
+
+
+def state_tensors(state: HyperState, prefix: str) -> dict[str, torch.Tensor]:
+    """A state's values as record tensors named ``prefix + name`` (detached float64)."""
+    return {f"{prefix}{k}": v.detach().to(torch.float64) for k, v in state.items()}
+
+
+def read_state(tensors: Mapping[str, torch.Tensor], spec: GPSpec, prefix: str) -> HyperState:
+    """The state named ``prefix + name`` in ``tensors``, shaped by the receiver's own spec."""
+    try:
+        values = {p.name: tensors[f"{prefix}{p.name}"].to(spec.dtype) for p in spec.params}
+    except KeyError as err:
+        raise ValueError(f"the record has no {err.args[0]!r}; does the sender use the same GPSpec?") from None
+    return HyperState(values, spec.event_shapes)

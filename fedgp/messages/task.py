@@ -1,0 +1,70 @@
+"""``Task``: what the server asks of a batch of clients in one message exchange.
+
+A task names its kind (``hello``: report your size; ``train``: a round's local update;
+``evaluate``: score your test split under your personal state; ``predict``: the posterior at given
+inputs; ``personal``: which state you would condition on), the round, the part every recipient
+shares, the part each recipient gets alone (one row per client), and protocol options such as a
+simulated failure rate. A single participant's message is the task with one row.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+import torch
+
+from fedgp.messages.records import Record, Setting, _check_setting
+
+__all__ = ["Task", "KINDS"]
+
+KINDS = ("hello", "train", "evaluate", "predict", "personal")
+
+
+@dataclass(frozen=True)
+class Task:
+    """One message exchange: ``kind``, ``round``, the ``shared`` record, per-client ``personal`` rows."""
+
+    kind: str
+    round: int = 0
+    shared: Record = field(default_factory=Record)
+    personal: Record = field(default_factory=Record)
+    options: Mapping[str, Setting] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"task kind must be one of {KINDS}, got {self.kind!r}")
+        if not isinstance(self.shared, Record) or not isinstance(self.personal, Record):
+            raise TypeError("a task's shared and personal parts must be Records")
+        clash = set(self.shared.tensors) & set(self.personal.tensors)
+        if clash:
+            raise ValueError(f"names {sorted(clash)} are both shared and personal")
+        for name, value in self.options.items():
+            _check_setting(name, value)
+        object.__setattr__(self, "round", int(self.round))
+        object.__setattr__(self, "options", MappingProxyType(dict(self.options)))
+
+    def rows(self, index: torch.Tensor | slice) -> Task:
+        """The same task for a sub-batch of its clients."""
+        return Task(self.kind, self.round, self.shared, self.personal.rows(index), self.options)
+
+    def tensor(self, name: str) -> torch.Tensor:
+        """A shared or personal tensor by name."""
+        if name in self.personal.tensors:
+            return self.personal.tensors[name]
+        try:
+            return self.shared.tensors[name]
+        except KeyError:
+            raise KeyError(f"the {self.kind} task carries no tensor {name!r}") from None
+
+    def has(self, name: str) -> bool:
+        return name in self.personal.tensors or name in self.shared.tensors
+
+    @property
+    def tensors(self) -> dict[str, torch.Tensor]:
+        """Shared and personal tensors in one mapping (personal ones have a leading client dimension)."""
+        return {**self.shared.tensors, **self.personal.tensors}
+
+    def setting(self, name: str, default=None):
+        return self.shared.settings.get(name, default)

@@ -1,0 +1,98 @@
+"""One exchange of a round, from the server's side: plan → task → engine → replies.
+
+:func:`exchange` turns a strategy's :class:`~fedgp.strategies.base.RoundPlan` (participants, maybe
+repeated, with one personal row each) into one task per distinct client, has the engine deliver
+it, and turns the engine's :class:`~fedgp.engines.base.Outcome` back into the
+:class:`~fedgp.strategies.base.Replies` the strategy aggregates: rows for every participant slot
+that replied, weights renormalised over them, summed fields only as sums, failures with reasons.
+Below ``min_replies`` the round is not applied: :class:`RoundFailedError` says who failed and why.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from fedgp.engines.base import Engine, Outcome
+from fedgp.messages import Setting, Task
+from fedgp.strategies.base import Replies, RoundPlan
+
+__all__ = ["RoundFailedError", "exchange", "Exchange", "required_replies"]
+
+
+class RoundFailedError(RuntimeError):
+    """Too few clients replied for the round to count; ``failures`` maps client ids to reasons."""
+
+    def __init__(self, message: str, failures: Mapping[Any, str]):
+        super().__init__(message)
+        self.failures = dict(failures)
+
+
+@dataclass(frozen=True)
+class Exchange:
+    """A finished exchange: the replies for ``aggregate`` and the outcome's accounting."""
+
+    replies: Replies
+    asked: int
+    bytes_down: int
+    bytes_up: int
+
+
+def required_replies(min_replies: int | float, asked: int) -> int:
+    """``min_replies`` as a count: an int is a count, a float in (0, 1] a fraction of those asked."""
+    if isinstance(min_replies, bool) or not isinstance(min_replies, (int, float)):
+        raise TypeError(f"min_replies must be an int (a count) or a float (a fraction), got {min_replies!r}")
+    if isinstance(min_replies, float):
+        if not 0.0 < min_replies <= 1.0:
+            raise ValueError(f"min_replies as a fraction must be in (0, 1], got {min_replies}")
+        return max(1, int(-(-min_replies * asked // 1)))
+    if min_replies < 1:
+        raise ValueError(f"min_replies as a count must be >= 1, got {min_replies}")
+    return min(int(min_replies), asked)
+
+
+def exchange(
+    engine: Engine,
+    kind: str,
+    rnd: int,
+    plan: RoundPlan,
+    ids: Sequence[Any],
+    min_replies: int | float = 1,
+    options: Mapping[str, Setting] | None = None,
+) -> Exchange:
+    """Send ``plan`` as a ``kind`` task of round ``rnd``; the replies as ``aggregate`` sees them."""
+    participants = torch.as_tensor(plan.participants, dtype=torch.long)
+    unique, inverse = torch.unique(participants, sorted=True, return_inverse=True)
+    # Each distinct client gets one message: its personal row is the one at its first slot.
+    first = torch.full((len(unique),), len(participants), dtype=torch.long)
+    first.scatter_reduce_(0, inverse, torch.arange(len(participants)), reduce="amin")
+    task = Task(kind, rnd, plan.shared, plan.personal.rows(first), options or {})
+    outcome = engine.run(task, unique, plan.replies)
+    replied = len(outcome.clients)
+    needed = required_replies(min_replies, len(unique))
+    if replied < needed:
+        named = {ids[p]: reason for p, reason in outcome.failures.items()}
+        listing = "; ".join(f"{cid!r}: {reason}" for cid, reason in list(named.items())[:10])
+        more = f" (and {len(named) - 10} more)" if len(named) > 10 else ""
+        raise RoundFailedError(
+            f"round {rnd + 1} ({kind}): {replied} of {len(unique)} clients replied, fewer than the "
+            f"{needed} required; the round was not applied. Failed: {listing}{more}",
+            named,
+        )
+    return Exchange(_replies(plan, participants, outcome), len(unique), outcome.bytes_down, outcome.bytes_up)
+
+
+def _replies(plan: RoundPlan, participants: torch.Tensor, outcome: Outcome) -> Replies:
+    ok = torch.isin(participants, outcome.clients)
+    slots = torch.nonzero(ok).flatten()
+    rows = torch.searchsorted(outcome.clients, participants[slots])
+    weights = plan.weights[slots]
+    if len(slots) < len(participants) and len(slots):
+        weights = weights * (plan.weights.sum() / weights.sum())
+    individual = {k: v[rows] for k, v in outcome.individual.items()}
+    return Replies(
+        participants[slots], weights, individual, dict(outcome.sums), dict(outcome.failures), slots
+    )
