@@ -127,7 +127,9 @@ def test_readme_traffic_table_is_what_clients_send():
         "clustered, soft assignment": C.ClusteredGP(
             k, C.RandomInit(), C.SoftAssigner(), C.LocalTrainingSolver(train), restarts=R
         ),
-        "clustered, gradient averaging (IFCA option I)": IFCA(num_clusters=k, restarts=R, aggregation="gradient"),
+        "clustered, gradient averaging (IFCA option I)": IFCA(
+            num_clusters=k, restarts=R, aggregation="gradient"
+        ),
         "clustered, fixed labels": C.ClusteredGP(
             k, C.RandomInit(), C.FixedAssigner((0, 1, 2, 0, 1, 2)), C.LocalTrainingSolver(train), restarts=R
         ),
@@ -146,7 +148,9 @@ def test_readme_traffic_table_is_what_clients_send():
     check("one-shot initialisation, least squares", one_shot, spec, {"p": p, "R": 1}, rows)
     covered.add("one-shot initialisation, least squares")
     phase1 = MomentDescentInit(num_anchors=H, iterations=2, anchor_pool="all", subspace_rank=2, delta=50.0)
-    orth = MomentDescentInit(num_anchors=H, iterations=1, anchor_pool="all", subspace="orth_iter", orth_iters=2)
+    orth = MomentDescentInit(
+        num_anchors=H, iterations=1, anchor_pool="all", subspace="orth_iter", orth_iters=2
+    )
     symbols = {"p": p, "H": H, "p(p+1)/2": p * (p + 1) // 2, "r": 2}
     for init in (phase1, orth):
         strategy = C.two_phase(k, phase1=init)
