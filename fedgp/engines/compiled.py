@@ -51,6 +51,15 @@ def _build():
     T = TILE
     LOG_2PI = _LOG_2PI
 
+    @numba.njit(fastmath=True, inline="always")
+    def reduced(L, acc, i, j):  # pragma: no cover
+        """acc = L[i, j] − Σ_{k<j} L[i, k] L[j, k] across the tile: one step of the Cholesky."""
+        for b in range(T):
+            acc[b] = L[i, j, b]
+        for k in range(j):
+            for b in range(T):
+                acc[b] -= L[i, k, b] * L[j, k, b]
+
     @numba.njit(fastmath=True, parallel=True, cache=True, error_model="numpy")
     def step(Z, s, noise, r, n_valid, nu_code, need_grad, loss, gZ, gs, gnoise, gr, info):  # pragma: no cover
         # Z (B, M, d) inputs divided by the lengthscales; s, noise (B,); r (B, M) residuals y - m(x);
@@ -119,11 +128,7 @@ def _build():
                     L[i, i, b] = valid[i, b] * (sv[b] + nv[b]) + (1.0 - valid[i, b])
             # Cholesky K = LLᵀ in place (lower), and log|K|
             for j in range(M):
-                for b in range(T):
-                    acc[b] = L[j, j, b]
-                for k in range(j):
-                    for b in range(T):
-                        acc[b] -= L[j, k, b] * L[j, k, b]
+                reduced(L, acc, j, j)
                 for b in range(T):
                     v = acc[b]
                     if not v > 0.0:
@@ -134,11 +139,7 @@ def _build():
                     L[j, j, b] = root
                     logdet[b] += 2.0 * np.log(root)
                 for i in range(j + 1, M):
-                    for b in range(T):
-                        acc[b] = L[i, j, b]
-                    for k in range(j):
-                        for b in range(T):
-                            acc[b] -= L[i, k, b] * L[j, k, b]
+                    reduced(L, acc, i, j)
                     for b in range(T):
                         L[i, j, b] = acc[b] / L[j, j, b]
             # L⁻¹ in place, column by column

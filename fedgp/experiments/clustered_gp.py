@@ -158,14 +158,14 @@ def per_client_summary(per_client: pd.DataFrame, reference: str = "fgpr") -> pd.
 
 
 def _blr_spec(d: int, kernel: str) -> GPSpec:
+    # LinearMean draws its initial weights from torch's global generator; start them at zero so a
+    # run does not depend on what the process drew before (the k = 1 model starts from the spec).
     mean = gpytorch.means.LinearMean(d, bias=False)
+    start = {"likelihood.noise_covar.noise": 0.1, "mean_module.weights": torch.zeros(d, 1)}
     if kernel == "none":
-        return GPSpec(kernel=ZeroKernel(), mean=mean, initial_values={"likelihood.noise_covar.noise": 0.1})
-    return GPSpec(
-        kernel=gpytorch.kernels.LinearKernel(),
-        mean=mean,
-        initial_values={"likelihood.noise_covar.noise": 0.1, "covar_module.variance": 0.1},
-    )
+        return GPSpec(kernel=ZeroKernel(), mean=mean, initial_values=start)
+    start["covar_module.variance"] = 0.1
+    return GPSpec(kernel=gpytorch.kernels.LinearKernel(), mean=mean, initial_values=start)
 
 
 def kernel_variants_study(

@@ -1,4 +1,4 @@
-"""``HyperState``: what travels between clients and server — hyper-parameters, never data.
+"""``HyperState``: named hyper-parameter values, the server's and the clients' unit of exchange.
 
 A state maps GPyTorch-style dotted names (``"covar_module.base_kernel.lengthscale"``) to values
 in *constrained* units, the units a user reads and sets with ``Module.initialize``. A state may be
