@@ -6,62 +6,38 @@
 * :class:`CentralGP` — the clients' training data pooled in one place (in original units) and one
   exact GP conditioned on all of it: the ceiling for the same model when privacy is no concern.
 
-Both use :func:`fedgp.models.fit_mle` (L-BFGS). L-BFGS's line search can step into a region where
-the covariance is NaN (seen on SARCOS, whose torques are almost noise-free); such a fit is then
-redone with Adam from the same start (``mle`` below) and counted in ``fallbacks_``.
+Both fit by L-BFGS (:func:`fedgp.models.maximize_likelihood`). L-BFGS's line search can step into a
+region where the covariance is NaN (seen on SARCOS, whose torques are almost noise-free); such a
+fit is then redone with Adam from the same start and counted in ``fallbacks_``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import partial
 
 import numpy as np
 import pandas as pd
 import torch
-from linear_operator.utils.errors import NanError, NotPSDError
 
 from fedgp.baselines._common import check_federation
 from fedgp.data.client import ClientData, Federation
-from fedgp.models.mle import fit_mle, total_nll
-from fedgp.models.objective import FactorizationError, minibatch_nll
+from fedgp.models.mle import MLEFit, adam, lbfgs, maximize_likelihood
 from fedgp.models.posterior import Prediction, condition
 from fedgp.models.spec import GPSpec
 from fedgp.models.state import HyperState
 from fedgp.rng import generator
 
-__all__ = ["LocalGP", "CentralGP", "mle", "client_metrics"]
+__all__ = ["LocalGP", "CentralGP", "client_metrics"]
 
 
-def mle(
-    spec: GPSpec,
-    datasets: Sequence[tuple[torch.Tensor, torch.Tensor]],
-    max_iter: int = 100,
-    adam_steps: int = 300,
-    adam_lr: float = 0.05,
-) -> tuple[HyperState, bool]:
-    """Type-II ML by :func:`fit_mle` (L-BFGS), falling back to full-batch Adam from the spec's
-    initial state when L-BFGS produces a non-finite covariance. Returns (state, fell_back)."""
-    try:
-        state, value = fit_mle(spec, datasets, max_iter=max_iter)
-        if np.isfinite(value):
-            return state, False
-    except (NanError, NotPSDError, FactorizationError, RuntimeError):
-        pass
-    model = spec.build()
-    spec.load(model, spec.initial_state())
-    params = [model.get_parameter(p.raw_name) for p in spec.params if p.trainable]
-    optimizer = torch.optim.Adam(params, lr=adam_lr)
-    n_total = sum(len(y) for _, y in datasets)
-    for _ in range(adam_steps):
-        optimizer.zero_grad()
-        loss = sum(minibatch_nll(model, X, y) * len(y) for X, y in datasets) / n_total
-        loss.backward()
-        optimizer.step()
-    state = spec.read(model)
-    if not np.isfinite(total_nll(spec, state, datasets)):
-        raise FactorizationError("maximum-likelihood fit failed with both L-BFGS and Adam")
-    return state, True
+def _fit(spec: GPSpec, datasets: Sequence[tuple[torch.Tensor, torch.Tensor]], max_iter: int) -> MLEFit:
+    """L-BFGS from the spec's initial state; if it fails, full-batch Adam from the same start
+    (``fit.attempt == 1``: a fallback)."""
+    start = spec.to_raw(spec.initial_state())
+    attempts = [(start, partial(lbfgs, max_iter=max_iter)), (start, partial(adam, steps=300, lr=0.05))]
+    return maximize_likelihood(spec, datasets, attempts, first_success=True)
 
 
 def client_metrics(pred: Prediction, y: torch.Tensor) -> dict[str, float]:
@@ -82,9 +58,9 @@ class LocalGP:
     fallbacks_: int = field(default=0, init=False)
 
     def fit_client(self, client: ClientData) -> HyperState:
-        state, fell_back = mle(self.spec, [(client.X, client.y)], self.max_iter)
-        self.fallbacks_ += int(fell_back)
-        return state
+        fit = _fit(self.spec, [(client.X, client.y)], self.max_iter)
+        self.fallbacks_ += int(fit.attempt > 0)
+        return fit.state
 
     def fit(self, federation: Federation) -> LocalGP:
         check_federation(federation, "LocalGP")
@@ -157,7 +133,8 @@ class CentralGP:
                 generator(self.seed, "central-subset").choice(len(X), self.hyper_subset, replace=False)
             )
         idx = torch.from_numpy(rows)
-        self.state_, self.fell_back_ = mle(self.spec, [(self.X_[idx], self.y_[idx])], self.max_iter)
+        fit = _fit(self.spec, [(self.X_[idx], self.y_[idx])], self.max_iter)
+        self.state_, self.fell_back_ = fit.state, fit.attempt > 0
         return self
 
     def predict_pooled(self, X: torch.Tensor) -> Prediction:

@@ -93,6 +93,11 @@ def _minibatches(data: Stacked, batch_size: int | None, keys: torch.Tensor | Non
     return out
 
 
+def _mse(pred: torch.Tensor, y: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Per-client mean squared error over the unpadded rows."""
+    return ((pred - y) ** 2 * mask).sum(1) / mask.sum(1)
+
+
 def _local_steps(
     params: list[torch.Tensor],
     batches: list,
@@ -116,8 +121,7 @@ def _local_steps(
     for X, y, mask in batches:
         opt.zero_grad(set_to_none=True)
         pred = mlp_forward(leaves, X, activation)
-        per_client = ((pred - y) ** 2 * mask).sum(1) / mask.sum(1)
-        per_client.sum().backward()
+        _mse(pred, y, mask).sum().backward()
         opt.step()
         if anchor is not None:
             with torch.no_grad():
@@ -145,11 +149,13 @@ def _weighted_mse(params, federation: Federation, activation: str, personal: boo
     p = params if personal else [t.expand(K, *t.shape) for t in params]
     with torch.no_grad():
         pred = mlp_forward(p, data.X, activation)
-        return (((pred - data.y) ** 2 * data.mask).sum(1) / data.mask.sum(1)).numpy()
+        return _mse(pred, data.y, data.mask).numpy()
 
 
 @dataclass
 class _MLPConfig:
+    """The FedAvg training settings, shared by :class:`FedAvgMLP` and :class:`Ditto`."""
+
     hidden: tuple[int, ...] = (64, 64)
     activation: str = "relu"
     rounds: int = 200
@@ -159,11 +165,21 @@ class _MLPConfig:
     optimizer: str = "adam"
     seed: int = 0
 
+    def _config(self) -> _MLPConfig:
+        """These settings alone (``hidden`` as a tuple), without a subclass's other fields."""
+        values = {f.name: getattr(self, f.name) for f in fields(_MLPConfig)}
+        return _MLPConfig(**{**values, "hidden": tuple(values["hidden"])})
 
-def _mlp_config(model) -> _MLPConfig:
-    """The FedAvg training settings of a :class:`FedAvgMLP` or :class:`Ditto` (same field names)."""
-    values = {f.name: getattr(model, f.name) for f in fields(_MLPConfig)}
-    return _MLPConfig(**{**values, "hidden": tuple(values["hidden"])})
+
+def _history(train_mse: list[float]) -> pd.DataFrame:
+    return pd.DataFrame({"round": np.arange(1, len(train_mse) + 1), "train_mse": train_mse})
+
+
+def _predict(params: Sequence[torch.Tensor], X, activation: str) -> torch.Tensor:
+    """One model's weights (no batch axis) at ``X``."""
+    X = _as_X(X, params[0].shape[0])
+    with torch.no_grad():
+        return mlp_forward([t.unsqueeze(0) for t in params], X.unsqueeze(0), activation)[0]
 
 
 def _join(feds: Sequence[Federation]) -> tuple[Stacked, torch.Tensor, list[list[int]]]:
@@ -266,7 +282,7 @@ def _train(
             )
         with torch.no_grad():
             pred = mlp_forward([t[group] for t in w], data.X, cfg.activation)
-            per_client = ((pred - data.y) ** 2 * data.mask).sum(1) / data.mask.sum(1)
+            per_client = _mse(pred, data.y, data.mask)
         history.append(torch.stack([(p[r] * per_client[r]).sum() for r in rows]))
     out = []
     history = torch.stack(history) if history else torch.zeros(0, G)
@@ -287,7 +303,7 @@ def _as_X(X, d: int) -> torch.Tensor:
 
 
 @dataclass
-class FedAvgMLP:
+class FedAvgMLP(_MLPConfig):
     """A multilayer perceptron trained by FedAvg (McMahan et al. 2017); one global model.
 
     Args:
@@ -302,33 +318,20 @@ class FedAvgMLP:
     After ``fit``: ``params_`` (weights ``[W1, b1, ...]``), ``history_`` (round, training MSE).
     """
 
-    hidden: tuple[int, ...] = (64, 64)
-    activation: str = "relu"
-    rounds: int = 200
-    local_steps: int = 5
-    batch_size: int | None = 32
-    lr: float = 1e-3
-    optimizer: str = "adam"
-    seed: int = 0
     params_: list[torch.Tensor] | None = field(default=None, init=False, repr=False)
     history_: pd.DataFrame | None = field(default=None, init=False, repr=False)
-
-    def _config(self) -> _MLPConfig:
-        return _mlp_config(self)
 
     def fit(self, federation: Federation) -> FedAvgMLP:
         check_federation(federation, "FedAvgMLP")
         [(w, _, history)] = _train([self._config()], [federation])
         self.params_ = w
-        self.history_ = pd.DataFrame({"round": np.arange(1, len(history) + 1), "train_mse": history})
+        self.history_ = _history(history)
         return self
 
     def predict(self, X) -> torch.Tensor:
         if self.params_ is None:
             raise RuntimeError("FedAvgMLP is not fitted yet; call fit(federation)")
-        X = _as_X(X, self.params_[0].shape[0])
-        with torch.no_grad():
-            return mlp_forward([t.unsqueeze(0) for t in self.params_], X.unsqueeze(0), self.activation)[0]
+        return _predict(self.params_, X, self.activation)
 
     def mse(self, federation: Federation) -> float:
         """``Σ p_k MSE_k`` of the global model on the clients' training rows (e.g. held-out clients)."""
@@ -340,7 +343,7 @@ class FedAvgMLP:
 
 
 @dataclass
-class Ditto:
+class Ditto(_MLPConfig):
     """Ditto (Li et al. 2021): a FedAvg MLP plus a personal MLP per client, λ-regularised to it.
 
     Args (besides those of :class:`FedAvgMLP`):
@@ -361,18 +364,10 @@ class Ditto:
     """
 
     lam: float | Sequence[float] = (0.001, 0.01, 0.1, 1.0, 10.0)
-    hidden: tuple[int, ...] = (64, 64)
-    activation: str = "relu"
-    rounds: int = 200
-    local_steps: int = 5
     personal_steps: int = 5
-    batch_size: int | None = 32
-    lr: float = 1e-3
-    optimizer: str = "adam"
     personal_lr: float = 0.05
     personal_optimizer: str = "sgd"
     validation_fraction: float = 0.2
-    seed: int = 0
     lam_: float | None = field(default=None, init=False)
     global_: list[torch.Tensor] | None = field(default=None, init=False, repr=False)
     personal_: list[torch.Tensor] | None = field(default=None, init=False, repr=False)
@@ -380,9 +375,6 @@ class Ditto:
     noise_variance_: np.ndarray | None = field(default=None, init=False, repr=False)
     global_noise_variance_: float | None = field(default=None, init=False, repr=False)
     history_: pd.DataFrame | None = field(default=None, init=False, repr=False)
-
-    def _config(self) -> _MLPConfig:
-        return _mlp_config(self)
 
     def _lams(self) -> list[float]:
         lams = [float(self.lam)] if np.isscalar(self.lam) else [float(v) for v in self.lam]
@@ -404,17 +396,12 @@ class Ditto:
         K = self.personal_[0].shape[0]
         if not 0 <= int(client) < K:
             raise ValueError(f"client index {client} out of range for {K} clients")
-        X = _as_X(X, self.global_[0].shape[0])
-        with torch.no_grad():
-            params = [t[int(client)].unsqueeze(0) for t in self.personal_]
-            return mlp_forward(params, X.unsqueeze(0), self.activation)[0]
+        return _predict([t[int(client)] for t in self.personal_], X, self.activation)
 
     def predict_global(self, X) -> torch.Tensor:
         """The FedAvg (global) model at ``X``."""
         self._check()
-        X = _as_X(X, self.global_[0].shape[0])
-        with torch.no_grad():
-            return mlp_forward([t.unsqueeze(0) for t in self.global_], X.unsqueeze(0), self.activation)[0]
+        return _predict(self.global_, X, self.activation)
 
     def posterior(self, X, client: int) -> Prediction:
         """Client ``client``'s personal prediction with its validation residual variance."""
@@ -460,10 +447,9 @@ def fit_ditto(models: Sequence[Ditto], federations: Sequence[Federation]) -> lis
             Xv = stack(held, "test")
             with torch.no_grad():
                 pred = mlp_forward(personal, Xv.X.repeat(L, 1, 1), m.activation)
-                err = ((pred - Xv.y.repeat(L, 1)) ** 2 * Xv.mask.repeat(L, 1)).sum(1)
-                mse = (err / Xv.mask.repeat(L, 1).sum(1)).reshape(L, K)
+                mse = _mse(pred, Xv.y.repeat(L, 1), Xv.mask.repeat(L, 1)).reshape(L, K)
                 gpred = mlp_forward([t.expand(K, *t.shape) for t in w], Xv.X, m.activation)
-                gmse = ((gpred - Xv.y) ** 2 * Xv.mask).sum(1) / Xv.mask.sum(1)
+                gmse = _mse(gpred, Xv.y, Xv.mask)
             rmse = mse.sqrt().mean(1)
             best = int(torch.argmin(rmse))
             m.validation_ = pd.DataFrame({"lam": lams, "val_rmse_mean": rmse.numpy()})
@@ -480,5 +466,5 @@ def fit_ditto(models: Sequence[Ditto], federations: Sequence[Federation]) -> lis
             m.noise_variance_ = _weighted_mse(personal, f, m.activation, True)
             train = _weighted_mse(w, f, m.activation, False)
             m.global_noise_variance_ = float(np.dot(f.weights.numpy(), train))
-        m.history_ = pd.DataFrame({"round": np.arange(1, len(history) + 1), "train_mse": history})
+        m.history_ = _history(history)
     return list(models)

@@ -31,10 +31,9 @@ import numpy as np
 import pandas as pd
 import torch
 
-import fedgp
 from fedgp.data import gaussian_mixed_regression, gp_mixture_federation
+from fedgp.experiments.common import default_engine, fit_study, prepare_output
 from fedgp.experiments.metrics import markdown_table
-from fedgp.experiments.mixed_regression import default_engine
 from fedgp.models import GPSpec, ZeroKernel
 from fedgp.strategies import FGPR, MomentDescentInit
 from fedgp.strategies import clustered as C
@@ -93,44 +92,27 @@ def clustered_fgpr_study(
 
     One row per (seed, method, client).
     """
-    engine = engine or default_engine()
     k = len(populations)
     tables = []
     local = LocalTraining(steps=local_steps, batch_size=batch_size, optimizer=Adam(lr=lr))
+
+    def clustered(components: int, initializer, assigner, restarts: int = 1) -> C.ClusteredGP:
+        solver = C.LocalTrainingSolver(local)
+        return C.ClusteredGP(components, initializer, assigner, solver, C.ClusterAverage(), restarts)
+
     for seed in seeds:
         mix = gp_mixture_federation(populations, clients_per_population, n=n, n_test=n_test, seed=seed)
-        fit = dict(rounds=rounds, seed=seed, engine=engine, progress=progress, eval_every=0)
+        K = len(mix.federation)
         methods = {
-            "clustered_fgpr": C.ClusteredGP(
-                k,
-                C.RandomInit(),
-                C.HardAssigner(),
-                C.LocalTrainingSolver(local),
-                C.ClusterAverage(),
-                restarts,
-            ),
-            "clustered_fgpr_k1": C.ClusteredGP(
-                1, C.SpecInit(), C.HardAssigner(), C.LocalTrainingSolver(local), C.ClusterAverage()
-            ),
+            "clustered_fgpr": clustered(k, C.RandomInit(), C.HardAssigner(), restarts),
+            "clustered_fgpr_k1": clustered(1, C.SpecInit(), C.HardAssigner()),
             "fgpr": FGPR(local_steps=local_steps, batch_size=batch_size, lr=lr),
-            "oracle_fgpr": C.ClusteredGP(
-                k,
-                C.SpecInit(),
-                C.FixedAssigner(tuple(int(z) for z in mix.labels)),
-                C.LocalTrainingSolver(local),
-                C.ClusterAverage(),
-            ),
+            "oracle_fgpr": clustered(k, C.SpecInit(), C.FixedAssigner(tuple(int(z) for z in mix.labels))),
+            # local-only: k = K components, client i alone in component i (no averaging across clients)
+            "local_gp": clustered(K, C.SpecInit(), C.FixedAssigner(tuple(range(K)))),
         }
-        # local-only: k = K components, client i alone in component i (no averaging across clients)
-        methods["local_gp"] = C.ClusteredGP(
-            len(mix.federation),
-            C.SpecInit(),
-            C.FixedAssigner(tuple(range(len(mix.federation)))),
-            C.LocalTrainingSolver(local),
-            C.ClusterAverage(),
-        )
         for name, strategy in methods.items():
-            result = fedgp.fit(mix.spec, mix.federation, strategy, **fit)
+            result = fit_study(mix.spec, mix.federation, strategy, rounds, seed, engine, progress)
             tables.append(_per_client(result, name, mix.labels, seed))
     return pd.concat(tables, ignore_index=True)
 
@@ -189,7 +171,6 @@ def kernel_variants_study(
     Phase 2 averages gradients within clusters (``GradientStep``): with n_i < d, several local steps
     per round fit each client's own points and bias the averaged noise variance low (client drift).
     """
-    engine = engine or default_engine()
     tables = []
     for seed in seeds:
         data = gaussian_mixed_regression(
@@ -215,16 +196,8 @@ def kernel_variants_study(
                 strategy = C.ClusteredGP(1, C.SpecInit(), C.HardAssigner(), solver, aggregator)
             else:
                 strategy = C.two_phase(kk, phase1=phase1, solver=solver, aggregator=aggregator)
-            result = fedgp.fit(
-                spec,
-                data.federation,
-                strategy,
-                rounds=strategy.init_rounds + rounds,
-                seed=seed,
-                engine=engine,
-                progress=progress,
-                eval_every=0,
-            )
+            total = strategy.init_rounds + rounds  # Phase 1 of the two-phase strategy comes first
+            result = fit_study(spec, data.federation, strategy, total, seed, engine, progress)
             tables.append(_per_client(result, name, data.labels, seed))
     return pd.concat(tables, ignore_index=True)
 
@@ -233,9 +206,7 @@ def reproduce(
     repeats: int | None, out_dir: Path, seed: int = 0, quick: bool = False, progress: bool | None = None
 ) -> list[Path]:
     """``fedgp reproduce clustered-gp``: per-client tables and summaries of both studies."""
-    torch.set_num_threads(1)
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    out_dir = prepare_output(out_dir)
     repeats = repeats or (1 if quick else 5)
     seeds = range(seed, seed + repeats)
     start = time.perf_counter()

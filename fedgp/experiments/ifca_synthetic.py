@@ -31,12 +31,11 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-import torch
 
-import fedgp
 from fedgp.data import mixed_linear_regression
+from fedgp.experiments.common import default_engine, fit_study, prepare_output
 from fedgp.experiments.metrics import markdown_table, mean_matched_error, nearest_truth_error
-from fedgp.experiments.mixed_regression import default_engine, linear_spec
+from fedgp.experiments.mixed_regression import linear_spec
 from fedgp.strategies import clustered as C
 
 __all__ = [
@@ -92,16 +91,7 @@ def trial(
     spec = linear_spec(d, 1.0)
     best, best_nearest, per_lr = np.inf, np.inf, {}
     for lr in lrs:
-        result = fedgp.fit(
-            spec,
-            data.federation,
-            ifca_strategy(k, lr, inits),
-            rounds=rounds,
-            seed=seed,
-            engine=engine or default_engine(),
-            progress=False,
-            eval_every=0,
-        )
+        result = fit_study(spec, data.federation, ifca_strategy(k, lr, inits), rounds, seed, engine)
         W = result.server_state.states[WEIGHTS][..., 0]  # (inits, k, d)
         dist = [mean_matched_error(W[i], data.thetas) for i in range(len(W))]
         nearest = [nearest_truth_error(W[i], data.thetas) for i in range(len(W))]
@@ -188,9 +178,7 @@ def reproduce(
     repeats: int | None, out_dir: Path, seed: int = 0, quick: bool = False, progress: bool | None = None
 ) -> list[Path]:
     """``fedgp reproduce ifca-synthetic``: Fig. 3(a)–(c) at reduced scale (see the module docstring)."""
-    torch.set_num_threads(1)
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    out_dir = prepare_output(out_dir)
     start = time.perf_counter()
     if quick:
         trials = range(seed, seed + (repeats or 2))

@@ -38,10 +38,9 @@ import numpy as np
 import pandas as pd
 import torch
 
-import fedgp
 from fedgp.data import su_xu_yang_setting
+from fedgp.experiments.common import default_engine, fit_study, prepare_output
 from fedgp.experiments.metrics import markdown_table, max_matched_error
-from fedgp.fit import ENGINES
 from fedgp.models import GPSpec, ZeroKernel
 from fedgp.models.linear import linear_model
 from fedgp.strategies import clustered as C
@@ -75,10 +74,6 @@ def linear_spec(d: int, noise_var: float) -> GPSpec:
         initial_values={"likelihood.noise_covar.noise": noise_var},
         fixed=["likelihood.noise_covar.noise"],
     )
-
-
-def default_engine() -> str:
-    return "batched" if "batched" in ENGINES else "sequential"
 
 
 def separation(thetas: torch.Tensor) -> float:
@@ -133,16 +128,8 @@ def _run(method, data, spec, seed, rounds, eta, s, delta, engine, progress, phas
         rows.append({"phase": "phase2", "round": server.phase_round, "error": max_matched_error(W, truth)})
 
     start = time.perf_counter()
-    result = fedgp.fit(
-        spec,
-        data.federation,
-        strategy,
-        rounds=strategy.init_rounds + rounds,
-        seed=seed,
-        engine=engine,
-        progress=progress,
-        eval_every=0,
-        callback=track,
+    result = fit_study(
+        spec, data.federation, strategy, strategy.init_rounds + rounds, seed, engine, progress, callback=track
     )
     seconds = time.perf_counter() - start
     curve = pd.DataFrame(rows)
@@ -182,7 +169,6 @@ def run_setting(
     progress: bool | None = False,
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """One setting and seed: returns (finals: one row per method, curves: error per round)."""
-    engine = engine or default_engine()
     data = su_xu_yang_setting(setting, seed)
     spec = linear_spec(data.thetas.shape[1], NOISE**2)
     delta = separation(data.thetas)
@@ -232,16 +218,7 @@ def phase1_study(
                 iterations=iterations, theta0_scale=2 / np.sqrt(d), delta=delta, sign_fix=fix, refill=False
             )
             strategy = C.two_phase(k, phase1=phase1)
-            result = fedgp.fit(
-                spec,
-                data.federation,
-                strategy,
-                rounds=strategy.init_rounds,
-                seed=seed,
-                engine=engine or default_engine(),
-                progress=False,
-                eval_every=0,
-            )
+            result = fit_study(spec, data.federation, strategy, strategy.init_rounds, seed, engine)
             log = result.server_state.init_log
             labels = data.labels[log.anchors]
             for t, theta in enumerate(log.trace[1:], start=1):
@@ -350,9 +327,7 @@ def reproduce(
     repeats: int | None, out_dir: Path, seed: int = 0, quick: bool = False, progress: bool | None = None
 ) -> list[Path]:
     """``fedgp reproduce mixed-regression``: CSVs of final errors and curves, and a markdown summary."""
-    torch.set_num_threads(1)
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    out_dir = prepare_output(out_dir)
     repeats = repeats or (2 if quick else 10)
     rounds = 60 if quick else 400
     start = time.perf_counter()

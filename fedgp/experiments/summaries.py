@@ -8,11 +8,14 @@ standard deviations of (a) and (b) over repeats.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
 
 import numpy as np
 import pandas as pd
 
-__all__ = ["per_repeat", "over_repeats_x10"]
+__all__ = ["per_repeat", "over_repeats_x10", "PaperTable", "TableRun"]
 
 
 def per_repeat(per_client: pd.DataFrame, keys: Sequence[str], count: str) -> pd.DataFrame:
@@ -47,3 +50,102 @@ def over_repeats_x10(rep: pd.DataFrame, keys: Sequence[str], spread: bool = Fals
         "repeats": ("repeat", "nunique"),
     }
     return rep.groupby(list(keys), sort=False).agg(**aggs).reset_index()
+
+
+@dataclass(frozen=True)
+class PaperTable:
+    """How one of the paper's tables is keyed, ordered, written and set beside the paper's numbers.
+
+    ``keys``: the row labels, ``"method"`` last; ``count``: the name of the per-repeat client count;
+    ``categories``: the fixed order of some labels; ``sort_by``: the row order; ``columns``: the CSV's;
+    ``paper``: the paper's numbers (labels first, then its four RMSE columns), joined on ``paper_on``
+    after adding the constant labels ``paper_fixed``.
+    """
+
+    keys: tuple[str, ...]
+    count: str
+    categories: dict[str, tuple[str, ...]]
+    sort_by: tuple[str, ...]
+    columns: tuple[str, ...]
+    paper: pd.DataFrame
+    paper_on: tuple[str, ...]
+    paper_fixed: dict[str, str] = field(default_factory=dict)
+
+    def per_repeat(self, per_client: pd.DataFrame) -> pd.DataFrame:
+        return per_repeat(per_client, self.keys, self.count)
+
+    def order(self, frame: pd.DataFrame) -> pd.DataFrame:
+        frame = frame.copy()
+        for column, values in self.categories.items():
+            frame[column] = pd.Categorical(frame[column], categories=list(values), ordered=True)
+        frame = frame.sort_values(list(self.sort_by)).reset_index(drop=True)
+        return frame.astype({column: str for column in self.categories})
+
+    def summary(self, per_client: pd.DataFrame) -> pd.DataFrame:
+        """Means over repeats of the per-repeat mean and std (across clients) of the per-client RMSE
+        ×10, mean NLL and mean 95% coverage: the CSV."""
+        return self.order(over_repeats_x10(self.per_repeat(per_client), self.keys))[list(self.columns)]
+
+    def comparison(self, per_client: pd.DataFrame) -> pd.DataFrame:
+        """Ours, with the std over repeats, beside the paper's numbers where the paper has them."""
+        ours = over_repeats_x10(self.per_repeat(per_client), self.keys, spread=True)
+        paper = self.paper.rename(columns={c: f"paper_{c}" for c in self.paper.columns[2:]})
+        paper = paper.assign(**self.paper_fixed)
+        return self.order(ours.merge(paper, on=list(self.paper_on), how="left"))
+
+    def markdown(self, per_client: pd.DataFrame) -> str:
+        """The comparison as a markdown table: ours (std over repeats) | the paper's."""
+
+        def cell(mean, sd):
+            return f"{mean:.2f}" + ("" if np.isnan(sd) else f" ({sd:.2f})")
+
+        def paper(r, name):
+            mean = r[f"paper_{name}"]
+            return "—" if np.isnan(mean) else cell(mean, r[f"paper_{name}_sd"])
+
+        labels = " | ".join(self.keys)
+        lines = [
+            f"| {labels} | RMSE×10 ours | RMSE×10 paper | std RMSE×10 ours | std RMSE×10 paper "
+            "| NLL | 95% cov. | repeats |",
+            "|" + "---|" * (len(self.keys) + 7),
+        ]
+        for _, r in self.comparison(per_client).iterrows():
+            lines.append(
+                "| "
+                + " | ".join(str(r[k]) for k in self.keys)
+                + f" | {cell(r['rmse_mean_x10'], r['rmse_mean_x10_sd'])} | {paper(r, 'rmse_mean_x10')} "
+                f"| {cell(r['rmse_std_x10'], r['rmse_std_x10_sd'])} | {paper(r, 'rmse_std_x10')} "
+                f"| {r['nll_mean']:.3f} | {r['coverage95_mean']:.3f} | {int(r['repeats'])} |"
+            )
+        return "\n".join(lines) + "\n"
+
+
+@dataclass
+class TableRun:
+    """A run of one of the tables: its per-client ``rows``, per-task ``details`` and ``settings``,
+    and the views of the rows that its ``table`` defines."""
+
+    rows: pd.DataFrame
+    details: pd.DataFrame
+    settings: Any
+    table: ClassVar[PaperTable]
+
+    @property
+    def per_repeat(self) -> pd.DataFrame:
+        return self.table.per_repeat(self.rows)
+
+    def summary(self) -> pd.DataFrame:
+        return self.table.summary(self.rows)
+
+    def comparison(self) -> pd.DataFrame:
+        return self.table.comparison(self.rows)
+
+    def write(self, out: Path, name: str, header: str) -> list[Path]:
+        """``{name}.csv`` (the summary), ``{name}_per_repeat.csv``, ``{name}_details.csv`` and
+        ``{name}.md`` (``header`` and the comparison) in ``out``."""
+        paths = [out / f"{name}{end}" for end in (".csv", "_per_repeat.csv", "_details.csv", ".md")]
+        self.summary().to_csv(paths[0], index=False)
+        self.per_repeat.to_csv(paths[1], index=False)
+        self.details.to_csv(paths[2], index=False)
+        paths[3].write_text(header + self.table.markdown(self.rows))
+        return paths

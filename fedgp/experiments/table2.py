@@ -19,8 +19,7 @@ Protocol (paper §6, decisions from the digest §6.18):
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -32,6 +31,7 @@ from fedgp.baselines import FedAvgMLP, FedAvgPolynomial, LocalGP, select_degree
 from fedgp.baselines.gp import client_metrics
 from fedgp.data import ClientData, gp_spec, load_cmapss
 from fedgp.experiments import summaries
+from fedgp.experiments.common import TaskCache, default_engine
 from fedgp.rng import generator
 from fedgp.strategies import FGPR
 
@@ -66,12 +66,15 @@ PAPER_TABLE2 = pd.DataFrame(
 
 CSV_COLUMNS = ["sensor", "method", "rmse_mean_x10", "rmse_std_x10", "nll_mean", "coverage95_mean", "repeats"]
 
-
-def default_engine() -> str:
-    """``"batched"`` when that engine is registered (same results, faster), else ``"sequential"``."""
-    from fedgp.fit import ENGINES
-
-    return "batched" if "batched" in ENGINES else "sequential"
+TABLE = summaries.PaperTable(
+    keys=("sensor", "method"),
+    count="engines",
+    categories={"method": METHODS},
+    sort_by=("sensor", "method"),
+    columns=tuple(CSV_COLUMNS),
+    paper=PAPER_TABLE2,
+    paper_on=("sensor", "method"),
+)
 
 
 @dataclass(frozen=True)
@@ -125,56 +128,19 @@ class Table2Settings:
         )
 
 
-@dataclass
-class Table2Run:
+class Table2Run(summaries.TableRun):
     """Results of :func:`run_table2`.
 
-    ``per_engine``: one row per (repeat, sensor, method, test engine) with rmse, nll, coverage95;
+    ``rows``: one per (repeat, sensor, method, test engine) with rmse, nll, coverage95;
     ``per_repeat``: per (repeat, sensor, method) the mean and std across engines; ``details``: per
     (repeat, sensor) the chosen polynomial degree, the FGPR state and the validation variances.
     """
 
-    per_engine: pd.DataFrame
-    details: pd.DataFrame
-    settings: Table2Settings
-
-    @property
-    def per_repeat(self) -> pd.DataFrame:
-        return per_repeat(self.per_engine)
-
-    def summary(self) -> pd.DataFrame:
-        return summary_table(self.per_engine)
-
-    def comparison(self) -> pd.DataFrame:
-        return comparison_table(self.per_engine)
+    table = TABLE
 
 
-_KEYS = ["sensor", "method"]
-
-
-def per_repeat(per_engine: pd.DataFrame) -> pd.DataFrame:
-    return summaries.per_repeat(per_engine, _KEYS, "engines")
-
-
-def _order(frame: pd.DataFrame, methods: Sequence[str] = METHODS) -> pd.DataFrame:
-    frame = frame.copy()
-    frame["method"] = pd.Categorical(frame["method"], categories=list(methods), ordered=True)
-    return frame.sort_values(["sensor", "method"]).reset_index(drop=True).astype({"method": str})
-
-
-def summary_table(per_engine: pd.DataFrame) -> pd.DataFrame:
-    """``results/table2.csv``: per sensor and method, means over repeats of the per-repeat mean and
-    std (across test engines) of the per-engine RMSE ×10, mean NLL and mean 95% coverage."""
-    out = summaries.over_repeats_x10(per_repeat(per_engine), _KEYS)
-    return _order(out)[CSV_COLUMNS]
-
-
-def comparison_table(per_engine: pd.DataFrame) -> pd.DataFrame:
-    """Ours beside the paper's, with the std over repeats (the paper's bracketed numbers)."""
-    ours = summaries.over_repeats_x10(per_repeat(per_engine), _KEYS, spread=True)
-    paper = PAPER_TABLE2.rename(columns={c: f"paper_{c}" for c in PAPER_TABLE2.columns[2:]})
-    out = ours.merge(paper, on=["sensor", "method"], how="left")
-    return _order(out)
+summary_table = TABLE.summary
+comparison_table = TABLE.comparison
 
 
 def _test_client(client: ClientData, seed: int, repeat: int, how: str) -> ClientData:
@@ -315,67 +281,20 @@ def run_table2(
     settings = Table2Settings() if settings is None else settings
     engine = settings.engine or default_engine()
     cm = load_cmapss(settings.subset, root=root)
-    cache = None if cache_dir is None else Path(cache_dir)
-    if cache is not None:
-        cache.mkdir(parents=True, exist_ok=True)
-        stamp = cache / "settings.txt"
-        text = repr(sorted(asdict(replace(settings, engine=None)).items())) + f" seed={seed}"
-        if stamp.exists() and stamp.read_text() != text:
-            raise ValueError(f"{cache} holds results of different settings or seed; use another cache_dir")
-        stamp.write_text(text)
+    cache = TaskCache(cache_dir, settings, seed)
     records, details = [], []
     for repeat in tqdm(
         range(repeats), desc="Table 2 repeats", disable=None if progress is None else not progress
     ):
-        files = (
-            None if cache is None else (cache / f"repeat{repeat}.csv", cache / f"repeat{repeat}_details.csv")
-        )
-        if files and files[0].exists() and files[1].exists():
-            records.append(pd.read_csv(files[0]))
-            details.append(pd.read_csv(files[1]))
-            continue
-        rec, det = _one_repeat(cm, settings, seed, repeat, engine)
-        rec, det = pd.DataFrame(rec), pd.DataFrame(det)
-        if files:
-            rec.to_csv(files[0], index=False)
-            det.to_csv(files[1], index=False)
-        records.append(rec)
-        details.append(det)
+        done = cache.load(f"repeat{repeat}")
+        if done is None:
+            done = tuple(pd.DataFrame(part) for part in _one_repeat(cm, settings, seed, repeat, engine))
+            cache.save(f"repeat{repeat}", done)
+        records.append(done[0])
+        details.append(done[1])
     per_engine = pd.concat(records, ignore_index=True)
     per_engine["sensor"] = per_engine["sensor"].astype(str)
     return Table2Run(per_engine, pd.concat(details, ignore_index=True), settings)
-
-
-def markdown(run: Table2Run) -> str:
-    """The comparison with the paper as a markdown table (ours ± std over repeats | paper)."""
-    comp = run.comparison()
-
-    def cell(mean, sd):
-        return f"{mean:.2f}" + ("" if np.isnan(sd) else f" ({sd:.2f})")
-
-    lines = [
-        "| sensor | method | RMSE×10 ours | RMSE×10 paper | std RMSE×10 ours | std RMSE×10 paper "
-        "| NLL | 95% cov. | repeats |",
-        "|---|---|---|---|---|---|---|---|---|",
-    ]
-    for _, r in comp.iterrows():
-        paper_mean = (
-            "—"
-            if np.isnan(r["paper_rmse_mean_x10"])
-            else cell(r["paper_rmse_mean_x10"], r["paper_rmse_mean_x10_sd"])
-        )
-        paper_std = (
-            "—"
-            if np.isnan(r["paper_rmse_std_x10"])
-            else cell(r["paper_rmse_std_x10"], r["paper_rmse_std_x10_sd"])
-        )
-        lines.append(
-            f"| {r['sensor']} | {r['method']} | {cell(r['rmse_mean_x10'], r['rmse_mean_x10_sd'])} "
-            f"| {paper_mean} "
-            f"| {cell(r['rmse_std_x10'], r['rmse_std_x10_sd'])} | {paper_std} | {r['nll_mean']:.3f} "
-            f"| {r['coverage95_mean']:.3f} | {int(r['repeats'])} |"
-        )
-    return "\n".join(lines) + "\n"
 
 
 def reproduce(
@@ -391,10 +310,6 @@ def reproduce(
     cache = os.environ.get("FEDGP_CACHE")
     cache = None if quick or not cache else Path(cache) / "table2"
     run = run_table2(repeats, seed, settings, progress=progress, cache_dir=cache)
-    paths = [out / "table2.csv", out / "table2_per_repeat.csv", out / "table2_details.csv", out / "table2.md"]
-    run.summary().to_csv(paths[0], index=False)
-    run.per_repeat.to_csv(paths[1], index=False)
-    run.details.to_csv(paths[2], index=False)
     header = (
         f"# Table 2 (NASA C-MAPSS {settings.subset}) — {repeats} repeats"
         f"{' (quick mode)' if quick else ''}\n\n"
@@ -402,5 +317,4 @@ def reproduce(
         "std of the per-engine RMSE ×10 across the 40 test engines; NLL and 95% coverage of the "
         "predicted half. Paper: Yue & Kontar, Table 2 (FGPR, Polynomial, Neural; LocalGP is ours).\n\n"
     )
-    paths[3].write_text(header + markdown(run))
-    return paths
+    return run.write(out, "table2", header)

@@ -25,10 +25,9 @@ from __future__ import annotations
 import os
 import warnings
 from concurrent.futures import ProcessPoolExecutor, as_completed
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 import torch
 from tqdm import tqdm
@@ -38,7 +37,7 @@ from fedgp.baselines import CentralGP, Ditto, LocalGP, fit_ditto
 from fedgp.baselines.gp import client_metrics
 from fedgp.data import gp_spec, load_sarcos
 from fedgp.experiments import summaries
-from fedgp.experiments.table2 import default_engine
+from fedgp.experiments.common import TaskCache, default_engine
 from fedgp.rng import generator
 from fedgp.strategies import FGPR
 
@@ -80,6 +79,17 @@ PAPER_TABLE3 = pd.DataFrame(
         (7, "Ditto", 2.90, 0.02, 1.50, 0.01),
     ],
     columns=["output", "method", "rmse_mean_x10", "rmse_mean_x10_sd", "rmse_std_x10", "rmse_std_x10_sd"],
+)
+
+TABLE = summaries.PaperTable(
+    keys=("output", "protocol", "partition", "method"),
+    count="devices",
+    categories={"method": METHODS, "partition": ("iid", "contiguous")},
+    sort_by=("output", "partition", "method"),
+    columns=tuple(CSV_COLUMNS),
+    paper=PAPER_TABLE3,
+    paper_on=("output", "method", "partition"),
+    paper_fixed={"partition": "iid"},  # the paper's protocol and random partition
 )
 
 
@@ -139,56 +149,16 @@ class Table3Settings:
         )
 
 
-@dataclass
-class Table3Run:
-    """Results of :func:`run_table3`: ``per_device`` (one row per output, partition, repeat,
+class Table3Run(summaries.TableRun):
+    """Results of :func:`run_table3`: ``rows`` (one per output, partition, repeat,
     method and device) and ``details`` (per output, partition and repeat: chosen λ, fallbacks,
     FGPR's final state summary)."""
 
-    per_device: pd.DataFrame
-    details: pd.DataFrame
-    settings: Table3Settings
-
-    @property
-    def per_repeat(self) -> pd.DataFrame:
-        return per_repeat(self.per_device)
-
-    def summary(self) -> pd.DataFrame:
-        return summary_table(self.per_device)
-
-    def comparison(self) -> pd.DataFrame:
-        return comparison_table(self.per_device)
+    table = TABLE
 
 
-_KEYS = ["output", "protocol", "partition", "method"]
-
-
-def per_repeat(per_device: pd.DataFrame) -> pd.DataFrame:
-    return summaries.per_repeat(per_device, _KEYS, "devices")
-
-
-def _order(frame: pd.DataFrame) -> pd.DataFrame:
-    frame = frame.copy()
-    frame["method"] = pd.Categorical(frame["method"], categories=list(METHODS), ordered=True)
-    frame["partition"] = pd.Categorical(frame["partition"], categories=["iid", "contiguous"], ordered=True)
-    frame = frame.sort_values(["output", "partition", "method"]).reset_index(drop=True)
-    return frame.astype({"method": str, "partition": str})
-
-
-def summary_table(per_device: pd.DataFrame) -> pd.DataFrame:
-    """``results/table3.csv``: means over repeats of the per-repeat mean and std (across devices)
-    of the per-device RMSE ×10, mean NLL and mean 95% coverage."""
-    out = summaries.over_repeats_x10(per_repeat(per_device), _KEYS)
-    return _order(out)[CSV_COLUMNS]
-
-
-def comparison_table(per_device: pd.DataFrame) -> pd.DataFrame:
-    """Ours (with the std over repeats) beside the paper's numbers where the paper has them
-    (outputs 1, 3, 5, 7; FGPR and Ditto; random partition, paper protocol)."""
-    ours = summaries.over_repeats_x10(per_repeat(per_device), _KEYS, spread=True)
-    paper = PAPER_TABLE3.rename(columns={c: f"paper_{c}" for c in PAPER_TABLE3.columns[2:]})
-    paper = paper.assign(partition="iid")
-    return _order(ours.merge(paper, on=["output", "method", "partition"], how="left"))
+summary_table = TABLE.summary
+comparison_table = TABLE.comparison
 
 
 _DATA: dict = {}
@@ -310,24 +280,17 @@ def run_table3(
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
         load_sarcos(root, protocol=settings.protocol)  # fail here, early, if the files are wrong
-    cache = None if cache_dir is None else Path(cache_dir)
-    if cache is not None:
-        cache.mkdir(parents=True, exist_ok=True)
-        stamp = cache / "settings.txt"
-        text = repr(sorted(asdict(replace(settings, engine=None)).items())) + f" seed={seed}"
-        if stamp.exists() and stamp.read_text() != text:
-            raise ValueError(f"{cache} holds results of different settings or seed; use another cache_dir")
-        stamp.write_text(text)
+    cache = TaskCache(cache_dir, settings, seed)
     tasks = [(r, p) for r in range(repeats) for p in settings.partitions]
     done: dict = {}
     todo = []
     for task in tasks:
         stem = f"r{task[0]}_{task[1]}"
-        files = None if cache is None else (cache / f"{stem}.csv", cache / f"{stem}_details.csv")
-        if files and files[0].exists() and files[1].exists():
-            done[task] = (pd.read_csv(files[0]), pd.read_csv(files[1]))
+        cached = cache.load(stem)
+        if cached is not None:
+            done[task] = cached
         else:
-            todo.append((task, files))
+            todo.append((task, stem))
     bar = tqdm(
         total=len(tasks),
         initial=len(done),
@@ -335,10 +298,8 @@ def run_table3(
         disable=None if progress is None else not progress,
     )
 
-    def store(task, files, res):
-        if files:
-            res[0].to_csv(files[0], index=False)
-            res[1].to_csv(files[1], index=False)
+    def store(task, stem, res):
+        cache.save(stem, res)
         done[task] = res
         bar.update(1)
 
@@ -362,31 +323,6 @@ def run_table3(
     return Table3Run(per_device, details, settings)
 
 
-def markdown(run: Table3Run) -> str:
-    comp = run.comparison()
-
-    def cell(mean, sd):
-        return f"{mean:.2f}" + ("" if np.isnan(sd) else f" ({sd:.2f})")
-
-    lines = [
-        "| output | protocol | partition | method | RMSE×10 ours | RMSE×10 paper | std RMSE×10 ours "
-        "| std RMSE×10 paper | NLL | 95% cov. | repeats |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for _, r in comp.iterrows():
-        pm, ps = "—", "—"
-        if not np.isnan(r["paper_rmse_mean_x10"]):
-            pm = cell(r["paper_rmse_mean_x10"], r["paper_rmse_mean_x10_sd"])
-            ps = cell(r["paper_rmse_std_x10"], r["paper_rmse_std_x10_sd"])
-        lines.append(
-            f"| {r['output']} | {r['protocol']} | {r['partition']} | {r['method']} "
-            f"| {cell(r['rmse_mean_x10'], r['rmse_mean_x10_sd'])} | {pm} "
-            f"| {cell(r['rmse_std_x10'], r['rmse_std_x10_sd'])} | {ps} | {r['nll_mean']:.3f} "
-            f"| {r['coverage95_mean']:.3f} | {int(r['repeats'])} |"
-        )
-    return "\n".join(lines) + "\n"
-
-
 def reproduce(
     repeats: int | None,
     out_dir: Path,
@@ -406,11 +342,7 @@ def reproduce(
     cache = os.environ.get("FEDGP_CACHE")
     cache = None if quick or not cache else Path(cache) / "table3"
     run = run_table3(repeats, seed, settings, progress=progress, cache_dir=cache, n_jobs=n_jobs)
-    paths = [out / "table3.csv", out / "table3_per_repeat.csv", out / "table3_details.csv", out / "table3.md"]
-    run.summary().to_csv(paths[0], index=False)
-    run.per_repeat.to_csv(paths[1], index=False)
-    run.details.to_csv(paths[2], index=False)
-    protocol = ", ".join(sorted(run.per_device["protocol"].unique()))
+    protocol = ", ".join(sorted(run.rows["protocol"].unique()))
     header = (
         f"# Table 3 (SARCOS, protocol: {protocol}) — {repeats} repeats"
         f"{' (quick mode)' if quick else ''}\n\n"
@@ -420,5 +352,4 @@ def reproduce(
         "partition). The reduced protocol uses only the 4,449-row test file: its numbers are not "
         "comparable with the paper's in level, only in spirit.\n\n"
     )
-    paths[3].write_text(header + markdown(run))
-    return paths
+    return run.write(out, "table3", header)

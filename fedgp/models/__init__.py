@@ -1,6 +1,6 @@
 """Model layer: GP specs from GPyTorch modules, hyper-parameter states, objective, posterior."""
 
-from fedgp.models.mle import fit_mle, total_nll
+from fedgp.models.mle import MLEError, MLEFit, fit_mle, maximize_likelihood, total_nll
 from fedgp.models.multifidelity import AR1, NARGP, mle_with_restarts
 from fedgp.models.objective import FactorizationError, exact_settings, minibatch_nll
 from fedgp.models.posterior import Prediction, condition
@@ -19,6 +19,9 @@ __all__ = [
     "Prediction",
     "condition",
     "fit_mle",
+    "maximize_likelihood",
+    "MLEFit",
+    "MLEError",
     "AR1",
     "NARGP",
     "mle_with_restarts",

@@ -5,10 +5,10 @@ import pytest
 import torch
 from linear_operator.utils.errors import NanError
 
-import fedgp.baselines.gp as gp_module
 from fedgp.baselines import CentralGP, LocalGP
 from fedgp.data import ClientData, Federation, gp_spec
-from fedgp.models import condition, fit_mle, total_nll
+from fedgp.models import condition, fit_mle, maximize_likelihood, total_nll
+from fedgp.models.mle import adam
 
 
 def draws(n_clients=3, n=40, seed=0, scales=None):
@@ -80,14 +80,20 @@ def test_central_gp_fits_hyperparameters_on_a_seeded_subset():
 
 
 def test_a_failed_lbfgs_fit_falls_back_to_adam(monkeypatch):
-    fed = draws(n_clients=1)
+    fed = draws(n_clients=2)
     spec = gp_spec(1, "rbf", ard=False)
-
-    def broken(*args, **kwargs):
-        raise NanError("cholesky_cpu: NaN")
-
-    monkeypatch.setattr(gp_module, "fit_mle", broken)
-    local = LocalGP(spec).fit(fed)
-    assert local.fallbacks_ == 1
     data = [(fed[0].X, fed[0].y)]
+    adam_alone = maximize_likelihood(spec, data, [(spec.to_raw(spec.initial_state()), adam)]).state
+    real, calls = torch.optim.LBFGS.step, []
+
+    def broken_once(self, closure):
+        calls.append(1)
+        if len(calls) == 1:  # client 0's L-BFGS line search steps into NaN
+            raise NanError("cholesky_cpu: NaN")
+        return real(self, closure)
+
+    monkeypatch.setattr(torch.optim.LBFGS, "step", broken_once)
+    local = LocalGP(spec).fit(fed)
+    assert local.fallbacks_ == 1 and len(calls) == 2
+    assert all(torch.equal(local.states_[0][k], adam_alone[k]) for k in spec.names)
     assert total_nll(spec, local.states_[0], data) < total_nll(spec, spec.initial_state(), data) - 0.1

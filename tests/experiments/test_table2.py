@@ -53,7 +53,7 @@ def test_fgpr_beats_both_fedavg_baselines_on_both_sensors(quick_run):
 
 
 def test_every_method_predicts_the_same_halves_of_the_same_40_engines(quick_run):
-    per = quick_run.per_engine
+    per = quick_run.rows
     assert per.groupby(["sensor", "method"]).size().eq(40).all()
     halves = per.pivot_table(index=["sensor", "unit"], columns="method", values="n_predicted")
     assert (halves.nunique(axis=1) == 1).all()

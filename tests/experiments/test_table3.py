@@ -17,7 +17,7 @@ def quick_run():
 
 
 def test_every_method_scores_every_device_on_the_same_rows(quick_run):
-    per = quick_run.per_device
+    per = quick_run.rows
     assert per.groupby(["partition", "method"]).size().eq(25).all()
     same = per.pivot_table(index=["partition", "device"], columns="method", values="n_test").nunique(axis=1)
     assert (same == 1).all()
