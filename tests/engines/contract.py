@@ -103,7 +103,8 @@ class EngineContract:
         return make_engine("sequential", spec, federation, 0, **options)
 
     @pytest.fixture(scope="class")
-    def gp(self):
+    @classmethod
+    def gp(cls):
         return gp_federation(num_clients=7, n=[12, 20, 9, 30, 16, 25, 14], d=2, n_test=6, seed=4)
 
     def fit(self, data, strategy, engine=None, rounds=3, seed=5, **kwargs):
