@@ -45,7 +45,7 @@ __all__ = ["fit", "FitResult", "make_engine", "server_context", "ENGINES", "Roun
 
 ENGINES: dict[str, Any] = {"sequential": SequentialEngine, "batched": BatchedEngine}
 #: Engines whose dependencies are optional extras, imported when first asked for.
-EXTRA_ENGINES = {"ray": "fedgp.engines.ray:RayEngine", "flower": "fedgp.flower.engine:FlowerEngine"}
+EXTRA_ENGINES = {"ray": "fedgp.engines.ray:RayEngine", "flower": "fedgp.flower.local:FlowerEngine"}
 
 
 def make_engine(name: str, spec: GPSpec, federation: Federation, seed: int = 0, **options) -> Engine:

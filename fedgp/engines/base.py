@@ -141,6 +141,13 @@ class InProcessEngine(Engine):
         self.loopback, self.timeout = loopback, timeout
         self.client_strategy: Strategy | None = None
 
+    def positions(self, keys) -> torch.Tensor:
+        """This engine's positions of the clients with the given keys."""
+        try:
+            return torch.tensor([self._position_of_key[int(k)] for k in keys], dtype=torch.long)
+        except KeyError as err:
+            raise KeyError(f"no client with key {err.args[0]} here") from None
+
     # -- what subclasses provide ------------------------------------------------------------------
     @abstractmethod
     def ops(self, clients: torch.Tensor, rnd: int) -> ClientOps:
@@ -151,10 +158,14 @@ class InProcessEngine(Engine):
             yield self.ops(clients[start : start + self.chunk_size], rnd)
 
     # -- the contract -----------------------------------------------------------------------------
-    def start(self, strategy: Strategy, seed: int) -> Registry:
+    def prepare(self, strategy: Strategy, seed: int) -> None:
+        """Set the run's seed and the clients' strategy, rebuilt from its JSON config as a remote
+        client would (a host that already registered its clients needs no second ``hello``)."""
         self.seed = seed
-        # The clients rebuild the strategy from its JSON config, as a remote client would.
         self.client_strategy = from_config(strategy.client_view().to_config())
+
+    def start(self, strategy: Strategy, seed: int) -> Registry:
+        self.prepare(strategy, seed)
         everyone = torch.arange(len(self.clients))
         fields = reply_fields("hello", self.spec, 1)
         out = self.run(Task("hello"), everyone, fields)
