@@ -12,5 +12,16 @@ Needs the extra: ``pip install 'fedgp[flower]'``.
 from fedgp.flower.client import client_app, npz_loader, save_npz_clients
 from fedgp.flower.grid_engine import GridEngine
 from fedgp.flower.local import FlowerEngine, LocalGrid
+from fedgp.flower.server import load_state, save_result, server_app
 
-__all__ = ["client_app", "npz_loader", "save_npz_clients", "GridEngine", "FlowerEngine", "LocalGrid"]
+__all__ = [
+    "client_app",
+    "server_app",
+    "npz_loader",
+    "save_npz_clients",
+    "save_result",
+    "load_state",
+    "GridEngine",
+    "FlowerEngine",
+    "LocalGrid",
+]
