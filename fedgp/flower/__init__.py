@@ -9,6 +9,7 @@
 Needs the extra: ``pip install 'fedgp[flower]'``.
 """
 
+from fedgp.flower.capture import capture_mod
 from fedgp.flower.client import client_app, npz_loader, save_npz_clients
 from fedgp.flower.grid_engine import GridEngine
 from fedgp.flower.local import FlowerEngine, LocalGrid
@@ -16,6 +17,7 @@ from fedgp.flower.server import load_state, save_result, server_app
 
 __all__ = [
     "client_app",
+    "capture_mod",
     "server_app",
     "npz_loader",
     "save_npz_clients",

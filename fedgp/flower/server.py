@@ -47,7 +47,8 @@ def load_state(folder: str | Path) -> dict[str, list]:
 
 def server_app(build: Build) -> ServerApp:
     """A ``ServerApp`` running ``fedgp.fit``; ``build(context)`` gives ``(spec, strategy, options)``
-    where options are ``fit`` keywords plus ``timeout`` (seconds per round) and ``out_dir``."""
+    where options are ``fit`` keywords plus ``timeout`` (seconds per round) and ``out_dir`` (where
+    the result goes, and ``progress.txt``, the last finished round, while it runs)."""
     app = ServerApp()
 
     @app.main()
@@ -55,6 +56,9 @@ def server_app(build: Build) -> ServerApp:
         spec, strategy, options = build(context)
         options = dict(options)
         out_dir, timeout = options.pop("out_dir", None), options.pop("timeout", None)
+        if out_dir is not None:
+            Path(out_dir).mkdir(parents=True, exist_ok=True)
+            options["callback"] = lambda rnd, server: (Path(out_dir) / "progress.txt").write_text(str(rnd))
         result = fit(spec, None, strategy, engine=GridEngine(grid, spec, timeout), progress=False, **options)
         if out_dir is not None:
             save_result(result, out_dir)

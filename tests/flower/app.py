@@ -33,8 +33,13 @@ def strategy(name: str):
 def _build(context):
     config = context.run_config
     out_dir = config.get("out-dir", os.environ.get("FEDGP_FLOWER_OUT"))  # run_simulation has no run config
-    options = {"rounds": int(config.get("rounds", 3)), "seed": int(config.get("seed", 5)),
-               "out_dir": str(out_dir), "timeout": float(config.get("timeout", 60.0))}
+    options = {
+        "rounds": int(config.get("rounds", os.environ.get("FEDGP_FLOWER_ROUNDS", 3))),
+        "seed": int(config.get("seed", 5)),
+        "out_dir": str(out_dir),
+        "timeout": float(config.get("timeout", 60.0)),
+        "eval_every": 0,
+    }
     return federation().spec, strategy(str(config.get("strategy", "fgpr"))), options
 
 
