@@ -16,7 +16,6 @@ results/benchmarks/engine_overhead.csv.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -65,8 +64,17 @@ def main() -> None:
 
     def engine_run(engine, options):
         def run(rounds):
-            fedgp.fit(draws.spec, draws.federation, strategy, rounds=rounds, engine=engine, seed=5,
-                      progress=False, eval_every=0, engine_options=options)
+            fedgp.fit(
+                draws.spec,
+                draws.federation,
+                strategy,
+                rounds=rounds,
+                engine=engine,
+                seed=5,
+                progress=False,
+                eval_every=0,
+                engine_options=options,
+            )
 
         return run
 
@@ -90,16 +98,28 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as out:
             os.environ["FEDGP_FLOWER_OUT"] = out
             os.environ["FEDGP_FLOWER_ROUNDS"] = str(rounds)
-            run_simulation(app.serverapp, app.clientapp, num_supernodes=3,
-                           backend_config={"client_resources": {"num_cpus": 1}, "init_args": {"num_cpus": 2}})
+            run_simulation(
+                app.serverapp,
+                app.clientapp,
+                num_supernodes=3,
+                backend_config={"client_resources": {"num_cpus": 1}, "init_args": {"num_cpus": 2}},
+            )
             assert (Path(out) / "state.json").exists(), "the simulated ServerApp failed"
 
-    rows.append({"engine": "flower simulation, Ray backend (3 SuperNodes)",
-                 "seconds_per_round": per_round(simulation, args.rounds, 1)})
+    rows.append(
+        {
+            "engine": "flower simulation, Ray backend (3 SuperNodes)",
+            "seconds_per_round": per_round(simulation, args.rounds, 1),
+        }
+    )
     print(rows[-1], flush=True)
     if not args.no_deployment:
-        rows.append({"engine": "flower deployment, TLS, 3 SuperNodes (127.0.0.1)",
-                     "seconds_per_round": deployment_per_round(args.rounds)})
+        rows.append(
+            {
+                "engine": "flower deployment, TLS, 3 SuperNodes (127.0.0.1)",
+                "seconds_per_round": deployment_per_round(args.rounds),
+            }
+        )
         print(rows[-1], flush=True)
     OUT.parent.mkdir(parents=True, exist_ok=True)
     pd.DataFrame(rows).to_csv(OUT, index=False)
