@@ -71,6 +71,12 @@ class _Host:
 
     def __init__(self, threads: int = 1):
         torch.set_num_threads(threads)
+        try:  # the compiled step's own threads, too: idle ones spin and slow the other actors down
+            import numba
+
+            numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
+        except ImportError:
+            pass
         self.engines: dict = {}
 
     def load(self, key: int, spec: GPSpec, shard: list[bytes], keys: list[int], options: dict) -> int:
