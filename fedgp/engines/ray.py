@@ -20,6 +20,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import weakref
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -142,6 +143,20 @@ def _actor(slot: int, threads: int):
     return _POOL[slot]
 
 
+def _drop(key: int, loaded: list) -> None:
+    """Free an engine's shards on the actors that hold them (when the engine is closed or collected)."""
+    try:
+        import ray
+
+        if ray.is_initialized():
+            for actor in loaded:
+                if actor is not None:
+                    actor.drop.remote(key)
+    except Exception:  # noqa: BLE001 - best effort at interpreter shutdown
+        pass
+    loaded[:] = [None] * len(loaded)
+
+
 def shutdown() -> None:
     """Stop the pooled actors and Ray itself (tests call this at the end)."""
     ray = _ray()
@@ -204,6 +219,7 @@ class RayEngine(Engine):
         self._modules: list[str] = []
         for i in range(len(self.shards)):
             self._load(i)
+        self._finalizer = weakref.finalize(self, _drop, self.key, self._loaded)
 
     # -- shards -----------------------------------------------------------------------------------
     def _load(self, i: int):
@@ -280,11 +296,5 @@ class RayEngine(Engine):
         return out
 
     def close(self) -> None:
-        ray = _ray()
-        for i, actor in enumerate(self._loaded):
-            if actor is not None and i < len(_POOL) and _POOL[i] is actor:
-                try:
-                    ray.get(actor.drop.remote(self.key))
-                except ray.exceptions.RayError:
-                    pass
-        self._loaded = [None] * len(self.shards)
+        """Free this engine's shards on the actors (also done when the engine is garbage collected)."""
+        self._finalizer()
