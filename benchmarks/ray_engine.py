@@ -7,7 +7,9 @@ FGPR (M = 32, d = 5, E = 5 Adam steps, RBF-ARD, float64, 64 points per client), 
 Measures, side by side: the in-process ``batched`` engine with 1 thread; ``ray`` with 2 local
 workers of 1 thread each (after an untimed round, so actor start-up and data loading are excluded
 and reported separately); Ray's fixed cost per round (a round of a one-point task on every
-worker: messages, scheduling, serialisation); the compute of one 512-client chunk. Writes
+worker: messages, scheduling, serialisation); the compute of one 512-client chunk; one shard's
+work run alone in-process (``one_shard_alone_s``), so that ``ray_s / one_shard_alone_s`` separates
+what the workers lose by running side by side on shared cores from Ray's own cost. Writes
 results/benchmarks/ray_engine.csv and prints the scale-out estimate the README quotes.
 """
 
@@ -60,6 +62,14 @@ def main() -> None:
         draws.spec, draws.federation, strategy, rounds=1, engine="batched", progress=False, eval_every=0
     )
     batched = timed(lambda: fit("batched"), args.repeats)
+    # What one worker computes, alone on the machine: the batched engine on one shard's clients.
+    shard = draws.federation[: -(-K // args.workers)]
+    one_shard = timed(
+        lambda: fedgp.fit(
+            draws.spec, shard, strategy, rounds=R, engine="batched", progress=False, eval_every=0
+        ),
+        args.repeats,
+    )
 
     began = time.perf_counter()
     ray_engine = RayEngine(draws.spec, draws.federation, num_workers=args.workers)
@@ -98,6 +108,8 @@ def main() -> None:
         "ray_fixed_cost_per_round_s": per_round,
         "chunk512_round_s": chunk_round,
         "overhead_share": max(0.0, 1 - (batched / args.workers) / ray),
+        "one_shard_alone_s": one_shard,
+        "parallel_slowdown": ray / one_shard,
     }
     OUT.parent.mkdir(parents=True, exist_ok=True)
     pd.DataFrame([row]).to_csv(OUT, index=False)
