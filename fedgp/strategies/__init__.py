@@ -1,7 +1,7 @@
 """Strategy layer: federated algorithms as pure logic over hyper-parameter states."""
 
+from fedgp.aggregators import CoordinateMedian, StateAggregator, WeightedMean
 from fedgp.strategies import clustered
-from fedgp.strategies.aggregators import CoordinateMedian, StateAggregator, WeightedMean
 from fedgp.strategies.base import ClientOps, Replies, RoundPlan, ServerContext, Strategy, TrainResult
 from fedgp.strategies.clustered import ClusteredGP, ClusteredState, MomentDescentInit
 from fedgp.strategies.fgpr import FGPR
