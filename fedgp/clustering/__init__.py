@@ -5,7 +5,7 @@ Pure tensor functions with no federated knowledge; the robust aggregators
 (:mod:`fedgp.strategies.gradient_clustering`) are built on them.
 """
 
-from fedgp.clustering.kmeans import kmeans, kmeans_plus_plus
+from fedgp.clustering.kmeans import assign, kmeans, kmeans_plus_plus, lloyd
 from fedgp.clustering.threshold import (
     FixedRadius,
     KMeansRadius,
@@ -24,4 +24,6 @@ __all__ = [
     "KMeansRadius",
     "kmeans",
     "kmeans_plus_plus",
+    "lloyd",
+    "assign",
 ]

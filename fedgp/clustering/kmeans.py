@@ -1,83 +1,77 @@
-"""k-means (Lloyd) with k-means++ seeding: Myopic-Clustering's clustering step, Momentum-Clustering's
-first centres, and the 1-D clustering of distances in the "cd" radius rule."""
+"""k-means (Lloyd) with k-means++ seeding and restarts: one-shot clustering's server step,
+Myopic-Clustering's clustering, Momentum-Clustering's first centres, and the 1-D clustering of
+distances in Threshold-Clustering's "cd" radius rule. Points are numpy arrays or tensors."""
 
 from __future__ import annotations
 
 import numpy as np
 import torch
 
-__all__ = ["kmeans_plus_plus", "kmeans"]
+__all__ = ["kmeans_plus_plus", "lloyd", "kmeans", "assign"]
 
 
-def _check(points: torch.Tensor, k: int) -> torch.Tensor:
-    points = torch.as_tensor(points, dtype=torch.float64)
-    if points.dim() != 2 or points.shape[0] == 0:
-        raise ValueError(f"k-means needs points of shape (N, P) with N >= 1, got {tuple(points.shape)}")
-    if not bool(torch.isfinite(points).all()):
+def _array(points) -> np.ndarray:
+    points = points.numpy() if isinstance(points, torch.Tensor) else np.asarray(points)
+    points = np.asarray(points, dtype=np.float64)
+    if points.ndim != 2 or len(points) == 0:
+        raise ValueError(f"k-means needs points of shape (N, P) with N >= 1, got {points.shape}")
+    if not np.isfinite(points).all():
         raise ValueError("k-means: the points contain NaN or inf")
-    if not 1 <= k <= points.shape[0]:
-        raise ValueError(f"k-means: k must be in [1, {points.shape[0]}] (the number of points), got {k}")
     return points
 
 
-def kmeans_plus_plus(points: torch.Tensor, k: int, rng: np.random.Generator) -> torch.Tensor:
-    """Indices of ``k`` distinct seed points (Arthur & Vassilvitskii 2007): the first uniformly,
-    each next one with probability ∝ its squared distance to the nearest seed so far (uniformly
-    among the unchosen when every distance is zero)."""
-    points = _check(points, k)
-    n = points.shape[0]
+def kmeans_plus_plus(points, k: int, rng: np.random.Generator) -> np.ndarray:
+    """Indices of ``k`` seeds (Arthur & Vassilvitskii 2007): the first uniformly, each next with
+    probability ∝ its squared distance to the nearest seed so far (uniformly when all are zero)."""
+    points = _array(points)
+    n = len(points)
+    if not 1 <= k <= n:
+        raise ValueError(f"k-means: k must be in [1, {n}] (the number of points), got {k}")
     chosen = [int(rng.integers(n))]
-    nearest = ((points - points[chosen[0]]) ** 2).sum(-1)
     for _ in range(1, k):
-        weights = nearest.numpy().copy()
-        weights[chosen] = 0.0
-        total = weights.sum()
-        if total > 0:
-            pick = int(rng.choice(n, p=weights / total))
-        else:
-            pick = int(rng.choice(np.setdiff1d(np.arange(n), chosen)))
-        chosen.append(pick)
-        nearest = torch.minimum(nearest, ((points - points[pick]) ** 2).sum(-1))
-    return torch.tensor(chosen, dtype=torch.long)
+        d2 = np.min(((points[:, None, :] - points[chosen][None]) ** 2).sum(-1), axis=1)
+        total = d2.sum()
+        chosen.append(int(rng.choice(n, p=d2 / total) if total > 0 else rng.integers(n)))
+    return np.asarray(chosen, dtype=np.int64)
+
+
+def lloyd(points, centres, iterations: int = 100) -> tuple[np.ndarray, np.ndarray]:
+    """Lloyd's iterations from ``centres`` until no label changes; an empty cluster is reseeded at
+    the point farthest from its centre. Returns ``(centres (k, P), labels (N,))``."""
+    points, c = _array(points), _array(centres).copy()
+    n, k = len(points), len(c)
+    labels = np.zeros(n, dtype=np.int64)
+    for it in range(iterations):
+        d2 = ((points[:, None, :] - c[None]) ** 2).sum(-1)
+        new = d2.argmin(1)
+        for j in range(k):
+            if not (new == j).any():
+                far = int(d2[np.arange(n), new].argmax())
+                new[far] = j
+        if it and np.array_equal(new, labels):
+            break
+        labels = new
+        c = np.stack([points[labels == j].mean(0) for j in range(k)])
+    return c, labels
+
+
+def kmeans(
+    points, k: int, rng: np.random.Generator, restarts: int = 10, iterations: int = 100
+) -> tuple[np.ndarray, np.ndarray]:
+    """Lloyd's k-means with k-means++ seeding and ``restarts``; the restart with the lowest
+    within-cluster sum of squares wins. Returns ``(centres (k, P), labels (N,))`` as numpy arrays."""
+    points = _array(points)
+    if len(points) < k:
+        raise ValueError(f"k-means needs at least k = {k} points, got {len(points)}")
+    best = None
+    for _ in range(restarts):
+        c, labels = lloyd(points, points[kmeans_plus_plus(points, k, rng)], iterations)
+        inertia = float(((points - c[labels]) ** 2).sum())
+        if best is None or inertia < best[0]:
+            best = (inertia, c, labels.copy())
+    return best[1], best[2]
 
 
 def assign(points: torch.Tensor, centres: torch.Tensor) -> torch.Tensor:
     """The nearest centre of each point (ties to the lower index)."""
-    distances = ((points[:, None, :] - centres[None, :, :]) ** 2).sum(-1)
-    return distances.argmin(dim=1)
-
-
-def kmeans(
-    points: torch.Tensor,
-    k: int,
-    rng: np.random.Generator | None = None,
-    init: torch.Tensor | None = None,
-    iterations: int = 100,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Lloyd's algorithm from ``init`` centres (``(k, P)``) or k-means++ seeds drawn with ``rng``.
-
-    Returns ``(centres (k, P), labels (N,))``; it stops when no label changes. A centre that loses
-    all its points keeps its place.
-    """
-    points = _check(points, k)
-    if init is None:
-        if rng is None:
-            raise ValueError("k-means needs initial centres or an rng for k-means++ seeding")
-        centres = points[kmeans_plus_plus(points, k, rng)].clone()
-    else:
-        centres = torch.as_tensor(init, dtype=torch.float64).clone()
-        if centres.shape != (k, points.shape[1]):
-            raise ValueError(
-                f"k-means: init has shape {tuple(centres.shape)}, expected ({k}, {points.shape[1]})"
-            )
-    labels = assign(points, centres)
-    for _ in range(iterations):
-        for j in range(k):
-            members = labels == j
-            if bool(members.any()):
-                centres[j] = points[members].mean(0)
-        new = assign(points, centres)
-        if torch.equal(new, labels):
-            break
-        labels = new
-    return centres, labels
+    return ((points[:, None, :] - centres[None, :, :]) ** 2).sum(-1).argmin(dim=1)

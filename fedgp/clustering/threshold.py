@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
-from fedgp.clustering.kmeans import kmeans
+from fedgp.clustering.kmeans import lloyd
 from fedgp.messages import Configurable
 
 __all__ = [
@@ -113,8 +113,8 @@ class KMeansRadius(Radius):
                 out[r] = d.max()
                 continue
             start = torch.quantile(d, torch.linspace(0, 1, self.clusters, dtype=torch.float64))
-            centres, _ = kmeans(d.unsqueeze(1), self.clusters, init=start.unsqueeze(1))
-            c = torch.sort(centres.flatten()).values
+            centres, _ = lloyd(d.unsqueeze(1), start.unsqueeze(1))
+            c = torch.sort(torch.from_numpy(centres).flatten()).values
             out[r] = (c[1] + c[2]) / 2
         return out
 

@@ -35,6 +35,7 @@ from fedgp.models.posterior import Prediction
 from fedgp.models.spec import GPSpec
 from fedgp.models.state import HyperState
 from fedgp.strategies.local import LocalTraining
+from fedgp.strategies.surface import AttackSurface
 
 __all__ = [
     "ClientOps",
@@ -207,6 +208,18 @@ class Strategy(Configurable, ABC):
                 for k, v in state.index(j).to_dict().items()
             }
         return state.to_dict()
+
+    def attack_surface(
+        self, plan: RoundPlan, personal: Record, replies: Mapping[str, torch.Tensor], spec: GPSpec
+    ) -> AttackSurface | None:
+        """What an omniscient attack may forge in this round's replies (individual fields only;
+        rows = the clients that replied, ``personal`` their rows of the plan), or ``None`` when
+        nothing is forgeable this round. The default refuses: a strategy that does not describe
+        its replies can only be attacked through its data (:class:`fedgp.attacks.LabelFlip`)."""
+        raise ValueError(
+            f"{type(self).__name__} does not describe its replies to attacks (attack_surface); "
+            "only data attacks such as fedgp.attacks.LabelFlip apply to it"
+        )
 
     def client_view(self) -> Strategy:
         """The settings a client needs (the default: all of them). Override to strip what only the

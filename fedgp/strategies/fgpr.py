@@ -20,6 +20,7 @@ from fedgp.models.state import HyperState
 from fedgp.rng import generator
 from fedgp.strategies.base import ClientOps, Replies, RoundPlan, ServerContext, Strategy, sample_participants
 from fedgp.strategies.local import SGD, Adam, LocalTraining, make_optimizer
+from fedgp.strategies.surface import AttackSurface
 
 __all__ = ["FGPR"]
 
@@ -106,6 +107,12 @@ class FGPR(Strategy):
         rng = generator(ctx.seed, "aggregate", rnd)
         new = self.state_aggregator(ctx.spec, replies.state(ctx.spec, STATE), replies.weights, server, rng)
         return new, {"train_nll": float(replies["loss"].mean())}
+
+    def attack_surface(self, plan, personal, replies, spec) -> AttackSurface:
+        """The trained states; a client that did nothing would send back the broadcast state."""
+        n = len(replies["loss"])
+        start = read_state(plan.shared.tensors, spec, STATE)
+        return AttackSurface.of_states(spec, STATE, start.expand(n))
 
     def configure_personal(self, server: HyperState, ctx: ServerContext, positions: torch.Tensor):
         return Record(state_tensors(server, STATE)), Record()

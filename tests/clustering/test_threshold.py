@@ -141,10 +141,11 @@ def test_tc_stays_in_the_box_of_its_start_and_points_and_keeps_its_start_without
 def test_kmeans_plus_plus_seeds_distinct_points_and_lloyd_splits_separated_clusters():
     points, labels = clusters()
     seeds = kmeans_plus_plus(points, 3, np.random.default_rng(0))
-    assert len(set(seeds.tolist())) == 3
+    assert len(set(seeds.tolist())) == 3  # far-apart clusters: each seed in another one
     centres, found = kmeans(points, 3, np.random.default_rng(1))
+    found = torch.from_numpy(found)
     for c in range(3):  # each true cluster is one found cluster
         assert len(set(found[labels == c].tolist())) == 1
-        assert torch.allclose(centres[found[labels == c][0]], points[labels == c].mean(0))
+        assert np.allclose(centres[int(found[labels == c][0])], points[labels == c].mean(0).numpy())
     with pytest.raises(ValueError, match="k must be in"):
-        kmeans(points, 0, np.random.default_rng(0))
+        kmeans_plus_plus(points, 0, np.random.default_rng(0))

@@ -18,6 +18,7 @@ from fedgp.strategies.clustered.assign import Assigner, FixedAssigner, HardAssig
 from fedgp.strategies.clustered.init import InitDone, Initializer, RandomInit
 from fedgp.strategies.clustered.solve import LocalSolver, LocalTrainingSolver
 from fedgp.strategies.clustered.state import CANDIDATES, GRAD, STATE, TARGET, ClosedForm, ClusteredState
+from fedgp.strategies.surface import AttackSurface
 
 __all__ = ["ClusteredGP"]
 
@@ -261,6 +262,26 @@ class ClusteredGP(Strategy):
         metrics["phase"] = "train"
         metrics["phase_round"] = new.phase_round
         return new, metrics
+
+    def attack_surface(self, plan, personal, replies, spec) -> AttackSurface | None:
+        """Model averaging: the states sent back; a client's no-op is the state it trained from (its
+        chosen candidate, its label's state, or every candidate for soft assignment). Initialisation
+        rounds are not forged (``None``). Gradient averaging is refused: its gradients are summed
+        fields, which the server never sees one client at a time, so they cannot be forged here."""
+        if plan.shared.settings.get("phase") == "init":
+            return None
+        if self.solver.returns_gradient:
+            raise ValueError(
+                f"{type(self.solver).__name__}: the gradients are summed fields (the server sees only their "
+                "sum), so a reply attack cannot forge them; use a data attack (fedgp.attacks.LabelFlip)"
+            )
+        n = len(replies["choice"])
+        if self._fixed:
+            reference = read_state(personal.tensors, spec, TARGET)
+        else:
+            candidates = read_state(plan.shared.tensors, spec, CANDIDATES).expand(n)
+            reference = candidates if self._soft else candidates.gather(replies["choice"])
+        return AttackSurface.of_states(spec, STATE, reference, slot_dims=2 if self._soft else 1)
 
     def configure_personal(self, server: ClusteredState, ctx: ServerContext, positions: torch.Tensor):
         """A client with a fixed label gets its cluster's state; others get the k states to choose from."""
