@@ -12,9 +12,10 @@ import fedgp
 from fedgp import GPSpec
 from fedgp.clustering import FixedRadius, QuantileRadius
 from fedgp.data import ClientData, Federation, bump_federation, gaussian_mixed_regression
+from fedgp.experiments.werner_fig1 import ETA, fig1a_study, loss
 from fedgp.models import GaussianBumpMean, ZeroKernel
 from fedgp.models.linear import linear_model
-from fedgp.strategies import FederatedClustering, MomentumClustering, MyopicClustering
+from fedgp.strategies import FederatedClustering, MomentumClustering
 from fedgp.strategies import clustered as C
 from fedgp.strategies.gradient_clustering import resolve_blocks
 
@@ -109,60 +110,20 @@ def test_fc_beats_local_and_fedavg_on_a_small_clustered_gp_population():
     assert rmse["fc"] < 0.8 * rmse["local"] and rmse["fc"] < 0.5 * rmse["fedavg"], rmse
 
 
-# -- the paper's Fig. 1a as GP clients -------------------------------------------------------------------
-ETA = 0.1
-
-
-def _r(kind: torch.Tensor, theta: torch.Tensor) -> torch.Tensor:
-    """r with ½ r² = f_kind(θ) (Fig. 1a's losses, written through η)."""
-    u = theta - 1
-    r1 = theta / math.sqrt(3 * ETA)
-    right = torch.sqrt(u.clamp_min(0) ** 2 / ETA + 2)
-    left = math.sqrt(2) * (u + 1) * torch.sqrt(3 * u**2 - 2 * u + 1)  # ½ r² = 4u³ + 3u⁴ + 1
-    r2 = torch.where(u >= 0, right, left)
-    r3 = (theta - 2) / math.sqrt(ETA)
-    return torch.where(kind == 1, r1, torch.where(kind == 2, r2, r3))
-
-
-class Fig1aMean(gpytorch.means.Mean):
-    """m(x; θ) = s (1 − r_t(θ)) for x = (t, s): with y = s and unit noise, a client's per-point NLL
-    is f_t(θ) + ½ log 2π — the paper's loss of client t, as a GP."""
-
-    def __init__(self):
-        super().__init__()
-        self.register_parameter("theta", torch.nn.Parameter(torch.tensor([1.5])))
-
-    def forward(self, x):
-        return x[..., 1] * (1 - _r(x[..., 0], self.theta[..., :1]))
-
-
-def fig1a():
-    clients = [
-        ClientData(
-            torch.tensor([[t, 1.0], [t, -1.0]], dtype=torch.float64), torch.tensor([1.0, -1.0]).double(), id=t
-        )
-        for t in (1, 2, 3)
-    ]
-    spec = GPSpec(kernel=ZeroKernel(), mean=Fig1aMean(), initial_values={NOISE: 1.0}, fixed=[NOISE])
-    return spec, Federation(clients)
-
-
-def f2(theta: float) -> float:
-    return float(0.5 * _r(torch.tensor(2), torch.tensor(theta, dtype=torch.float64)) ** 2)
+# -- the paper's Fig. 1a as GP clients (fedgp.experiments.werner_fig1) ------------------------------------
 
 
 def test_myopic_clustering_leaves_client_2_at_the_saddle_where_fc_takes_it_to_its_minimum():
-    spec, fed = fig1a()
-    myopic = fedgp.fit(spec, fed, MyopicClustering(lr=ETA, num_clusters=2), rounds=40, progress=False)
-    theta = myopic.state["mean_module.theta"][:, 0]
+    trace = fig1a_study(rounds=40).set_index(["method", "round", "client"])
+    myopic, fc = trace.loc["myopic", 40], trace.loc["fc", 40]
     # round 1 clusters {1,2},{3}; then g = (1/3η, 0, 0) puts 2 with 3, and 2 never leaves x = 1
-    assert float(theta[1]) == 1.0 and f2(1.0) == pytest.approx(1.0)
-    assert abs(float(theta[0])) < 1e-3 and float(theta[2]) == pytest.approx(2.0)
-    fc = fedgp.fit(spec, fed, FederatedClustering(lr=ETA, radius=FixedRadius(5.0)), rounds=40, progress=False)
-    theta = fc.state["mean_module.theta"][:, 0]
+    assert trace.loc[("myopic", 1, 2), "theta"] == pytest.approx(1.0)
+    assert myopic.loc[2, "theta"] == 1.0 and myopic.loc[2, "loss"] == pytest.approx(1.0)
+    assert abs(myopic.loc[1, "theta"]) < 1e-3 and myopic.loc[3, "theta"] == pytest.approx(2.0)
     # at client 2's model FC sees g = (1/3η, 0, −1/η): 1 and 2 share the ball, 2 escapes the saddle
-    assert f2(float(theta[1])) < 1e-3 and abs(float(theta[0])) < 1e-2
-    assert float(theta[2]) == pytest.approx(2.0)
+    assert fc.loc[2, "loss"] < 1e-3 and abs(fc.loc[1, "theta"]) < 1e-2
+    assert fc.loc[3, "theta"] == pytest.approx(2.0)
+    assert loss(2, 0.0) == pytest.approx(0.0) and loss(1, 1.5) == pytest.approx(1.5**2 / (6 * ETA))
 
 
 # -- Momentum-Clustering -----------------------------------------------------------------------------------
