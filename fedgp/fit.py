@@ -14,6 +14,7 @@ on its own data and only the results travel.
 
 from __future__ import annotations
 
+import importlib
 import math
 import os
 from collections.abc import Callable
@@ -27,7 +28,7 @@ from tqdm import tqdm
 
 from fedgp.attacks.base import Attack
 from fedgp.data.client import ClientData, Federation
-from fedgp.engines.base import Engine, InProcessEngine, Registry
+from fedgp.engines.base import Engine, Registry
 from fedgp.engines.batched import BatchedEngine
 from fedgp.engines.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
 from fedgp.engines.client import reply_fields
@@ -44,13 +45,19 @@ from fedgp.strategies.fgpr import FGPR
 __all__ = ["fit", "FitResult", "make_engine", "server_context", "ENGINES", "RoundFailedError"]
 
 ENGINES: dict[str, Any] = {"sequential": SequentialEngine, "batched": BatchedEngine}
+#: Engines whose dependencies are optional extras, imported when first asked for.
+EXTRA_ENGINES = {"ray": "fedgp.engines.ray:RayEngine", "flower": "fedgp.flower.local:FlowerEngine"}
 
 
 def make_engine(name: str, spec: GPSpec, federation: Federation, seed: int = 0, **options) -> Engine:
-    try:
+    if name in ENGINES:
         cls = ENGINES[name]
-    except KeyError:
-        raise ValueError(f"unknown engine {name!r}; available: {', '.join(ENGINES)}") from None
+    elif name in EXTRA_ENGINES:
+        module, _, attr = EXTRA_ENGINES[name].partition(":")
+        cls = getattr(importlib.import_module(module), attr)
+    else:
+        known = ", ".join([*ENGINES, *EXTRA_ENGINES])
+        raise ValueError(f"unknown engine {name!r}; available: {known}") from None
     return cls(spec, federation, seed, **options)
 
 
@@ -262,7 +269,7 @@ def fit(
         if engine_options:
             raise ValueError("engine_options apply to an engine given by name, not to an instance")
         runner = engine
-        if federation is None and isinstance(engine, InProcessEngine):
+        if federation is None and getattr(engine, "clients", None):
             federation = Federation(list(engine.clients))
     else:
         if not isinstance(federation, Federation):

@@ -113,6 +113,8 @@ class InProcessEngine(Engine):
         seed: master seed for direct use of :meth:`chunks`; :meth:`start` sets it for a run.
         loopback: send every message and every reply through bytes and back (bit-exact; slower).
         timeout: seconds a chunk may take; a later reply is dropped and its clients fail that round.
+        keys: the clients' keys, the integers their random streams are keyed by (default their
+            positions here; an engine hosting a shard of a larger federation passes the global ones).
     """
 
     chunk_size: int = 1
@@ -125,14 +127,26 @@ class InProcessEngine(Engine):
         *,
         loopback: bool = False,
         timeout: float | None = None,
+        keys: torch.Tensor | None = None,
     ):
         if timeout is not None and not timeout > 0:
             raise ValueError("timeout must be > 0 seconds")
         self.spec, self.clients, self.seed = spec, clients, seed
         self.ids = [c.id for c in clients]
         self._positions = {cid: i for i, cid in enumerate(self.ids)}
+        self.keys = torch.arange(len(clients)) if keys is None else torch.as_tensor(keys, dtype=torch.long)
+        if self.keys.shape != (len(clients),):
+            raise ValueError(f"{len(self.keys)} keys for {len(clients)} clients")
+        self._position_of_key = {int(k): i for i, k in enumerate(self.keys.tolist())}
         self.loopback, self.timeout = loopback, timeout
         self.client_strategy: Strategy | None = None
+
+    def positions(self, keys) -> torch.Tensor:
+        """This engine's positions of the clients with the given keys."""
+        try:
+            return torch.tensor([self._position_of_key[int(k)] for k in keys], dtype=torch.long)
+        except KeyError as err:
+            raise KeyError(f"no client with key {err.args[0]} here") from None
 
     # -- what subclasses provide ------------------------------------------------------------------
     @abstractmethod
@@ -144,10 +158,14 @@ class InProcessEngine(Engine):
             yield self.ops(clients[start : start + self.chunk_size], rnd)
 
     # -- the contract -----------------------------------------------------------------------------
-    def start(self, strategy: Strategy, seed: int) -> Registry:
+    def prepare(self, strategy: Strategy, seed: int) -> None:
+        """Set the run's seed and the clients' strategy, rebuilt from its JSON config as a remote
+        client would (a host that already registered its clients needs no second ``hello``)."""
         self.seed = seed
-        # The clients rebuild the strategy from its JSON config, as a remote client would.
         self.client_strategy = from_config(strategy.client_view().to_config())
+
+    def start(self, strategy: Strategy, seed: int) -> Registry:
+        self.prepare(strategy, seed)
         everyone = torch.arange(len(self.clients))
         fields = reply_fields("hello", self.spec, 1)
         out = self.run(Task("hello"), everyone, fields)
@@ -243,11 +261,12 @@ class InProcessEngine(Engine):
     def _culprits(self, err: BaseException, clients: torch.Tensor) -> torch.Tensor | None:
         """The positions an exception names (a proper subset of ``clients``), else ``None``."""
         if isinstance(err, ClientFailure) and err.clients:
-            named = torch.tensor(err.clients, dtype=torch.long)
+            found = [self._position_of_key.get(k) for k in err.clients]
         elif isinstance(err, FactorizationError) and err.clients:
-            named = torch.tensor([self._positions[c] for c in err.clients if c in self._positions])
+            found = [self._positions.get(c) for c in err.clients]
         else:
             return None
+        named = torch.tensor([p for p in found if p is not None], dtype=torch.long)
         named = named[torch.isin(named, clients)]
         return named if 0 < len(named) < len(clients) else None
 

@@ -365,18 +365,19 @@ class BatchedEngine(InProcessEngine):
 class BatchedOps:
     """:class:`~fedgp.strategies.base.ClientOps` for a chunk of clients."""
 
-    def __init__(self, engine: BatchedEngine, indices: torch.Tensor, rnd: int):
+    def __init__(self, engine: BatchedEngine, rows: torch.Tensor, rnd: int):
         self.engine, self.round, self.seed = engine, rnd, engine.seed
-        self.indices = indices
-        self.sizes = engine.sizes[indices]
-        self.clients = [engine.clients[i] for i in indices.tolist()]
+        self.rows = rows  # positions of the clients' data in this engine
+        self.indices = engine.keys[rows]  # their keys: what their random streams are keyed by
+        self.sizes = engine.sizes[rows]
+        self.clients = [engine.clients[i] for i in rows.tolist()]
         self.spec, self.gp = engine.spec, engine.gp
 
     # -- helpers --------------------------------------------------------------------------------
     def _rows(self, states: HyperState):
         batch = states.batch_shape
-        if len(batch) < 1 or batch[0] != len(self.indices):
-            raise ValueError(f"states must have batch ({len(self.indices)}, ...), got {tuple(batch)}")
+        if len(batch) < 1 or batch[0] != len(self.rows):
+            raise ValueError(f"states must have batch ({len(self.rows)}, ...), got {tuple(batch)}")
         extra = batch[1:]
         flat = states.map(lambda v, e: v.reshape(-1, *v.shape[len(batch) :]))
         per_client = int(torch.Size(extra).numel())
@@ -388,9 +389,9 @@ class BatchedOps:
     def _full_data_nll(self, raw: dict, client_pos: torch.Tensor, per_client: int, grad: bool, out: dict):
         """NLL (and raw gradients) on whole local datasets of the clients at ``client_pos``, one row
         per (client, extra state), written into ``out["loss"]`` / ``out["grads"]`` (all rows)."""
-        for group in self.engine.size_groups(self.indices[client_pos], per_client):
+        for group in self.engine.size_groups(self.rows[client_pos], per_client):
             row_idx = (client_pos[group].unsqueeze(1) * per_client + torch.arange(per_client)).reshape(-1)
-            clients = self.indices[client_pos[group]].repeat_interleave(per_client)
+            clients = self.rows[client_pos[group]].repeat_interleave(per_client)
             X, y, mask = self.engine.padded(clients)
             sub = {
                 k: v[row_idx].detach().requires_grad_(grad and self.spec.param(k).trainable)
@@ -408,14 +409,14 @@ class BatchedOps:
     def nll(self, states: HyperState) -> torch.Tensor:
         flat, extra, per_client = self._rows(states)
         raw = dict(self.spec.to_raw(flat))
-        out = {"loss": torch.empty(len(self.indices) * per_client, dtype=self.spec.dtype)}
-        self._full_data_nll(raw, torch.arange(len(self.indices)), per_client, False, out)
-        return out["loss"].reshape(len(self.indices), *extra)
+        out = {"loss": torch.empty(len(self.rows) * per_client, dtype=self.spec.dtype)}
+        self._full_data_nll(raw, torch.arange(len(self.rows)), per_client, False, out)
+        return out["loss"].reshape(len(self.rows), *extra)
 
     def gradient(self, states: HyperState, batch_size: int | None = None) -> tuple[torch.Tensor, HyperState]:
         flat, extra, per_client = self._rows(states)
         raw = dict(self.spec.to_raw(flat))
-        B = len(self.indices)
+        B = len(self.rows)
         out = {
             "loss": torch.empty(B * per_client, dtype=self.spec.dtype),
             "grads": {k: torch.zeros_like(v) for k, v in raw.items()},
@@ -436,7 +437,7 @@ class BatchedOps:
                 stream="gradient",
             )[:, 0]
             rows = (pos.unsqueeze(1) * per_client + torch.arange(per_client)).reshape(-1)
-            clients = self.indices[pos].repeat_interleave(per_client)
+            clients = self.rows[pos].repeat_interleave(per_client)
             flat_idx = self.engine.offsets[clients].unsqueeze(1) + idx.repeat_interleave(per_client, 0)
             sub = {k: v[rows].detach().requires_grad_(self.spec.param(k).trainable) for k, v in raw.items()}
             value = self.gp.nll(
@@ -453,7 +454,7 @@ class BatchedOps:
 
     def train(self, states: HyperState, local: LocalTraining) -> TrainResult:
         flat, extra, per_client = self._rows(states)
-        B = len(self.indices)
+        B = len(self.rows)
         steps = local.num_steps(self.sizes)
         batch = local.batch_sizes(self.sizes)
         S, M = int(steps.max()), int(batch.max())
@@ -462,15 +463,15 @@ class BatchedOps:
         idx = torch.full((B, S, M), -1, dtype=torch.long)
         for m in batch.unique().tolist():
             pos = (batch == m).nonzero().flatten()
-            X_pad = self.engine.padded(self.indices[pos])[0] if local.minibatch == "nearest" else None
+            X_pad = self.engine.padded(self.rows[pos])[0] if local.minibatch == "nearest" else None
             idx[pos, :, :m] = draw_minibatches(
                 self.engine.seed, self.round, self.indices[pos], self.sizes[pos], S, m, local.minibatch, X_pad
             )
         mask = (idx >= 0).repeat_interleave(per_client, 0)  # (rows, S, M)
-        flat_idx = self.engine.offsets[self.indices].view(B, 1, 1) + idx.clamp_min(0)
+        flat_idx = self.engine.offsets[self.rows].view(B, 1, 1) + idx.clamp_min(0)
         flat_idx = flat_idx.repeat_interleave(per_client, 0)
         row_steps = steps.repeat_interleave(per_client)
-        ids = self._ids(self.indices.repeat_interleave(per_client))
+        ids = self._ids(self.rows.repeat_interleave(per_client))
 
         raw_all = dict(self.spec.to_raw(flat))
         # The trainable raw parameters side by side in one (rows, P) tensor: one gradient and one
@@ -518,9 +519,9 @@ class BatchedOps:
         if extra:
             raise ValueError(f"predict needs one state per client, got extra batch {tuple(extra)}")
         raw = dict(self.spec.to_raw(flat))
-        out: list[Prediction | None] = [None] * len(self.indices)
-        for group in self.engine.size_groups(self.indices, 1, test=X_new is None):
-            clients = self.indices[group]
+        out: list[Prediction | None] = [None] * len(self.rows)
+        for group in self.engine.size_groups(self.rows, 1, test=X_new is None):
+            clients = self.rows[group]
             X, y, mask = self.engine.padded(clients)
             if X_new is None:
                 missing = [

@@ -146,4 +146,4 @@ class SequentialEngine(InProcessEngine):
         if len(clients) != 1:
             raise ValueError(f"the sequential engine runs one client at a time, got {len(clients)}")
         i = int(clients[0])
-        return SequentialOps(self.spec, self.model, self.clients[i], i, rnd, self.seed)
+        return SequentialOps(self.spec, self.model, self.clients[i], int(self.keys[i]), rnd, self.seed)

@@ -6,8 +6,9 @@ sum over the round's clients (*summed*: moment matrices, sufficient statistics â
 a client's rows could be rebuilt). Engines check each reply against the declaration before it
 reaches the server: a missing or extra field, a wrong shape or dtype, a NaN or an infinite value,
 or an integer out of its declared range makes that client a failure with the reason, never part
-of an average. Summed fields reach ``aggregate`` only as sums; in Flower they map onto secure
-aggregation.
+of an average. Summed fields reach ``aggregate`` only as sums: in process over the round's
+clients, from a Ray actor or a Flower node as the sum over the clients it hosts (Flower 1.41's
+SecAgg+ cannot carry them exactly: README, "Beyond one machine").
 """
 
 from __future__ import annotations

@@ -1,0 +1,146 @@
+"""Per-round cost of each engine for 3 nodes (6 small clients), against the in-process engines.
+
+    .venv/bin/python benchmarks/engine_overhead.py              # all engines, the deployment included
+    .venv/bin/python benchmarks/engine_overhead.py --no-deployment
+
+FGPR, 6 GP-draw clients of 24 points (2 per node or worker), 3 local Adam steps of 8 points: the
+clients' computation is small, so the figures are the engines' own cost per round. For every
+engine, the wall time of a fit of R rounds minus that of 1 round, over R − 1 (start-up, the hello
+exchange and first calls excluded); evaluation off. Engines: ``sequential``, ``batched`` (in
+process); ``ray`` (3 local workers); ``flower`` (in process, 3 nodes, every message through
+Flower's wire format); Flower's simulation runtime (Ray backend, 3 SuperNodes); a real deployment
+on 127.0.0.1 (TLS, 3 authenticated SuperNodes, ``flwr run``; the test deployment's code). Writes
+results/benchmarks/engine_overhead.csv.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pandas as pd
+import torch
+
+import fedgp
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+OUT = REPO / "results" / "benchmarks" / "engine_overhead.csv"
+
+
+def per_round(run, rounds: int, repeats: int) -> float:
+    """(time of ``rounds`` rounds − time of 1 round) / (rounds − 1), median over repeats."""
+    out = []
+    for _ in range(repeats):
+        began = time.perf_counter()
+        run(1)
+        one = time.perf_counter() - began
+        began = time.perf_counter()
+        run(rounds)
+        many = time.perf_counter() - began
+        out.append((many - one) / (rounds - 1))
+    return statistics.median(out)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--no-deployment", action="store_true")
+    args = parser.parse_args()
+    os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
+    os.environ.setdefault("FLWR_DISABLE_UPDATE_CHECK", "1")
+    torch.set_num_threads(1)
+    from tests.flower import app
+
+    draws = app.federation()
+    strategy = app.strategy("fgpr")
+    rows = []
+
+    def engine_run(engine, options):
+        def run(rounds):
+            fedgp.fit(
+                draws.spec,
+                draws.federation,
+                strategy,
+                rounds=rounds,
+                engine=engine,
+                seed=5,
+                progress=False,
+                eval_every=0,
+                engine_options=options,
+            )
+
+        return run
+
+    for name, engine, options in (
+        ("sequential", "sequential", {}),
+        ("batched", "batched", {}),
+        ("ray (3 workers)", "ray", {"num_workers": 3}),
+        ("flower, in process (3 nodes)", "flower", {"num_nodes": 3}),
+    ):
+        run = engine_run(engine, options)
+        run(1)  # warm: imports, actors, compiled code
+        rows.append({"engine": name, "seconds_per_round": per_round(run, args.rounds, args.repeats)})
+        print(rows[-1], flush=True)
+    from fedgp.engines.ray import shutdown
+
+    shutdown()
+
+    from flwr.simulation import run_simulation
+
+    def simulation(rounds):
+        with tempfile.TemporaryDirectory() as out:
+            os.environ["FEDGP_FLOWER_OUT"] = out
+            os.environ["FEDGP_FLOWER_ROUNDS"] = str(rounds)
+            run_simulation(
+                app.serverapp,
+                app.clientapp,
+                num_supernodes=3,
+                backend_config={"client_resources": {"num_cpus": 1}, "init_args": {"num_cpus": 2}},
+            )
+            assert (Path(out) / "state.json").exists(), "the simulated ServerApp failed"
+
+    rows.append(
+        {
+            "engine": "flower simulation, Ray backend (3 SuperNodes)",
+            "seconds_per_round": per_round(simulation, args.rounds, 1),
+        }
+    )
+    print(rows[-1], flush=True)
+    if not args.no_deployment:
+        rows.append(
+            {
+                "engine": "flower deployment, TLS, 3 SuperNodes (127.0.0.1)",
+                "seconds_per_round": deployment_per_round(args.rounds),
+            }
+        )
+        print(rows[-1], flush=True)
+    OUT.parent.mkdir(parents=True, exist_ok=True)
+    pd.DataFrame(rows).to_csv(OUT, index=False)
+    print(f"wrote {OUT}")
+
+
+def deployment_per_round(rounds: int) -> float:
+    from tests.flower.test_flower_deployment import start_deployment
+
+    with tempfile.TemporaryDirectory() as folder:
+        dep, run_app = start_deployment(Path(folder))
+        try:
+            times = {}
+            for r in (1, rounds):
+                began = time.perf_counter()
+                run_app(Path(folder) / f"out-{r}", strategy="fgpr", rounds=r, **{"eval-every": 0})
+                times[r] = time.perf_counter() - began
+            return (times[rounds] - times[1]) / (rounds - 1)
+        finally:
+            dep.close()
+
+
+if __name__ == "__main__":
+    main()

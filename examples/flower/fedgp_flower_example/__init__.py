@@ -1,0 +1,1 @@
+"""fedgp as a Flower app (see README "Beyond one machine")."""

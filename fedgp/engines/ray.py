@@ -1,0 +1,300 @@
+"""``engine="ray"``: shards of the federation on Ray actors, each running the batched engine.
+
+For simulations beyond one core or one machine. The federation is split into ``num_workers``
+contiguous shards; each shard's data go to a Ray actor once (as records) and stay there. Every
+round each actor receives one message — the task for its clients, as bytes — runs them with
+:class:`~fedgp.engines.batched.BatchedEngine` (keyed by the clients' global positions, so every
+random draw is the one the sequential engine makes), and returns its clients' outcome as bytes:
+individual fields per client, the shard's sum of the summed fields, failures. The driver merges
+them. An actor that dies fails its clients for that round; it is replaced, its shard reloaded,
+and the run goes on.
+
+The model specification (GPyTorch modules: code, not data) reaches each actor once, through Ray's
+own serialiser, like the actor class itself. Actors are pooled per process, so engines built one
+after another (tests, notebooks) reuse the started workers; each engine's shard is held under
+its own key and dropped by :meth:`RayEngine.close`.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import weakref
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+import torch
+
+from fedgp.data.client import ClientData
+from fedgp.engines.base import Engine, Outcome, Registry
+from fedgp.engines.batched import check_against_gpytorch
+from fedgp.engines.remote import (
+    client_from_record,
+    client_to_record,
+    fields_from_json,
+    fields_to_json,
+    merge_outcomes,
+    outcome_from_record,
+    outcome_to_record,
+    registry_from_record,
+    registry_to_record,
+)
+from fedgp.messages import (
+    Field,
+    Task,
+    config_json,
+    from_config,
+    record_from_bytes,
+    record_to_bytes,
+    task_from_bytes,
+    task_to_bytes,
+)
+from fedgp.models.spec import GPSpec
+from fedgp.strategies.base import Strategy
+
+__all__ = ["RayEngine", "shutdown"]
+
+_POOL: list = []
+_KEYS = itertools.count()
+
+
+def _ray():
+    try:
+        import ray
+    except ImportError:  # pragma: no cover - exercised only without the extra
+        raise ImportError("engine='ray' needs Ray: pip install 'fedgp[ray]'") from None
+    return ray
+
+
+class _Host:
+    """A Ray actor holding shards of clients (one per engine) and running their tasks."""
+
+    def __init__(self, threads: int = 1):
+        torch.set_num_threads(threads)
+        try:  # the compiled step's own threads, too: idle ones spin and slow the other actors down
+            import numba
+
+            numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
+        except ImportError:
+            pass
+        self.engines: dict = {}
+
+    def load(self, key: int, spec: GPSpec, shard: list[bytes], keys: list[int], options: dict) -> int:
+        from fedgp.engines.batched import BatchedEngine
+
+        clients = [client_from_record(record_from_bytes(b)) for b in shard]
+        self.engines[key] = BatchedEngine(spec, clients, keys=torch.tensor(keys), check=False, **options)
+        return os.getpid()
+
+    def start(self, key: int, strategy_config: str, seed: int, modules: list[str]) -> bytes:
+        import importlib
+        import json
+
+        for module in modules:  # the driver's own code defining the strategy's classes
+            importlib.import_module(module)
+        engine = self.engines[key]
+        registry = engine.start(from_config(json.loads(strategy_config)), seed)
+        return record_to_bytes(registry_to_record(registry))
+
+    def run(self, key: int, task: bytes, rows: list[int], fields: str) -> bytes:
+        engine = self.engines[key]
+        out = engine.run(
+            task_from_bytes(task), torch.tensor(rows, dtype=torch.long), fields_from_json(fields)
+        )
+        return record_to_bytes(outcome_to_record(out, engine.keys))
+
+    def drop(self, key: int) -> None:
+        self.engines.pop(key, None)
+
+
+def _modules(config) -> list[str]:
+    """The modules defining the settings classes of a strategy config, for the actors to import
+    (a class defined in ``__main__``, e.g. a notebook cell, cannot be rebuilt on an actor)."""
+    found: list[str] = []
+
+    def walk(value):
+        if isinstance(value, dict):
+            if "type" in value and "params" in value:
+                module = value["type"].partition(":")[0]
+                if module == "__main__":
+                    raise ValueError(
+                        f"{value['type']!r} is defined in __main__; engine='ray' rebuilds the strategy on "
+                        "its actors, so define it in an importable module"
+                    )
+                if module not in found:
+                    found.append(module)
+            for v in value.values():
+                walk(v)
+        elif isinstance(value, list):
+            for v in value:
+                walk(v)
+
+    walk(config)
+    return found
+
+
+def _actor(slot: int, threads: int):
+    ray = _ray()
+    while len(_POOL) <= slot:
+        _POOL.append(None)
+    if _POOL[slot] is None:
+        _POOL[slot] = ray.remote(num_cpus=1)(_Host).remote(threads)
+    return _POOL[slot]
+
+
+def _drop(key: int, loaded: list) -> None:
+    """Free an engine's shards on the actors that hold them (when the engine is closed or collected)."""
+    try:
+        import ray
+
+        if ray.is_initialized():
+            for actor in loaded:
+                if actor is not None:
+                    actor.drop.remote(key)
+    except Exception:  # noqa: BLE001 - best effort at interpreter shutdown
+        pass
+    loaded[:] = [None] * len(loaded)
+
+
+def shutdown() -> None:
+    """Stop the pooled actors and Ray itself (tests call this at the end)."""
+    ray = _ray()
+    _POOL.clear()
+    if ray.is_initialized():
+        ray.shutdown()
+
+
+class RayEngine(Engine):
+    """Shards of clients on Ray actors; each runs the batched engine on its shard.
+
+    Args:
+        spec, clients: the model and the federation (the driver keeps the data to reload a shard).
+        address: an existing Ray cluster (``ray.init(address=...)``); default a local one.
+        num_workers: actors (shards); default one per CPU of the cluster (local: of this machine).
+        threads: torch threads per actor (1: one core each).
+        timeout: seconds to wait for a shard's reply; a later shard fails its clients that round.
+        Other options (``chunk_size``, ``compiled``, ``minibatch_dtype`` ...) go to each shard's
+        :class:`~fedgp.engines.batched.BatchedEngine`.
+    """
+
+    name = "ray"
+
+    def __init__(
+        self,
+        spec: GPSpec,
+        clients: Sequence[ClientData],
+        seed: int = 0,
+        *,
+        address: str | None = None,
+        num_workers: int | None = None,
+        threads: int = 1,
+        timeout: float | None = None,
+        **options,
+    ):
+        ray = _ray()
+        if not ray.is_initialized():
+            local_cpus = None if address else (num_workers or os.cpu_count())
+            ray.init(address=address, num_cpus=local_cpus, include_dashboard=False, log_to_driver=False)
+        workers = num_workers or max(1, int(ray.cluster_resources().get("CPU", 1)))
+        if workers < 1:
+            raise ValueError("num_workers must be >= 1")
+        check_against_gpytorch(spec, compiled=options.get("compiled"))  # once, here; actors skip it
+        self.spec, self.clients, self.seed = spec, list(clients), seed
+        self.ids = [c.id for c in self.clients]
+        self.timeout, self.threads, self.options = timeout, threads, dict(options)
+        pieces = np.array_split(np.arange(len(self.clients)), min(workers, len(self.clients)))
+        self.shards = [torch.from_numpy(p).to(torch.long) for p in pieces]
+        self._shard_of = torch.empty(len(self.clients), dtype=torch.long)
+        self._row_of = torch.empty(len(self.clients), dtype=torch.long)
+        for i, shard in enumerate(self.shards):
+            self._shard_of[shard] = i
+            self._row_of[shard] = torch.arange(len(shard))
+        self._records = [
+            [record_to_bytes(client_to_record(self.clients[p])) for p in s.tolist()] for s in self.shards
+        ]
+        self.key = next(_KEYS)
+        self._loaded = [None] * len(self.shards)
+        self._strategy: str | None = None
+        self._modules: list[str] = []
+        for i in range(len(self.shards)):
+            self._load(i)
+        self._finalizer = weakref.finalize(self, _drop, self.key, self._loaded)
+
+    # -- shards -----------------------------------------------------------------------------------
+    def _load(self, i: int):
+        ray = _ray()
+        actor = _actor(i, self.threads)
+        keys = self.shards[i].tolist()
+        ray.get(actor.load.remote(self.key, self.spec, self._records[i], keys, self.options))
+        if self._strategy is not None:
+            ray.get(actor.start.remote(self.key, self._strategy, self.seed, self._modules))
+        self._loaded[i] = actor
+        return actor
+
+    def _host(self, i: int):
+        actor = _POOL[i] if i < len(_POOL) else None
+        return actor if actor is not None and actor is self._loaded[i] else self._load(i)
+
+    def restart(self, i: int) -> None:
+        """Replace shard ``i``'s actor by a new one and reload its shard."""
+        ray = _ray()
+        if i < len(_POOL) and _POOL[i] is not None:
+            ray.kill(_POOL[i], no_restart=True)
+            _POOL[i] = None
+        self._load(i)
+
+    def kill(self, i: int) -> None:
+        """Kill shard ``i``'s actor, as a crash would (for tests of failure handling)."""
+        _ray().kill(_POOL[i], no_restart=True)
+
+    # -- the contract -----------------------------------------------------------------------------
+    def start(self, strategy: Strategy, seed: int) -> Registry:
+        ray = _ray()
+        self.seed = seed
+        self._strategy = config_json(strategy.client_view())
+        self._modules = _modules(json.loads(self._strategy))
+        refs = [
+            self._host(i).start.remote(self.key, self._strategy, seed, self._modules)
+            for i in range(len(self.shards))
+        ]
+        parts = [registry_from_record(record_from_bytes(r)) for r in ray.get(refs)]
+        return Registry(
+            [cid for p in parts for cid in p.ids],
+            torch.cat([p.sizes for p in parts]),
+            torch.cat([p.n_test for p in parts]),
+            torch.cat([p.dims for p in parts]),
+        )
+
+    def run(self, task: Task, clients: torch.Tensor, fields: Mapping[str, Field]) -> Outcome:
+        ray = _ray()
+        clients = torch.as_tensor(clients, dtype=torch.long)
+        text = fields_to_json(fields)
+        sent = []
+        for i in range(len(self.shards)):
+            rows = torch.nonzero(self._shard_of[clients] == i).flatten()
+            if not len(rows):
+                continue
+            message = task_to_bytes(task.rows(rows))
+            local = self._row_of[clients[rows]].tolist()
+            sent.append((i, clients[rows], self._host(i).run.remote(self.key, message, local, text)))
+        parts = []
+        for i, members, ref in sent:
+            try:
+                parts.append(outcome_from_record(record_from_bytes(ray.get(ref, timeout=self.timeout))))
+            except (ray.exceptions.RayError, TimeoutError) as err:
+                reason = f"worker {i} lost: {type(err).__name__}: {str(err).splitlines()[0][:200]}"
+                parts.append(
+                    Outcome(torch.zeros(0, dtype=torch.long), {}, {}, dict.fromkeys(members.tolist(), reason))
+                )
+                self.restart(i)
+        out = merge_outcomes(parts)
+        if not len(out.clients):
+            out.individual = {
+                k: torch.zeros(0, *f.shape, dtype=f.dtype) for k, f in fields.items() if not f.summed
+            }
+        return out
+
+    def close(self) -> None:
+        """Free this engine's shards on the actors (also done when the engine is garbage collected)."""
+        self._finalizer()

@@ -1,0 +1,29 @@
+"""Flower for fedgp: the same strategies, one process per data owner (or silo).
+
+* :func:`client_app` — the ``ClientApp`` a node runs: it loads its own clients' data
+  (:func:`npz_loader` reads a folder named in ``node_config``) and runs their side of every round.
+* :func:`server_app` — a ``ServerApp`` whose ``main`` runs ``fedgp.fit`` over Flower's ``Grid``
+  (:class:`GridEngine`), with fedgp's seeded sampling and failure-tolerant rounds.
+* ``engine="flower"`` (:class:`FlowerEngine`) — both sides in one process over an in-memory grid.
+
+Needs the extra: ``pip install 'fedgp[flower]'``.
+"""
+
+from fedgp.flower.capture import capture_mod
+from fedgp.flower.client import client_app, npz_loader, save_npz_clients
+from fedgp.flower.grid_engine import GridEngine
+from fedgp.flower.local import FlowerEngine, LocalGrid
+from fedgp.flower.server import load_state, save_result, server_app
+
+__all__ = [
+    "client_app",
+    "capture_mod",
+    "server_app",
+    "npz_loader",
+    "save_npz_clients",
+    "save_result",
+    "load_state",
+    "GridEngine",
+    "FlowerEngine",
+    "LocalGrid",
+]

@@ -1,0 +1,122 @@
+"""The Flower ``ClientApp`` of fedgp: a node that hosts one or more data owners and keeps their data.
+
+A node loads its clients' data itself (``load(context)``: from ``node_config``, a folder or a
+partition id; see :func:`npz_loader`) and never sends them. For every message it rebuilds its
+in-process engine — the clients' strategy comes from the run's JSON config, which the server sent
+in the ``hello`` query and the node keeps in its context state — runs the task on the clients the
+message names, and replies with their outcome: individual fields, the node's sum of the summed
+fields, failures. Only records cross, both ways.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+from flwr.app import ConfigRecord, Context, Message
+from flwr.clientapp import ClientApp
+
+from fedgp.data.client import ClientData
+from fedgp.engines.remote import fields_from_json
+from fedgp.flower.records import KIND_OF, outcome_to_content, task_from_content
+from fedgp.messages import from_config
+from fedgp.models.spec import GPSpec
+
+__all__ = ["client_app", "npz_loader", "save_npz_clients"]
+
+Loader = Callable[[Context], tuple[GPSpec, Sequence[ClientData]]]
+_STATE = "fedgp.run"
+
+
+def _engine(kind: str, spec: GPSpec, clients, first_key: int):
+    from fedgp.engines.batched import BatchedEngine
+    from fedgp.engines.sequential import SequentialEngine
+
+    keys = first_key + torch.arange(len(clients))
+    if kind == "batched":
+        return BatchedEngine(spec, clients, keys=keys, check=False)
+    if kind == "sequential":
+        return SequentialEngine(spec, clients, keys=keys)
+    raise ValueError(f"node engine must be 'sequential' or 'batched', got {kind!r}")
+
+
+def _handle(message: Message, context: Context, load: Loader, engine_kind: str) -> Message:
+    task, head = task_from_content(message.content)
+    if KIND_OF.get(message.metadata.message_type) != task.kind:
+        raise ValueError(f"message type {message.metadata.message_type!r} does not carry a {task.kind} task")
+    if task.kind == "hello":
+        context.state.config_records[_STATE] = ConfigRecord(
+            {"strategy": str(head["strategy"]), "seed": int(head["seed"])}
+        )
+    if _STATE not in context.state.config_records:
+        raise RuntimeError("this node has not been registered for the run (no hello received)")
+    run = context.state.config_records[_STATE]
+    spec, clients = load(context)
+    engine = _engine(engine_kind, spec, list(clients), int(head["first_key"]))
+    engine.prepare(from_config(json.loads(str(run["strategy"]))), int(run["seed"]))
+    if bool(head["all_clients"]):
+        rows = torch.arange(len(clients))
+    else:
+        rows = engine.positions([int(k) for k in head["clients"]])
+    outcome = engine.run(task, rows, fields_from_json(str(head["fields"])))
+    content = outcome_to_content(outcome, engine.keys)
+    if task.kind == "hello":  # who this node hosts, and where it stands among the nodes
+        partition = context.node_config.get("partition-id")
+        content["node"] = ConfigRecord(
+            {"ids": json.dumps([c.id for c in clients]), "partition": json.dumps(partition)}
+        )
+    return Message(content, reply_to=message)
+
+
+def client_app(load: Loader, engine: str = "sequential", mods: Sequence = ()) -> ClientApp:
+    """A ``ClientApp`` hosting the clients ``load(context)`` returns (with the node's ``GPSpec``).
+
+    ``engine``: how the node runs its clients (``"sequential"``, or ``"batched"`` for a silo with
+    many); ``mods``: Flower mods wrapped around every message.
+    """
+    app = ClientApp(mods=list(mods))
+
+    def handle(message: Message, context: Context) -> Message:
+        return _handle(message, context, load, engine)
+
+    app.train()(handle)
+    app.evaluate()(handle)
+    for action in ("hello", "predict", "personal"):
+        app.query(action)(handle)
+    return app
+
+
+def save_npz_clients(folder: str | Path, clients: Sequence[ClientData]) -> None:
+    """Write clients as ``<folder>/<i>.npz`` (``X``, ``y``, optional ``X_test``/``y_test``, ``id``),
+    the format :func:`npz_loader` reads."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    for i, c in enumerate(clients):
+        arrays = {"X": c.X.numpy(), "y": c.y.numpy(), "id": np.array(json.dumps(c.id))}
+        if c.X_test is not None:
+            arrays.update(X_test=c.X_test.numpy(), y_test=c.y_test.numpy())
+        np.savez(folder / f"{i:05d}.npz", **arrays)
+
+
+def npz_loader(spec: Callable[[], GPSpec], key: str = "data-path") -> Loader:
+    """A loader reading every ``*.npz`` in the folder ``node_config[key]``, in name order. Files are
+    read with ``allow_pickle=False``: a data file can never run code."""
+    cache: dict = {}
+
+    def load(context: Context):
+        folder = Path(str(context.node_config[key]))
+        if folder not in cache:
+            clients = []
+            for path in sorted(folder.glob("*.npz")):
+                with np.load(path, allow_pickle=False) as f:
+                    test = {k: f[k] for k in ("X_test", "y_test") if k in f}
+                    clients.append(ClientData(f["X"], f["y"], id=json.loads(str(f["id"])), **test))
+            if not clients:
+                raise FileNotFoundError(f"no client files (*.npz) in {folder}")
+            cache[folder] = (spec(), clients)
+        return cache[folder]
+
+    return load

@@ -1,0 +1,133 @@
+"""A fedgp engine over a Flower ``Grid``: the server side of a Flower run.
+
+It is what ``fit`` talks to inside a ``ServerApp`` (deployment or simulation) and inside
+``engine="flower"``. ``start`` sends a ``hello`` query to every node the grid knows, with the
+strategy's JSON config and the seed; each node replies with its clients' ids, sizes and its
+``partition-id`` (if it has one), and the server orders the nodes by partition id, then node id,
+giving each node a contiguous range of client keys. ``run`` sends each node one message with the
+task rows of its participating clients and merges the replies. An error reply fails that node's
+clients with Flower's reason; a node that does not reply within ``timeout`` (dead, disconnected)
+fails them with "no reply".
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+from collections.abc import Mapping
+
+import torch
+from flwr.app import Message
+from flwr.serverapp import Grid
+
+from fedgp.engines.base import Engine, Outcome, Registry
+from fedgp.engines.client import reply_fields
+from fedgp.engines.remote import fields_to_json, merge_outcomes
+from fedgp.flower.records import message_type, outcome_from_content, task_to_content
+from fedgp.messages import Field, Task, config_json
+from fedgp.models.spec import GPSpec
+from fedgp.strategies.base import Strategy
+
+__all__ = ["GridEngine"]
+
+
+class GridEngine(Engine):
+    """fedgp's dispatch over the nodes of a Flower ``Grid``.
+
+    Args:
+        grid: the ServerApp's grid (deployment, simulation, or :class:`~fedgp.flower.local.LocalGrid`).
+        spec: the model specification, for declaring replies (the nodes have their own).
+        timeout: seconds to wait for the replies of a round; missing ones are failures.
+    """
+
+    name = "flower"
+
+    def __init__(self, grid: Grid, spec: GPSpec, timeout: float | None = None):
+        self.grid, self.spec, self.timeout = grid, spec, timeout
+        self.nodes: list[int] = []
+        self._first: dict[int, int] = {}
+        self._node_of = torch.zeros(0, dtype=torch.long)  # each client's node, as an index into nodes
+
+    def _exchange(self, messages: list[Message]) -> tuple[dict[int, Message], int]:
+        replies = list(self.grid.send_and_receive(messages, timeout=self.timeout))
+        return {m.metadata.src_node_id: m for m in replies}, len(replies)
+
+    def start(self, strategy: Strategy, seed: int) -> Registry:
+        nodes = sorted(int(n) for n in self.grid.get_node_ids())
+        if not nodes:
+            raise RuntimeError("the Flower grid has no nodes")
+        head = {
+            "strategy": config_json(strategy.client_view()),
+            "seed": int(seed),
+            "fields": fields_to_json(reply_fields("hello", self.spec, 1)),
+            "first_key": 0,
+            "clients": [],
+        }
+        messages = [self._message(Task("hello"), node, head, all_clients=True) for node in nodes]
+        replies, _ = self._exchange(messages)
+        missing = {
+            n: (replies[n].error.reason if n in replies else "no reply")
+            for n in nodes
+            if n not in replies or replies[n].has_error()
+        }
+        if missing:  # a node that cannot register sits the run out; the others go ahead
+            warnings.warn(f"Flower nodes not registered: {missing}", RuntimeWarning, stacklevel=2)
+        nodes = [n for n in nodes if n not in missing]
+        if not nodes:
+            raise RuntimeError(f"no Flower node registered: {missing}")
+        outcomes = {n: outcome_from_content(replies[n].content) for n in nodes}
+        ranks = {}
+        for n in nodes:
+            partition = json.loads(str(replies[n].content.config_records["node"]["partition"]))
+            ranks[n] = (0, int(partition), n) if partition is not None else (1, n, n)
+        self.nodes = sorted(nodes, key=ranks.__getitem__)
+        ids, sizes, n_test, dims, node_of = [], [], [], [], []
+        self._first = {}
+        for index, node in enumerate(self.nodes):
+            out = outcomes[node]
+            self._first[node] = len(ids)
+            ids.extend(json.loads(replies[node].content.config_records["node"]["ids"]))
+            sizes.append(out.individual["n"])
+            n_test.append(out.individual["n_test"])
+            dims.append(out.individual["d"])
+            node_of.extend([index] * len(out.clients))  # an index: Flower node ids are unsigned 64-bit
+        self._node_of = torch.tensor(node_of, dtype=torch.long)
+        return Registry(ids, torch.cat(sizes), torch.cat(n_test), torch.cat(dims))
+
+    def _message(self, task: Task, node: int, head: dict, all_clients: bool = False) -> Message:
+        content = task_to_content(task, {**head, "all_clients": all_clients})
+        return Message(
+            content, dst_node_id=node, message_type=message_type(task.kind), group_id=str(task.round)
+        )
+
+    def run(self, task: Task, clients: torch.Tensor, fields: Mapping[str, Field]) -> Outcome:
+        clients = torch.as_tensor(clients, dtype=torch.long)
+        text = fields_to_json(fields)
+        messages, members = [], {}
+        for index, node in enumerate(self.nodes):
+            rows = torch.nonzero(self._node_of[clients] == index).flatten()
+            if not len(rows):
+                continue
+            members[node] = clients[rows]
+            head = {"fields": text, "first_key": self._first[node], "clients": clients[rows].tolist()}
+            messages.append(self._message(task.rows(rows), node, head))
+        replies, _ = self._exchange(messages)
+        parts = []
+        for node, who in members.items():
+            reply = replies.get(node)
+            if reply is None:
+                reason = f"no reply from Flower node {node} (timeout {self.timeout} s or node lost)"
+            elif reply.has_error():
+                reason = f"Flower node {node}: {reply.error.reason}"
+            else:
+                parts.append(outcome_from_content(reply.content))
+                continue
+            parts.append(
+                Outcome(torch.zeros(0, dtype=torch.long), {}, {}, dict.fromkeys(who.tolist(), reason))
+            )
+        out = merge_outcomes(parts)
+        if not len(out.clients):
+            out.individual = {
+                k: torch.zeros(0, *f.shape, dtype=f.dtype) for k, f in fields.items() if not f.summed
+            }
+        return out
