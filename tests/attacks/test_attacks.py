@@ -5,9 +5,11 @@ training on −y."""
 from dataclasses import replace
 
 import gpytorch
+import hypothesis.strategies as st
 import numpy as np
 import pytest
 import torch
+from hypothesis import given
 
 import fedgp
 from fedgp import GPSpec, attacks
@@ -263,3 +265,56 @@ def test_label_flip_refuses_a_mean_that_is_not_linear_in_its_parameters():
                        attack=attacks.LabelFlip(count=1), min_replies=1)  # fmt: skip
     assert result.history["failed"].iloc[0] == 1
     assert "LabelFlip needs a mean linear" in result.failures["reason"].iloc[0]
+
+
+# -- properties over arbitrary groups (hypothesis, derandomised in CI) ------------------------------
+groups = st.integers(3, 8).flatmap(
+    lambda m: st.tuples(
+        st.lists(st.floats(-1e3, 1e3), min_size=m * 4, max_size=m * 4).map(
+            lambda v, m=m: torch.tensor(v, dtype=torch.float64).reshape(m, 2, 2)
+        ),
+        st.lists(st.booleans(), min_size=m, max_size=m).filter(lambda a: 1 <= sum(a) <= len(a) - 2),
+    )
+)
+BUILT_FROM_HONEST = [
+    attacks.BitFlip(count=1),
+    attacks.IPM(count=1),
+    attacks.ALIE(count=1, z=1.0),
+    attacks.Mimic(count=1),
+    attacks.EdgeOfBall(count=1),
+]
+
+
+@given(groups, st.integers(0, 2**32 - 1))
+def test_omniscient_attacks_read_only_the_honest_rows_and_forge_one_row_per_attacker(group, seed):
+    updates, attacked = group
+    attacked = torch.tensor(attacked)
+    m = len(attacked)
+    owners = torch.tensor([[0, 1]] * m)
+    positions = torch.arange(m)
+    scrambled = torch.where(attacked.reshape(-1, 1, 1), updates * -3 + 7, updates)
+    for attack in BUILT_FROM_HONEST:
+        a = attack.forge(updates, ~attacked, attacked, owners, positions, np.random.default_rng(seed))
+        b = attack.forge(scrambled, ~attacked, attacked, owners, positions, np.random.default_rng(seed))
+        assert a.shape == (int(attacked.sum()), 2, 2) and bool(torch.isfinite(a).all())
+        assert torch.allclose(a, b, rtol=0, atol=1e-9), type(attack).__name__
+    own = attacks.SignFlip(count=1).forge(updates, ~attacked, attacked, owners, positions, None)
+    assert torch.equal(own, -updates[attacked])
+    gauss = attacks.Gaussian(count=1)
+    args = (updates, ~attacked, attacked, owners, positions)
+    g1, g2 = (gauss.forge(*args, np.random.default_rng(seed)) for _ in "ab")
+    assert torch.equal(g1, g2)  # a function of the round's generator alone
+
+
+@given(st.integers(2, 60), st.floats(0.01, 0.99), st.integers(0, 2**32 - 1))
+def test_attackers_are_a_seeded_draw_of_the_asked_size(n, fraction, seed):
+    attack = attacks.SignFlip(fraction=fraction)
+    count = int(round(fraction * n))
+    if not 1 <= count < n:
+        with pytest.raises(ValueError, match="need at least one of each"):
+            attack.attackers(list(range(n)), seed)
+        return
+    chosen = attack.attackers([f"c{i}" for i in range(n)], seed)
+    assert len(chosen) == count and torch.equal(chosen, torch.unique(chosen))
+    assert 0 <= int(chosen.min()) and int(chosen.max()) < n
+    assert torch.equal(chosen, attack.attackers([f"c{i}" for i in range(n)], seed))
