@@ -38,6 +38,7 @@ from fedgp.strategies.local import LocalTraining
 from fedgp.strategies.surface import AttackSurface
 
 __all__ = [
+    "given_or_best_state",
     "ClientOps",
     "TrainResult",
     "ServerContext",
@@ -167,6 +168,21 @@ class Replies(Mapping[str, torch.Tensor]):
     def summed_state(self, spec: GPSpec, prefix: str) -> HyperState:
         """The summed state fields named ``prefix + name`` as a state."""
         return read_state(self.sums, spec, prefix)
+
+
+def given_or_best_state(
+    ops: ClientOps, task: Task, given: str, state: str, candidates: str
+) -> tuple[HyperState, torch.Tensor]:
+    """A personal task's state for each client of ``ops``: its own row's state (prefix ``state``)
+    when the task's ``personal`` setting is ``given``; otherwise the shared candidate (prefix
+    ``candidates``) its ``cluster`` names, or where that is -1 (a client never seen in training)
+    the candidate with the lowest NLL on its own data."""
+    cluster = task.tensor("cluster")
+    if task.setting("personal") == given:
+        return read_state(task.personal.tensors, ops.spec, state), cluster
+    options = read_state(task.shared.tensors, ops.spec, candidates).expand(len(ops.indices))
+    chosen = torch.where(cluster >= 0, cluster, ops.nll(options).argmin(dim=-1))
+    return options.gather(chosen), chosen
 
 
 class Strategy(Configurable, ABC):

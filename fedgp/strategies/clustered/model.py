@@ -12,7 +12,15 @@ from fedgp.messages import Field, Record, Task, read_state, state_fields, state_
 from fedgp.models.linear import LinearMeanModel, linear_model
 from fedgp.models.spec import GPSpec
 from fedgp.models.state import HyperState
-from fedgp.strategies.base import ClientOps, Replies, RoundPlan, ServerContext, Strategy, sample_participants
+from fedgp.strategies.base import (
+    ClientOps,
+    Replies,
+    RoundPlan,
+    ServerContext,
+    Strategy,
+    given_or_best_state,
+    sample_participants,
+)
 from fedgp.strategies.clustered.aggregate import Aggregator, ClusterAverage, Contributions
 from fedgp.strategies.clustered.assign import Assigner, FixedAssigner, HardAssigner, SoftAssigner, client_nll
 from fedgp.strategies.clustered.init import InitDone, Initializer, RandomInit
@@ -334,9 +342,4 @@ class ClusteredGP(Strategy):
     def personal_state(self, ops: ClientOps, task: Task) -> tuple[HyperState, torch.Tensor]:
         """Its fixed label's state if it has one, else the candidate with the lowest local NLL (also
         for clients never seen in training)."""
-        cluster = task.tensor("cluster")
-        if task.setting("personal") == "label":
-            return read_state(task.personal.tensors, ops.spec, STATE), cluster
-        candidates = read_state(task.shared.tensors, ops.spec, CANDIDATES).expand(len(ops.indices))
-        chosen = torch.where(cluster >= 0, cluster, ops.nll(candidates).argmin(dim=-1))
-        return candidates.gather(chosen), chosen
+        return given_or_best_state(ops, task, "label", STATE, CANDIDATES)

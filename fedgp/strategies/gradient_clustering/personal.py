@@ -27,10 +27,10 @@ import numpy as np
 import torch
 
 from fedgp.clustering import QuantileRadius, Radius
-from fedgp.messages import Record, Task, read_state, state_tensors
+from fedgp.messages import Record, Task, state_tensors
 from fedgp.models.spec import GPSpec
 from fedgp.models.state import HyperState
-from fedgp.strategies.base import ClientOps, ServerContext, Strategy
+from fedgp.strategies.base import ClientOps, ServerContext, Strategy, given_or_best_state
 from fedgp.strategies.gradient_clustering.blocks import Blocks, check_blocks, resolve_blocks
 from fedgp.strategies.gradient_clustering.state import CANDIDATES, STATE, PersonalState
 
@@ -161,12 +161,7 @@ class PersonalStrategy(Strategy):
     def personal_state(self, ops: ClientOps, task: Task) -> tuple[HyperState, torch.Tensor]:
         """Its own state (the cluster index is its position); a client the server never saw picks
         the personal state with the lowest NLL on its own data."""
-        cluster = task.tensor("cluster")
-        if task.setting("personal") == "own":
-            return read_state(task.personal.tensors, ops.spec, STATE), cluster
-        candidates = read_state(task.shared.tensors, ops.spec, CANDIDATES).expand(len(ops.indices))
-        chosen = torch.where(cluster >= 0, cluster, ops.nll(candidates).argmin(dim=-1))
-        return candidates.gather(chosen), chosen
+        return given_or_best_state(ops, task, "own", STATE, CANDIDATES)
 
 
 def _defined(spec: GPSpec, states: HyperState) -> torch.Tensor:
