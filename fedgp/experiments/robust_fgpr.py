@@ -39,7 +39,7 @@ from fedgp.experiments.failures import THETA
 from fedgp.experiments.metrics import markdown_table
 from fedgp.strategies import FGPR
 
-__all__ = ["ATTACKS", "AGGREGATORS", "robust_fgpr_study", "grid", "criteria", "reproduce"]
+__all__ = ["ATTACKS", "AGGREGATORS", "robust_fgpr_study", "grid", "criteria", "seed_criteria", "reproduce"]
 
 #: Attack name -> (builder from the attacker count, attacker count).
 ATTACKS: dict[str, tuple[Callable[[int], attacks.Attack] | None, int]] = {
@@ -148,6 +148,29 @@ def criteria(table: pd.DataFrame, value: str = "theta_error") -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+#: How the plain mean must fail under each attack for the issue's contrast (ratio to its clean error).
+MEAN_FAILS = {"gaussian": 1e3, "bitflip": 1.2, "ipm": 1.2}
+
+
+def seed_criteria(table: pd.DataFrame, value: str = "theta_error") -> pd.DataFrame:
+    """The pass criteria seed by seed: for every attack, whether some robust rule stays within 1.5×
+    the plain mean's clean error of that seed; for Gaussian, BitFlip and IPM, whether the plain mean
+    diverges (> 10³ × clean; a non-finite error counts) or degrades by more than 20 %."""
+    out = {}
+    for seed, runs in table.groupby("seed"):
+        g = grid(runs, value)
+        clean = g.loc["mean", "clean"]
+        row = {}
+        for attack in g.columns.drop("clean"):
+            row[f"{attack}: robust ≤ 1.5 clean"] = bool(g.drop(index="mean")[attack].min() <= 1.5 * clean)
+            if attack in MEAN_FAILS:
+                row[f"{attack}: mean > {MEAN_FAILS[attack]:g} clean"] = not bool(
+                    g.loc["mean", attack] <= MEAN_FAILS[attack] * clean
+                )
+        out[seed] = row
+    return pd.DataFrame.from_dict(out, orient="index").rename_axis("seed")
+
+
 def reproduce(
     repeats: int | None, out_dir: Path, seed: int = 0, quick: bool = False, progress: bool | None = None
 ) -> list[Path]:
@@ -172,6 +195,8 @@ def reproduce(
         + markdown_table(criteria(table))
         + "\n\n## Criteria (test RMSE)\n\n"
         + markdown_table(criteria(table, "rmse"))
+        + "\n\n## Criteria per seed (θ error): seeds passing\n\n"
+        + markdown_table(seed_criteria(table).sum().rename_axis("criterion").rename("seeds").reset_index())
         + "\n"
     )
     return paths

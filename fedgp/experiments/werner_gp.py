@@ -25,12 +25,15 @@ pool with attackers, so they are run clean only. A fixed q covers more points wh
 raise N (8 of 40 instead of 6.4 of 32): report q with N.
 
 Metrics over the honest clients: mean test RMSE and NLL of each client's posterior (its own w
-conditioned on its own data), and mean ‖w_i − w*_k‖.
+conditioned on its own data), and mean ‖w_i − w*_k‖. A run whose every client's loss overflowed
+(FedAvg pulled by 10⁶-sized gradients) stops there: it is recorded as diverged, with infinite
+metrics and the round in ``diverged_round``.
 """
 
 from __future__ import annotations
 
 import math
+import re
 import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -45,6 +48,7 @@ from fedgp.data import BumpClusters, bump_federation
 from fedgp.experiments.common import default_engine, fit_study, prepare_output
 from fedgp.experiments.metrics import markdown_table
 from fedgp.models import GaussianBumpMean, GPSpec
+from fedgp.rounds import RoundFailedError
 from fedgp.strategies import FederatedClustering
 
 __all__ = ["SCENARIOS", "bump_spec", "curvature_step", "werner_gp_study", "summary", "criteria", "reproduce"]
@@ -126,6 +130,22 @@ def _row(result, data: BumpClusters) -> dict:
     }
 
 
+def _diverged(err: RoundFailedError, data: BumpClusters) -> dict:
+    """The row of a run in which every client's loss stopped being finite; other failures raise."""
+    found = re.match(r"round (\d+) \(train\): 0 of", str(err))
+    if found is None or not all("is not finite" in reason for reason in err.failures.values()):
+        raise err
+    honest = int((data.labels >= 0).sum())
+    return {
+        "rmse": math.inf,
+        "nll": math.inf,
+        "weight_error": math.inf,
+        "honest": honest,
+        "participants": len(data.federation),
+        "diverged_round": int(found.group(1)),
+    }
+
+
 def werner_gp_study(
     seeds: Iterable[int] = range(5),
     rounds: int = 1500,
@@ -152,12 +172,15 @@ def werner_gp_study(
             for name, strategy in methods.items():
                 strategy, method_spec = strategy if isinstance(strategy, tuple) else (strategy, spec)
                 began = time.perf_counter()
-                result = fit_study(
-                    method_spec, data.federation, strategy, rounds, seed, engine, progress, attack=attack
-                )
                 row = {"seed": seed, "scenario": scenario, "method": name, "lr": lr, "rounds": rounds}
-                row.update(_row(result, data), seconds=time.perf_counter() - began)
-                rows.append(row)
+                try:
+                    result = fit_study(
+                        method_spec, data.federation, strategy, rounds, seed, engine, progress, attack=attack
+                    )
+                    row.update(_row(result, data), diverged_round=None)
+                except RoundFailedError as err:
+                    row.update(_diverged(err, data))
+                rows.append({**row, "seconds": time.perf_counter() - began})
     return pd.DataFrame(rows)
 
 

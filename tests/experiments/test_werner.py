@@ -66,3 +66,31 @@ def test_robust_fgpr_grid_and_criteria():
     crit = rf.criteria(table).set_index("attack")
     assert crit.loc["gaussian", "mean_ratio"] > 1e4
     assert (table["attackers"] == [0, 0, 0, 5, 5, 5]).all()
+    per_seed = rf.seed_criteria(table).iloc[0]
+    assert per_seed["gaussian: mean > 1000 clean"] and per_seed["gaussian: robust ≤ 1.5 clean"]
+
+
+def test_a_run_whose_every_loss_overflowed_is_recorded_as_diverged_and_other_failures_raise():
+    from fedgp.data import bump_federation
+    from fedgp.rounds import RoundFailedError
+
+    data = bump_federation(clusters=2, clients_per_cluster=2, n=3, n_test=0, extra=1, seed=0)
+    err = RoundFailedError(
+        "round 666 (train): 0 of 5 clients replied, fewer than the 1 required; the round was not applied. "
+        "Failed: 0: invalid reply: field 'loss' is not finite (NaN or inf)",
+        {i: "invalid reply: field 'loss' is not finite (NaN or inf)" for i in range(5)},
+    )
+    row = wgp._diverged(err, data)
+    assert row["diverged_round"] == 666 and row["rmse"] == float("inf") and row["honest"] == 4
+    with pytest.raises(RoundFailedError, match="0 of 5"):
+        wgp._diverged(RoundFailedError("round 3 (train): 0 of 5 clients replied", {0: "sabotaged"}), data)
+    table = pd.DataFrame(
+        [
+            {"seed": 0, "method": m, "scenario": s, "rmse": r}
+            for m, s, r in [
+                ("local", "clean", 1.0), ("oracle", "clean", 0.1), ("fedavg", "clean", 1.0),
+                ("fedavg", "large", float("inf")), ("fc_q0.2", "clean", 0.2), ("fc_q0.2", "large", 0.2),
+            ]
+        ]
+    )  # fmt: skip
+    assert wgp.criteria(table).iloc[0]["2: large: fedavg > 1.2 clean"]  # divergence counts as a rise
