@@ -8,9 +8,20 @@ Spec + federation + strategy + engine, one ``fit``, a result that predicts per c
     mean, var = result.predict(X_new, client=3)
 """
 
-from fedgp import data, models, strategies
+from fedgp import aggregators, attacks, clustering, data, models, strategies
 from fedgp.fit import FitResult, fit
 from fedgp.models import GPSpec, HyperState
 
 __version__ = "0.1.0"
-__all__ = ["fit", "FitResult", "GPSpec", "HyperState", "data", "models", "strategies"]
+__all__ = [
+    "fit",
+    "FitResult",
+    "GPSpec",
+    "HyperState",
+    "data",
+    "models",
+    "strategies",
+    "aggregators",
+    "attacks",
+    "clustering",
+]

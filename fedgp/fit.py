@@ -26,6 +26,7 @@ import pandas as pd
 import torch
 from tqdm import tqdm
 
+from fedgp.attacks.base import Attack
 from fedgp.data.client import ClientData, Federation
 from fedgp.engines.base import Engine, Registry
 from fedgp.engines.batched import BatchedEngine
@@ -126,6 +127,7 @@ class FitResult:
     engine: Engine
     registry: Registry | None = None
     failures: pd.DataFrame = field(default_factory=pd.DataFrame)
+    attackers: list = field(default_factory=list)  # ids of the clients an ``attack`` took over
 
     @property
     def state(self) -> HyperState:
@@ -230,6 +232,7 @@ def fit(
     callback: Callable[[int, Any], None] | None = None,
     min_replies: int | float = 1,
     simulate_failures: float = 0.0,
+    attack: Attack | None = None,
 ) -> FitResult:
     """Train ``strategy`` (default :class:`~fedgp.strategies.FGPR`) on ``federation``.
 
@@ -251,6 +254,9 @@ def fit(
             dropped from its round (weights renormalised over the replies) and asked again next round.
         simulate_failures: each participating client fails its local update with this probability
             per round (drawn from (seed, round, client), so the same clients fail on every engine).
+        attack: a :class:`fedgp.attacks.Attack`; its clients (drawn from ``seed`` or given by id,
+            listed in ``FitResult.attackers``) forge their training replies or train on flipped
+            labels, the same way on every engine.
     """
     strategy = FGPR() if strategy is None else strategy
     if rounds < 1:
@@ -274,6 +280,9 @@ def fit(
     if eval_every is None:
         eval_every = 1 if bool((registry.n_test > 0).any()) else 0
     options = {"simulate_failures": float(simulate_failures)} if simulate_failures else {}
+    bound = None if attack is None else attack.bind(strategy, spec, registry.ids, seed)
+    if bound is not None:
+        options.update(bound.options)
 
     if resume_from is not None:
         ckpt = load_checkpoint(resume_from)
@@ -309,7 +318,8 @@ def fit(
     )
     for rnd in bar:
         plan = strategy.configure(rnd, server, ctx, generator(seed, "configure", rnd))
-        done = exchange(runner, "train", rnd, plan, registry.ids, min_replies, options)
+        tamper = None if bound is None else bound.tamper(rnd, plan)
+        done = exchange(runner, "train", rnd, plan, registry.ids, min_replies, options, tamper)
         server, metrics = strategy.aggregate(rnd, server, plan, done.replies, ctx)
         failed = done.replies.failures
         row = {"round": rnd + 1, **metrics}
@@ -341,4 +351,5 @@ def fit(
         runner,
         registry,
         pd.DataFrame(failures, columns=["round", "client", "reason"]),
+        [] if bound is None else list(bound.ids),
     )

@@ -10,7 +10,7 @@ Below ``min_replies`` the round is not applied: :class:`RoundFailedError` says w
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -62,8 +62,12 @@ def exchange(
     ids: Sequence[Any],
     min_replies: int | float = 1,
     options: Mapping[str, Setting] | None = None,
+    tamper: Callable[[Outcome], Outcome] | None = None,
 ) -> Exchange:
-    """Send ``plan`` as a ``kind`` task of round ``rnd``; the replies as ``aggregate`` sees them."""
+    """Send ``plan`` as a ``kind`` task of round ``rnd``; the replies as ``aggregate`` sees them.
+
+    ``tamper`` (an attack's hook, :mod:`fedgp.attacks`) rewrites the engine's outcome before it
+    becomes the replies: one place, whatever the engine."""
     participants = torch.as_tensor(plan.participants, dtype=torch.long)
     unique, inverse = torch.unique(participants, sorted=True, return_inverse=True)
     # Each distinct client gets one message: its personal row is the one at its first slot.
@@ -71,6 +75,8 @@ def exchange(
     first.scatter_reduce_(0, inverse, torch.arange(len(participants)), reduce="amin")
     task = Task(kind, rnd, plan.shared, plan.personal.rows(first), options or {})
     outcome = engine.run(task, unique, plan.replies)
+    if tamper is not None:
+        outcome = tamper(outcome)
     replied = len(outcome.clients)
     needed = required_replies(min_replies, len(unique))
     if replied < needed:

@@ -3,6 +3,8 @@
 import re
 from pathlib import Path
 
+import pytest
+
 README = Path(__file__).resolve().parents[1] / "README.md"
 
 
@@ -23,3 +25,16 @@ def test_readme_python_example_runs_as_written(capsys):
     assert len(result.history) == 50
     # the example is also a sanity check: 50 rounds bring the test RMSE close to the noise level
     assert result.history["test_rmse_mean"].iloc[-1] < result.history["test_rmse_mean"].iloc[0]
+
+
+@pytest.mark.slow
+def test_readme_robust_personalised_example_runs_as_written():
+    text = README.read_text().split("## Personalised and robust", 1)[1]
+    block = re.search(r"```python\n(.*?)```", text, re.S).group(1)
+    namespace: dict = {}
+    exec(compile(block, str(README), "exec"), namespace)
+    result, data = namespace["result"], namespace["data"]
+    assert result.state.batch_shape == (40,) and sorted(result.attackers) == list(data.extra)
+    table = result.evaluate()
+    honest = table[~table["client"].isin(result.attackers)]
+    assert honest["rmse"].mean() < 0.5  # local training alone: about 0.8 on these clients

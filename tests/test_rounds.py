@@ -87,7 +87,7 @@ def test_median_lies_within_the_participants_values_and_a_shared_state_is_kept(x
     states = base.expand(len(xs)).clone()
     states = fedgp.HyperState({**dict(states), name: ls}, spec.event_shapes)
     w = torch.full((len(xs),), 1.0 / len(xs), dtype=torch.float64)
-    median = CoordinateMedian()(spec, states, w, base)[name]
+    median = CoordinateMedian("constrained")(spec, states, w, base)[name]
     assert float(ls.min()) <= float(median) <= float(ls.max())
     same = base.expand(len(xs)).clone()
     kept = WeightedMean()(spec, same, w, base)

@@ -33,8 +33,13 @@ from fedgp.data.synthetic import (
     mixed_linear_regression,
     sin_personalisation,
 )
+from fedgp.data.werner import BumpClusters, WernerDX, bump_federation, dx_federation
 
 __all__ = [
+    "WernerDX",
+    "dx_federation",
+    "BumpClusters",
+    "bump_federation",
     "ClientData",
     "Federation",
     "IidPartitioner",

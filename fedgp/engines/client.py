@@ -12,6 +12,7 @@ from collections.abc import Sequence
 
 import torch
 
+from fedgp.attacks.labels import flipped_ops
 from fedgp.messages import Field, Task, state_fields, state_tensors
 from fedgp.models.spec import GPSpec
 from fedgp.rng import client_uniform
@@ -84,7 +85,7 @@ def handle(strategy: Strategy, ops: ClientOps, task: Task) -> dict[str, torch.Te
         }
     if task.kind == "train":
         _simulated_failures(ops, task)
-        return strategy.local_update(ops, task)
+        return strategy.local_update(flipped_ops(ops, task), task)  # LabelFlip's clients see −y
     states, cluster = strategy.personal_state(ops, task)
     if task.kind == "personal":
         return {**state_tensors(states, "state/"), "cluster": cluster}

@@ -21,6 +21,9 @@ REPRODUCTIONS: dict[str, str] = {
     "table2": "fedgp.experiments.table2:reproduce",
     "table3": "fedgp.experiments.table3:reproduce",
     "failures": "fedgp.experiments.failures:reproduce",
+    "werner-synthetic": "fedgp.experiments.werner_synthetic:reproduce",
+    "werner-gp": "fedgp.experiments.werner_gp:reproduce",
+    "robust-fgpr": "fedgp.experiments.robust_fgpr:reproduce",
 }
 
 

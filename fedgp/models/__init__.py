@@ -1,5 +1,6 @@
 """Model layer: GP specs from GPyTorch modules, hyper-parameter states, objective, posterior."""
 
+from fedgp.models.means import GaussianBumpMean
 from fedgp.models.mle import MLEError, MLEFit, fit_mle, maximize_likelihood, total_nll
 from fedgp.models.multifidelity import AR1, NARGP, mle_with_restarts
 from fedgp.models.objective import FactorizationError, exact_settings, minibatch_nll
@@ -11,6 +12,7 @@ __all__ = [
     "GPSpec",
     "ParamInfo",
     "ZeroKernel",
+    "GaussianBumpMean",
     "ExactGPModel",
     "HyperState",
     "FactorizationError",

@@ -1,15 +1,19 @@
 """Strategy layer: federated algorithms as pure logic over hyper-parameter states."""
 
-from fedgp.strategies import clustered
-from fedgp.strategies.aggregators import CoordinateMedian, StateAggregator, WeightedMean
+from fedgp.aggregators import CoordinateMedian, StateAggregator, WeightedMean
+from fedgp.strategies import clustered, gradient_clustering
 from fedgp.strategies.base import ClientOps, Replies, RoundPlan, ServerContext, Strategy, TrainResult
 from fedgp.strategies.clustered import ClusteredGP, ClusteredState, MomentDescentInit
 from fedgp.strategies.fgpr import FGPR
+from fedgp.strategies.gradient_clustering import FederatedClustering, MomentumClustering, MyopicClustering
 from fedgp.strategies.ifca import IFCA, IFCAState
 from fedgp.strategies.local import SGD, Adam, LocalTraining
 
 __all__ = [
     "FGPR",
+    "FederatedClustering",
+    "MomentumClustering",
+    "MyopicClustering",
     "IFCA",
     "IFCAState",
     "Strategy",
@@ -28,4 +32,5 @@ __all__ = [
     "ClusteredState",
     "MomentDescentInit",
     "clustered",
+    "gradient_clustering",
 ]

@@ -35,8 +35,10 @@ from fedgp.models.posterior import Prediction
 from fedgp.models.spec import GPSpec
 from fedgp.models.state import HyperState
 from fedgp.strategies.local import LocalTraining
+from fedgp.strategies.surface import AttackSurface
 
 __all__ = [
+    "given_or_best_state",
     "ClientOps",
     "TrainResult",
     "ServerContext",
@@ -168,6 +170,21 @@ class Replies(Mapping[str, torch.Tensor]):
         return read_state(self.sums, spec, prefix)
 
 
+def given_or_best_state(
+    ops: ClientOps, task: Task, given: str, state: str, candidates: str
+) -> tuple[HyperState, torch.Tensor]:
+    """A personal task's state for each client of ``ops``: its own row's state (prefix ``state``)
+    when the task's ``personal`` setting is ``given``; otherwise the shared candidate (prefix
+    ``candidates``) its ``cluster`` names, or where that is -1 (a client never seen in training)
+    the candidate with the lowest NLL on its own data."""
+    cluster = task.tensor("cluster")
+    if task.setting("personal") == given:
+        return read_state(task.personal.tensors, ops.spec, state), cluster
+    options = read_state(task.shared.tensors, ops.spec, candidates).expand(len(ops.indices))
+    chosen = torch.where(cluster >= 0, cluster, ops.nll(options).argmin(dim=-1))
+    return options.gather(chosen), chosen
+
+
 class Strategy(Configurable, ABC):
     """Base class of federated algorithms. Subclasses are frozen dataclasses of settings."""
 
@@ -207,6 +224,18 @@ class Strategy(Configurable, ABC):
                 for k, v in state.index(j).to_dict().items()
             }
         return state.to_dict()
+
+    def attack_surface(
+        self, plan: RoundPlan, personal: Record, replies: Mapping[str, torch.Tensor], spec: GPSpec
+    ) -> AttackSurface | None:
+        """What an omniscient attack may forge in this round's replies (individual fields only;
+        rows = the clients that replied, ``personal`` their rows of the plan), or ``None`` when
+        nothing is forgeable this round. The default refuses: a strategy that does not describe
+        its replies can only be attacked through its data (:class:`fedgp.attacks.LabelFlip`)."""
+        raise ValueError(
+            f"{type(self).__name__} does not describe its replies to attacks (attack_surface); "
+            "only data attacks such as fedgp.attacks.LabelFlip apply to it"
+        )
 
     def client_view(self) -> Strategy:
         """The settings a client needs (the default: all of them). Override to strip what only the

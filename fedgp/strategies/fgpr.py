@@ -14,11 +14,13 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from fedgp.aggregators import StateAggregator, WeightedMean
 from fedgp.messages import Field, Record, Task, read_state, state_fields, state_tensors
 from fedgp.models.state import HyperState
-from fedgp.strategies.aggregators import StateAggregator, WeightedMean
+from fedgp.rng import generator
 from fedgp.strategies.base import ClientOps, Replies, RoundPlan, ServerContext, Strategy, sample_participants
 from fedgp.strategies.local import SGD, Adam, LocalTraining, make_optimizer
+from fedgp.strategies.surface import AttackSurface
 
 __all__ = ["FGPR"]
 
@@ -44,7 +46,8 @@ class FGPR(Strategy):
             default aggregator, the weighted mean.
         prox_mu: FedProx proximal weight (0 = plain FGPR).
         aggregator: how the server combines the participants' states
-            (:mod:`fedgp.strategies.aggregators`; default ``WeightedMean(average_space)``, FedAvg).
+            (:mod:`fedgp.aggregators`; default ``WeightedMean(average_space)``, FedAvg; a robust rule
+            for Byzantine clients). Randomised rules get a generator of (seed, round).
     """
 
     local_steps: int | None = 5
@@ -101,8 +104,15 @@ class FGPR(Strategy):
     def aggregate(
         self, rnd: int, server: HyperState, plan: RoundPlan, replies: Replies, ctx: ServerContext
     ) -> tuple[HyperState, dict[str, float]]:
-        new = self.state_aggregator(ctx.spec, replies.state(ctx.spec, STATE), replies.weights, server)
+        rng = generator(ctx.seed, "aggregate", rnd)
+        new = self.state_aggregator(ctx.spec, replies.state(ctx.spec, STATE), replies.weights, server, rng)
         return new, {"train_nll": float(replies["loss"].mean())}
+
+    def attack_surface(self, plan, personal, replies, spec) -> AttackSurface:
+        """The trained states; a client that did nothing would send back the broadcast state."""
+        n = len(replies["loss"])
+        start = read_state(plan.shared.tensors, spec, STATE)
+        return AttackSurface.of_states(spec, STATE, start.expand(n))
 
     def configure_personal(self, server: HyperState, ctx: ServerContext, positions: torch.Tensor):
         return Record(state_tensors(server, STATE)), Record()

@@ -155,6 +155,9 @@ class IFCA(Strategy):
     def configure_personal(self, server: IFCAState, ctx: ServerContext, positions: torch.Tensor):
         return self.model.configure_personal(server, ctx, positions)
 
+    def attack_surface(self, plan, personal, replies, spec):
+        return self.model.attack_surface(plan, personal, replies, spec)
+
     def global_state(self, server: IFCAState) -> HyperState:
         """The k cluster states of the best restart: batch ``(k,)``."""
         return self.model.global_state(server)

@@ -16,12 +16,15 @@ import pytest
 import torch
 
 import fedgp
+from fedgp import attacks
+from fedgp.aggregators import Krum, ThresholdMean
+from fedgp.clustering import QuantileRadius
 from fedgp.data import gp_federation
 from fedgp.engines.base import Engine
 from fedgp.fit import RoundFailedError, make_engine, server_context
 from fedgp.messages import Field, Record, Task, record_to_bytes, state_tensors, task_to_bytes
 from fedgp.rng import generator
-from fedgp.strategies import FGPR, IFCA
+from fedgp.strategies import FGPR, IFCA, FederatedClustering
 from fedgp.strategies import clustered as C
 from fedgp.strategies.fgpr import STATE
 from tests.pins.cases import zoo
@@ -152,6 +155,30 @@ class EngineContract:
             for engine in (self.reference(spec, data.federation), self.make_engine(spec, data.federation))
         ]
         assert results[1].state.max_relative_difference(results[0].state) < RTOL
+
+    # -- attacks (forged in fedgp.rounds.exchange, on the engine's outcome) -------------------------
+    @pytest.mark.parametrize(
+        "strategy,attack",
+        [
+            (FGPR(local_steps=2, batch_size=8, aggregator=Krum(f=2)), attacks.BitFlip(count=2)),
+            (FGPR(local_steps=2, batch_size=8, aggregator=ThresholdMean()), attacks.Gaussian(count=2)),
+            (
+                FederatedClustering(lr=0.05, group_size=4, radius=QuantileRadius(0.3)),
+                attacks.IPM(count=2, epsilon=0.5),
+            ),
+        ],
+        ids=["fgpr_krum_bitflip", "fgpr_threshold_gaussian", "fc_groups_ipm"],
+    )
+    def test_an_attack_on_a_robust_rule_gives_the_reference_result(self, gp, strategy, attack):
+        runs = [
+            self.fit(gp, strategy, engine, rounds=3, attack=attack)
+            for engine in (self.reference(gp.spec, gp.federation), self.make_engine(gp.spec, gp.federation))
+        ]
+        ref, ours = runs
+        assert ours.attackers == ref.attackers and len(ours.attackers) == 2
+        assert ours.state.max_relative_difference(ref.state) < RTOL
+        clean = self.fit(gp, strategy, self.reference(gp.spec, gp.federation), rounds=3)
+        assert clean.state.max_relative_difference(ref.state) > 1e-6  # the attack did act
 
     # -- failures ---------------------------------------------------------------------------------
     def test_simulated_failures_are_reported_and_match_the_reference(self, gp):

@@ -1,12 +1,15 @@
 """Every strategy and every part of one travels as JSON and comes back the same."""
 
 import json
+import math
 
 import gpytorch
 import pytest
 import torch
 
 from fedgp import GPSpec
+from fedgp import aggregators as A
+from fedgp.clustering import FixedRadius, KMeansRadius, QuantileRadius
 from fedgp.experiments.table1 import WeightedFGPR
 from fedgp.messages import config_json, from_config
 from fedgp.models import ZeroKernel
@@ -16,8 +19,11 @@ from fedgp.strategies import (
     SGD,
     Adam,
     CoordinateMedian,
+    FederatedClustering,
     LocalTraining,
     MomentDescentInit,
+    MomentumClustering,
+    MyopicClustering,
     WeightedMean,
 )
 from fedgp.strategies import clustered as C
@@ -70,6 +76,22 @@ STRATEGIES = {
         closed_form="never",
     ),
     "global_median": C.fedavg(aggregator=C.GlobalWeighted(aggregator=WeightedMean("raw"))),
+    "fgpr_bucketing": FGPR(aggregator=A.Bucketing(3, A.MultiKrum(f=1, m=2), seed=4)),
+    "fgpr_threshold": FGPR(aggregator=A.ThresholdMean(FixedRadius(math.inf), 2, "previous")),
+    "fgpr_robust": FGPR(aggregator=A.CenteredClipping(0.3, 2, "constrained")),
+    "cluster_trimmed": C.ClusteredGP(2, aggregator=C.ClusterAverage(aggregator=A.TrimmedMean(f=1))),
+    "federated_clustering": FederatedClustering(
+        lr=0.2,
+        momentum=0.9,
+        blocks=(("mean_module.",), ("covar_module.",)),
+        radius=KMeansRadius(),
+        groups=(0, 1),
+    ),
+    "federated_clustering_init": FederatedClustering(
+        init=_linear_states(), group_size=3, radius=QuantileRadius(0.1)
+    ),
+    "momentum_clustering": MomentumClustering(num_clusters=3, alpha=0.2, radius=FixedRadius(2.0)),
+    "myopic": MyopicClustering(num_clusters=4, blocks="joint"),
 }
 
 
@@ -96,3 +118,9 @@ def test_a_clients_view_omits_other_clients_labels():
     strategy = STRATEGIES["fixed_labels"]
     assert strategy.to_config()["params"]["assigner"]["params"]["labels"] == {"__tuple__": [0, 1, 1, 0]}
     assert strategy.client_view().to_config()["params"]["assigner"]["params"]["labels"] is None
+
+
+def test_federated_clustering_clients_never_see_the_fixed_groups():
+    strategy = STRATEGIES["federated_clustering"]
+    assert strategy.to_config()["params"]["groups"] == {"__tuple__": [0, 1]}
+    assert strategy.client_view().to_config()["params"]["groups"] is None

@@ -18,7 +18,14 @@ from fedgp import GPSpec
 from fedgp.data import gaussian_mixed_regression, gp_federation
 from fedgp.engines.sequential import SequentialEngine
 from fedgp.models import ZeroKernel
-from fedgp.strategies import FGPR, IFCA, LocalTraining, MomentDescentInit
+from fedgp.strategies import (
+    FGPR,
+    IFCA,
+    FederatedClustering,
+    LocalTraining,
+    MomentDescentInit,
+    MomentumClustering,
+)
 from fedgp.strategies import clustered as C
 
 README = Path(__file__).resolve().parents[2] / "README.md"
@@ -137,10 +144,12 @@ def test_readme_traffic_table_is_what_clients_send():
             k, C.OneShotInit(local="train", training=train), C.FixedAssigner(), C.LocalTrainingSolver(train)
         ),
     }
+    gp_cases["Federated-Clustering"] = FederatedClustering(lr=0.05, group_size=4)
+    gp_cases["Momentum- and Myopic-Clustering"] = MomentumClustering(lr=0.05, num_clusters=2)
     covered = {"every strategy"}
     for row, strategy in gp_cases.items():
         engine = run(gp, gp.spec, strategy, 2)
-        check(row, engine, gp.spec, {"R": 1 if "one-shot" in row else R, "k": k}, rows)
+        check(row, engine, gp.spec, {"R": 1 if "one-shot" in row else R, "k": k, "s": 4}, rows)
         covered.add(row)
     spec = linear()
     p, H = 4, 5

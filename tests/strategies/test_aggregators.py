@@ -55,7 +55,7 @@ def test_weighted_mean_in_raw_units_averages_gpytorchs_raw_parameters():
 
 def test_coordinate_median_ignores_weights_and_outliers():
     w = torch.tensor([0.97, 0.01, 0.01, 0.01], dtype=torch.float64)
-    out = CoordinateMedian()(SPEC, FOUR, w, PREVIOUS)
+    out = CoordinateMedian("constrained")(SPEC, FOUR, w, PREVIOUS)
     assert float(out[OUT]) == pytest.approx(3.0)  # even count: mean of the middle two (2, 4)
     assert torch.allclose(out[LS], torch.tensor([[0.25, 2.5]], dtype=torch.float64))
     odd = FOUR.index(slice(0, 3))

@@ -7,11 +7,11 @@ from dataclasses import dataclass
 
 import torch
 
+from fedgp.aggregators import StateAggregator, WeightedMean
 from fedgp.messages import Configurable
 from fedgp.models.linear import LinearMeanModel
 from fedgp.models.spec import GPSpec
 from fedgp.models.state import HyperState
-from fedgp.strategies.aggregators import StateAggregator, WeightedMean
 from fedgp.strategies.clustered.solve import check_units, step_sizes
 
 __all__ = ["Contributions", "Aggregator", "ClusterAverage", "GlobalWeighted", "GradientStep"]

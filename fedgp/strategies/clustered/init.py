@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from fedgp.clustering.kmeans import kmeans
 from fedgp.messages import Configurable, Field, Record, Task, read_state, state_fields, state_tensors
 from fedgp.models.linear import linear_model
 from fedgp.models.spec import GPSpec
@@ -132,44 +133,6 @@ class GivenInit(Initializer):
         if missing:
             raise ValueError(f"given init states differ from the spec in {sorted(missing)}")
         return InitDone(states.clone())
-
-
-def kmeans(
-    points: np.ndarray, k: int, rng: np.random.Generator, restarts: int = 10, iterations: int = 100
-) -> tuple[np.ndarray, np.ndarray]:
-    """Lloyd's k-means with k-means++ seeding and restarts; returns (centres (k, p), labels (n,)).
-
-    The restart with the lowest within-cluster sum of squares wins. An empty cluster is reseeded
-    at the point farthest from its centre.
-    """
-    n = len(points)
-    if n < k:
-        raise ValueError(f"k-means needs at least k = {k} points, got {n}")
-    best = None
-    for _ in range(restarts):
-        centres = [points[rng.integers(n)]]
-        for _ in range(1, k):
-            d2 = np.min(((points[:, None, :] - np.asarray(centres)[None]) ** 2).sum(-1), axis=1)
-            total = d2.sum()
-            idx = rng.choice(n, p=d2 / total) if total > 0 else rng.integers(n)
-            centres.append(points[idx])
-        c = np.asarray(centres, dtype=np.float64)
-        labels = np.zeros(n, dtype=np.int64)
-        for it in range(iterations):
-            d2 = ((points[:, None, :] - c[None]) ** 2).sum(-1)
-            new = d2.argmin(1)
-            for j in range(k):
-                if not (new == j).any():
-                    far = int(d2[np.arange(n), new].argmax())
-                    new[far] = j
-            if it and np.array_equal(new, labels):
-                break
-            labels = new
-            c = np.stack([points[labels == j].mean(0) for j in range(k)])
-        inertia = float(((points - c[labels]) ** 2).sum())
-        if best is None or inertia < best[0]:
-            best = (inertia, c, labels.copy())
-    return best[1], best[2]
 
 
 @dataclass(frozen=True)

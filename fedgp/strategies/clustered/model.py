@@ -12,12 +12,21 @@ from fedgp.messages import Field, Record, Task, read_state, state_fields, state_
 from fedgp.models.linear import LinearMeanModel, linear_model
 from fedgp.models.spec import GPSpec
 from fedgp.models.state import HyperState
-from fedgp.strategies.base import ClientOps, Replies, RoundPlan, ServerContext, Strategy, sample_participants
+from fedgp.strategies.base import (
+    ClientOps,
+    Replies,
+    RoundPlan,
+    ServerContext,
+    Strategy,
+    given_or_best_state,
+    sample_participants,
+)
 from fedgp.strategies.clustered.aggregate import Aggregator, ClusterAverage, Contributions
 from fedgp.strategies.clustered.assign import Assigner, FixedAssigner, HardAssigner, SoftAssigner, client_nll
 from fedgp.strategies.clustered.init import InitDone, Initializer, RandomInit
 from fedgp.strategies.clustered.solve import LocalSolver, LocalTrainingSolver
 from fedgp.strategies.clustered.state import CANDIDATES, GRAD, STATE, TARGET, ClosedForm, ClusteredState
+from fedgp.strategies.surface import AttackSurface
 
 __all__ = ["ClusteredGP"]
 
@@ -262,6 +271,26 @@ class ClusteredGP(Strategy):
         metrics["phase_round"] = new.phase_round
         return new, metrics
 
+    def attack_surface(self, plan, personal, replies, spec) -> AttackSurface | None:
+        """Model averaging: the states sent back; a client's no-op is the state it trained from (its
+        chosen candidate, its label's state, or every candidate for soft assignment). Initialisation
+        rounds are not forged (``None``). Gradient averaging is refused: its gradients are summed
+        fields, which the server never sees one client at a time, so they cannot be forged here."""
+        if plan.shared.settings.get("phase") == "init":
+            return None
+        if self.solver.returns_gradient:
+            raise ValueError(
+                f"{type(self.solver).__name__}: the gradients are summed fields (the server sees only their "
+                "sum), so a reply attack cannot forge them; use a data attack (fedgp.attacks.LabelFlip)"
+            )
+        n = len(replies["choice"])
+        if self._fixed:
+            reference = read_state(personal.tensors, spec, TARGET)
+        else:
+            candidates = read_state(plan.shared.tensors, spec, CANDIDATES).expand(n)
+            reference = candidates if self._soft else candidates.gather(replies["choice"])
+        return AttackSurface.of_states(spec, STATE, reference, slot_dims=2 if self._soft else 1)
+
     def configure_personal(self, server: ClusteredState, ctx: ServerContext, positions: torch.Tensor):
         """A client with a fixed label gets its cluster's state; others get the k states to choose from."""
         states = self.global_state(server)
@@ -313,9 +342,4 @@ class ClusteredGP(Strategy):
     def personal_state(self, ops: ClientOps, task: Task) -> tuple[HyperState, torch.Tensor]:
         """Its fixed label's state if it has one, else the candidate with the lowest local NLL (also
         for clients never seen in training)."""
-        cluster = task.tensor("cluster")
-        if task.setting("personal") == "label":
-            return read_state(task.personal.tensors, ops.spec, STATE), cluster
-        candidates = read_state(task.shared.tensors, ops.spec, CANDIDATES).expand(len(ops.indices))
-        chosen = torch.where(cluster >= 0, cluster, ops.nll(candidates).argmin(dim=-1))
-        return candidates.gather(chosen), chosen
+        return given_or_best_state(ops, task, "label", STATE, CANDIDATES)
