@@ -76,6 +76,12 @@ class Outcome:
     bytes_down: int = 0
     bytes_up: int = 0
 
+    @classmethod
+    def empty(cls, fields: Mapping[str, Field], failures: Mapping[int, str] | None = None) -> Outcome:
+        """No reply: the declared individual fields with zero rows, no sums, and ``failures``."""
+        individual = {k: torch.zeros(0, *f.shape, dtype=f.dtype) for k, f in fields.items() if not f.summed}
+        return cls(torch.zeros(0, dtype=torch.long), individual, {}, dict(failures or {}))
+
 
 class Engine(ABC):
     """Who runs the clients' side of the rounds. See the module docstring for the contract."""
@@ -179,7 +185,7 @@ class InProcessEngine(Engine):
             raise RuntimeError(f"{type(self).__name__}.start(strategy, seed) must come first")
         clients = torch.as_tensor(clients, dtype=torch.long)
         summed = {k for k, f in fields.items() if f.summed}
-        out = Outcome(torch.zeros(0, dtype=torch.long), {}, {})
+        out = Outcome.empty(fields)
         replied, rows = [], {k: [] for k in fields if k not in summed}
         sums: dict[str, torch.Tensor] = {}
         down = None if self.loopback else _message_size(task)
@@ -218,10 +224,6 @@ class InProcessEngine(Engine):
             out.clients = torch.cat(replied)[order]
             out.individual = {k: torch.cat(v)[order] for k, v in rows.items()}
             out.sums = sums
-        else:
-            out.individual = {
-                k: torch.zeros(0, *f.shape, dtype=f.dtype) for k, f in fields.items() if k in rows
-            }
         return out
 
     # -- running a chunk, isolating the clients that fail ----------------------------------------------

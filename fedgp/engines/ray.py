@@ -284,16 +284,9 @@ class RayEngine(Engine):
                 parts.append(outcome_from_record(record_from_bytes(ray.get(ref, timeout=self.timeout))))
             except (ray.exceptions.RayError, TimeoutError) as err:
                 reason = f"worker {i} lost: {type(err).__name__}: {str(err).splitlines()[0][:200]}"
-                parts.append(
-                    Outcome(torch.zeros(0, dtype=torch.long), {}, {}, dict.fromkeys(members.tolist(), reason))
-                )
+                parts.append(Outcome.empty(fields, dict.fromkeys(members.tolist(), reason)))
                 self.restart(i)
-        out = merge_outcomes(parts)
-        if not len(out.clients):
-            out.individual = {
-                k: torch.zeros(0, *f.shape, dtype=f.dtype) for k, f in fields.items() if not f.summed
-            }
-        return out
+        return merge_outcomes(parts, fields)
 
     def close(self) -> None:
         """Free this engine's shards on the actors (also done when the engine is garbage collected)."""

@@ -114,10 +114,10 @@ def registry_from_record(record: Record) -> Registry:
     return Registry(json.loads(record.settings["ids"]), t["n"], t["n_test"], t["d"])
 
 
-def merge_outcomes(parts: list[Outcome]) -> Outcome:
+def merge_outcomes(parts: list[Outcome], fields: Mapping[str, Field]) -> Outcome:
     """One outcome from those of several hosts (disjoint clients): rows by ascending client,
     summed fields added host by host, failures and bytes pooled."""
-    out = Outcome(torch.zeros(0, dtype=torch.long), {}, {})
+    out = Outcome.empty(fields)
     replied = [p for p in parts if len(p.clients)]
     for p in parts:
         out.failures.update(p.failures)
@@ -132,6 +132,4 @@ def merge_outcomes(parts: list[Outcome]) -> Outcome:
         out.individual = {
             k: torch.cat([p.individual[k] for p in replied])[order] for k in replied[0].individual
         }
-    elif parts:
-        out.individual = {k: v[:0] for k, v in parts[0].individual.items()}
     return out

@@ -122,12 +122,5 @@ class GridEngine(Engine):
             else:
                 parts.append(outcome_from_content(reply.content))
                 continue
-            parts.append(
-                Outcome(torch.zeros(0, dtype=torch.long), {}, {}, dict.fromkeys(who.tolist(), reason))
-            )
-        out = merge_outcomes(parts)
-        if not len(out.clients):
-            out.individual = {
-                k: torch.zeros(0, *f.shape, dtype=f.dtype) for k, f in fields.items() if not f.summed
-            }
-        return out
+            parts.append(Outcome.empty(fields, dict.fromkeys(who.tolist(), reason)))
+        return merge_outcomes(parts, fields)
