@@ -17,6 +17,7 @@ from __future__ import annotations
 import importlib
 import math
 import os
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -49,14 +50,29 @@ ENGINES: dict[str, Any] = {"sequential": SequentialEngine, "batched": BatchedEng
 EXTRA_ENGINES = {"ray": "fedgp.engines.ray:RayEngine", "flower": "fedgp.flower.local:FlowerEngine"}
 
 
+#: Options the sequential engine takes (``"auto"`` keeps the batched engine for any other).
+_SEQUENTIAL_OPTIONS = {"loopback", "timeout", "keys"}
+
+
 def make_engine(name: str, spec: GPSpec, federation: Federation, seed: int = 0, **options) -> Engine:
+    """The engine called ``name``. ``"auto"``: the batched engine where its tensor path reproduces
+    GPyTorch for ``spec`` (it checks itself at construction), else the sequential engine (the same
+    numbers; a batched engine would evaluate client by client anyway), unless batched-only options
+    were given."""
+    if name == "auto":
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", "the batched engine evaluates this spec", UserWarning)
+            batched = BatchedEngine(spec, federation, seed, **options)
+        if batched.gp is None and set(options) <= _SEQUENTIAL_OPTIONS:
+            return SequentialEngine(spec, federation, seed, **options)
+        return batched
     if name in ENGINES:
         cls = ENGINES[name]
     elif name in EXTRA_ENGINES:
         module, _, attr = EXTRA_ENGINES[name].partition(":")
         cls = getattr(importlib.import_module(module), attr)
     else:
-        known = ", ".join([*ENGINES, *EXTRA_ENGINES])
+        known = ", ".join(["auto", *ENGINES, *EXTRA_ENGINES])
         raise ValueError(f"unknown engine {name!r}; available: {known}") from None
     return cls(spec, federation, seed, **options)
 
@@ -220,7 +236,7 @@ def fit(
     federation: Federation | None,
     strategy: Strategy | None = None,
     rounds: int = 100,
-    engine: str | Engine = "sequential",
+    engine: str | Engine = "auto",
     seed: int = 0,
     *,
     progress: bool | None = None,
@@ -238,8 +254,10 @@ def fit(
 
     Args:
         rounds: communication rounds R (total, including rounds restored from a checkpoint).
-        engine: ``"sequential"`` (the reference) or ``"batched"`` (all clients' steps as one tensor
-            program; same results, much faster for many clients), with ``engine_options``; or an
+        engine: ``"auto"`` (default: ``"batched"`` where its tensor path applies to the spec, else
+            ``"sequential"``), ``"sequential"`` (the reference, one GPyTorch model per client) or
+            ``"batched"`` (all clients' steps as one tensor program; the same results to rounding,
+            much faster for many clients), ``"ray"``, ``"flower"``, with ``engine_options``; or an
             :class:`~fedgp.engines.base.Engine` instance (then ``federation`` may be ``None``).
         seed: master seed; every random draw derives from it, per round and client.
         progress: tqdm bar over rounds; ``None`` shows it only on a terminal.

@@ -148,6 +148,9 @@ class InProcessEngine(Engine):
         for width in {c.n_features for c in clients}:
             first = next(c for c in clients if c.n_features == width)
             spec.check_input_dim(width, first.id)
+        if spec.fixed_noise:
+            for client in clients:
+                spec.client_noise(client)
         self.client_strategy: Strategy | None = None
 
     def positions(self, keys) -> torch.Tensor:

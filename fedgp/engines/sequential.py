@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import gpytorch
 import torch
 
 from fedgp.data.client import ClientData
@@ -43,7 +42,7 @@ class SequentialOps:
         self.spec, self.model, self.client = spec, model, client
         # ClientData stores float64; the model computes in the spec's precision.
         self.X, self.y = client.X.to(spec.dtype), client.y.to(spec.dtype)
-        self.noise = fixed_noise(spec, client)
+        self.noise = spec.client_noise(client)
         self.clients = (client,)
         self.indices = torch.tensor([index])
         self.sizes = torch.tensor([client.n])
@@ -136,19 +135,6 @@ class SequentialOps:
         if self.noise is not None:  # the likelihood holds the training points' known noise
             self.model.likelihood.noise = self.noise
         return [predict_with_model(self.model, self.X, self.y, X_new, self.client.id)]
-
-
-def fixed_noise(spec: GPSpec, client: ClientData) -> torch.Tensor | None:
-    """The client's known per-point noise variances for a ``FixedNoiseGaussianLikelihood`` (they
-    stay with the client's data, never in the state), else ``None``."""
-    if not isinstance(spec.likelihood, gpytorch.likelihoods.FixedNoiseGaussianLikelihood):
-        return None
-    if client.noise is None:
-        raise ValueError(
-            f"client {client.id!r}: the spec's FixedNoiseGaussianLikelihood needs each client's "
-            "per-point noise variances; give them as ClientData(..., noise=...)"
-        )
-    return client.noise.to(spec.dtype)
 
 
 class SequentialEngine(InProcessEngine):

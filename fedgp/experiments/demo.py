@@ -33,6 +33,7 @@ def personalisation_demo(rounds: int = 60, seed: int = 0, progress: bool | None 
         seed=seed,
         progress=progress,
         eval_every=0,
+        engine="sequential",
     )
     per_client = result.evaluate()
     table = pd.DataFrame(
@@ -63,6 +64,7 @@ def convergence_study(
         rounds=rounds,
         seed=seed,
         progress=progress,
+        engine="sequential",
     )
     central, _ = fit_mle(draws.spec, [(c.X, c.y) for c in draws.federation])
     truth = draws.truth.to_dict()

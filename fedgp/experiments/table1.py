@@ -187,6 +187,7 @@ def _fit_fgpr(problem: MultiFidelityProblem, protocol: Protocol, seed: int, hf_w
         seed=seed,
         progress=False,
         eval_every=0,
+        engine="sequential",
     )
     return result.posterior(problem.X_test, client=0)
 
@@ -207,6 +208,7 @@ def _predict(problem: MultiFidelityProblem, method: str, protocol: Protocol, see
             seed=seed,
             progress=False,
             eval_every=0,
+            engine="sequential",
         )
         return result.posterior(problem.X_test, client=0)
     if method in ("SeparateMLE", "FGPR-MLE"):

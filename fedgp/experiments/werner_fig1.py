@@ -87,7 +87,7 @@ def fig1a_study(rounds: int = 40, eta: float = ETA, radius: float = 5.0) -> pd.D
     for name, strategy in methods.items():
         trace = [(0, torch.full((3,), 1.5, dtype=torch.float64))]
         fedgp.fit(
-            spec, federation, strategy, rounds=rounds, progress=False,
+            spec, federation, strategy, rounds=rounds, progress=False, engine="sequential",
             callback=lambda r, s, trace=trace: trace.append((r, s.states[THETA][:, 0].clone())),
         )  # fmt: skip
         for r, theta in trace:

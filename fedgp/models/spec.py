@@ -190,6 +190,23 @@ class GPSpec:
             out[key] = torch.as_tensor(value, dtype=self.dtype)
         return out
 
+    @property
+    def fixed_noise(self) -> bool:
+        """Whether the likelihood takes known per-point noise (``FixedNoiseGaussianLikelihood``)."""
+        return isinstance(self.likelihood, gpytorch.likelihoods.FixedNoiseGaussianLikelihood)
+
+    def client_noise(self, client) -> torch.Tensor | None:
+        """A client's known per-point noise variances (``ClientData.noise``: they stay with its data,
+        never in the state) when the likelihood takes them, else ``None``."""
+        if not self.fixed_noise:
+            return None
+        if client.noise is None:
+            raise ValueError(
+                f"client {client.id!r}: the spec's FixedNoiseGaussianLikelihood needs each client's "
+                "per-point noise variances; give them as ClientData(..., noise=...)"
+            )
+        return client.noise.to(self.dtype)
+
     def check_input_dim(self, d: int, client: object = None) -> None:
         """Raise a ``ValueError`` naming the module when the spec cannot take ``d`` input features
         (an ``ard_num_dims``, ``active_dims`` or ``LinearMean`` width that differs), instead of

@@ -215,7 +215,13 @@ class EngineContract:
         assert result.failures["reason"].str.contains(reason, regex=False).all(), result.failures["reason"][0]
         without = fedgp.data.Federation(list(gp.federation)[:victim])
         alone = fedgp.fit(
-            gp.spec, without, FGPR(local_steps=2, batch_size=8), rounds=3, seed=5, progress=False
+            gp.spec,
+            without,
+            FGPR(local_steps=2, batch_size=8),
+            rounds=3,
+            seed=5,
+            progress=False,
+            engine="sequential",
         )
         assert result.state.max_relative_difference(alone.state) < 1e-12
 

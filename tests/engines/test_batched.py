@@ -17,7 +17,7 @@ RTOL = 1e-8
 
 
 def both(spec, fed, strategy, rounds=4, seed=3, **batched_options):
-    seq = fedgp.fit(spec, fed, strategy, rounds=rounds, seed=seed, progress=False)
+    seq = fedgp.fit(spec, fed, strategy, rounds=rounds, seed=seed, progress=False, engine="sequential")
     bat = fedgp.fit(
         spec,
         fed,
@@ -98,7 +98,9 @@ def test_chunk_size_does_not_change_the_result(unequal):
 
 
 def test_batched_personalised_prediction_matches_per_client(unequal):
-    result = fedgp.fit(unequal.spec, unequal.federation, FGPR(local_steps=3), rounds=3, progress=False)
+    result = fedgp.fit(
+        unequal.spec, unequal.federation, FGPR(local_steps=3), rounds=3, progress=False, engine="sequential"
+    )
     engine = BatchedEngine(unequal.spec, unequal.federation, 0, chunk_size=4, memory_mb=0.05)
     X = torch.rand(9, 3, dtype=torch.float64)
     everyone = torch.arange(len(unequal.federation))
