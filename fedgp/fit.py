@@ -245,6 +245,7 @@ def fit(
     checkpoint_path: str | os.PathLike | None = None,
     resume_from: str | os.PathLike | None = None,
     engine_options: dict | None = None,
+    device: str | torch.device | None = None,
     callback: Callable[[int, Any], None] | None = None,
     min_replies: int | float = 1,
     simulate_failures: float = 0.0,
@@ -263,6 +264,8 @@ def fit(
         progress: tqdm bar over rounds; ``None`` shows it only on a terminal.
         eval_every: every how many rounds the clients report test metrics (default 1 if some have
             test splits, else never). Each evaluation conditions every client on its own data.
+        device: run the batched engine's tensor path there (e.g. ``"cuda"``); the same as
+            ``engine_options={"device": ...}``, and with ``engine="auto"`` it selects the batched engine.
         checkpoint_every / checkpoint_path: save a checkpoint every N rounds (and at the end).
         resume_from: continue from a checkpoint; the result is bit-identical to an unbroken run.
         callback: called as ``callback(round, server_state)`` after every round (1-based round).
@@ -283,6 +286,13 @@ def fit(
         raise ValueError("checkpoint_every needs checkpoint_path")
     if not (isinstance(simulate_failures, (int, float)) and 0.0 <= simulate_failures < 1.0):
         raise ValueError(f"simulate_failures must be a probability in [0, 1), got {simulate_failures!r}")
+    if device is not None:
+        if isinstance(engine, Engine) or engine not in ("auto", "batched"):
+            raise ValueError(
+                f"device={device!r} applies to engine='batched' or 'auto', not {engine!r}; "
+                "an engine instance takes its own device option"
+            )
+        engine_options = {**(engine_options or {}), "device": device}
     if isinstance(engine, Engine):
         if engine_options:
             raise ValueError("engine_options apply to an engine given by name, not to an instance")

@@ -69,7 +69,7 @@ class _MeanKernel(gpytorch.Module):
         self, x1: torch.Tensor | None, x2: torch.Tensor | None = None, diag: bool = False, rows: int = 0
     ):
         if x1 is None:  # log p(θ) per row, as GPyTorch's marginal likelihood adds it
-            total = torch.zeros(rows)
+            total = 0.0
             for _, owner, prior, closure, _ in self.named_priors():
                 total = total + prior.log_prob(closure(owner)).reshape(rows, -1).sum(-1)
             return total
@@ -202,7 +202,11 @@ class BatchedGP:
         """``(X / ℓ, outputscale, noise)`` per row, for the stationary fast paths."""
         scale, lengthscale, _ = self.fast
         ls = self.spec.param(lengthscale).transform(raw[lengthscale])
-        s = self.spec.param(scale).transform(raw[scale]) if scale else torch.ones(len(X), dtype=X.dtype)
+        s = (
+            self.spec.param(scale).transform(raw[scale])
+            if scale
+            else torch.ones(len(X), dtype=X.dtype, device=X.device)
+        )
         return X / ls, s.reshape(-1), self.noise_variance(raw)
 
     def train_covariance(self, raw, X, mask):
@@ -212,9 +216,11 @@ class BatchedGP:
             K = StationaryGram.apply(*self._stationary_inputs(raw, X), self.fast[2])
         else:
             noise = self.noise_variance(raw)
-            K = self.kernel(raw, X, X) + noise.reshape(-1, 1, 1) * torch.eye(X.shape[-2], dtype=X.dtype)
+            K = self.kernel(raw, X, X) + noise.reshape(-1, 1, 1) * torch.eye(
+                X.shape[-2], dtype=X.dtype, device=X.device
+            )
         n = X.shape[-2]
-        eye = torch.eye(n, dtype=X.dtype)
+        eye = torch.eye(n, dtype=X.dtype, device=X.device)
         if mask is not None:
             pair = mask.unsqueeze(-1) & mask.unsqueeze(-2)
             K = torch.where(pair, K, eye)
@@ -236,7 +242,7 @@ class BatchedGP:
 
     def _data_nll(self, raw, X, y, mask, client_ids) -> torch.Tensor:
         r = y - self.mean(raw, X)
-        n = torch.full(r.shape[:1], X.shape[-2], dtype=torch.long)
+        n = torch.full(r.shape[:1], X.shape[-2], dtype=torch.long, device=X.device)
         if mask is not None:
             r = torch.where(mask, r, torch.zeros((), dtype=r.dtype))
             n = mask.sum(-1)
@@ -290,7 +296,9 @@ def cholesky(K: torch.Tensor, client_ids: Sequence) -> torch.Tensor:
         return L
     first = CHOLESKY_JITTER if K.dtype == torch.float64 else 1e-6
     A = K[failed].clone()  # the failing rows, with GPyTorch's cumulative jitter
-    pending = torch.ones(len(failed), dtype=torch.bool)  # rows of ``failed`` still without a factor
+    pending = torch.ones(
+        len(failed), dtype=torch.bool, device=K.device
+    )  # rows of ``failed`` still without a factor
     previous = 0.0
     for attempt in range(CHOLESKY_MAX_TRIES):
         jitter = first * 10**attempt
@@ -330,6 +338,10 @@ class BatchedEngine(InProcessEngine):
         compiled: the compiled minibatch step of :mod:`fedgp.engines.compiled` (RBF/Matérn
             kernels, needs numba): ``None`` uses it where it applies, ``False`` never, ``True`` insists.
             It computes the same numbers as the tensor path (to rounding), 2–3× faster.
+        device: where the tensor path runs (e.g. ``"cuda"``): the clients' data are copied there
+            once at construction (``ClientData`` stays float64 on the CPU), states are moved there per
+            chunk and replies come back to the CPU. The compiled step is CPU-only, so on a GPU the
+            tensor path runs; the per-client fallback runs on the CPU.
         loopback, timeout: as for every in-process engine (:class:`~fedgp.engines.base.InProcessEngine`);
             a timeout applies to a whole chunk, whose clients all fail when it is exceeded.
     """
@@ -346,6 +358,7 @@ class BatchedEngine(InProcessEngine):
         check: bool = True,
         minibatch_dtype: torch.dtype | None = None,
         compiled: bool | None = None,
+        device: str | torch.device = "cpu",
         **options,
     ):
         if chunk_size < 1:
@@ -357,11 +370,16 @@ class BatchedEngine(InProcessEngine):
         if self.minibatch_dtype not in (torch.float32, torch.float64):
             raise ValueError(f"minibatch_dtype must be torch.float32 or torch.float64, got {minibatch_dtype}")
         self.gp = _batched_gp(spec, compiled, check, clients[0].n_features if clients else 1)
+        if self.gp is not None:
+            self.gp.module.to(device)  # the modules' buffers (priors' parameters, active_dims)
         dtype = spec.dtype
         self.sizes = torch.tensor([c.n for c in clients], dtype=torch.long)
         self.offsets = torch.cumsum(self.sizes, 0) - self.sizes
-        self.X = torch.cat([c.X for c in clients]).to(dtype)
-        self.y = torch.cat([c.y for c in clients]).to(dtype)
+        # ClientData keeps float64 on the CPU as storage; the engine's copy is in the spec's precision
+        # on ``device``, moved once (N·(d+1) numbers), and states are moved per chunk and task.
+        self.device = torch.device(device)
+        self.X = torch.cat([c.X for c in clients]).to(self.device, dtype)
+        self.y = torch.cat([c.y for c in clients]).to(self.device, dtype)
         if self.minibatch_dtype != dtype:  # a copy in the minibatch precision, gathered every step
             self.X_mb, self.y_mb = self.X.to(self.minibatch_dtype), self.y.to(self.minibatch_dtype)
         else:
@@ -380,7 +398,7 @@ class BatchedEngine(InProcessEngine):
         pos = torch.arange(n)
         mask = pos.unsqueeze(0) < lengths.unsqueeze(1)
         flat = torch.where(mask, self.offsets[rows].unsqueeze(1) + pos, self.offsets[rows].unsqueeze(1))
-        return self.X[flat], self.y[flat], (None if bool(mask.all()) else mask)
+        return self.X[flat], self.y[flat], (None if bool(mask.all()) else mask.to(self.device))
 
     def size_groups(
         self, rows: torch.Tensor, extra_rows: int = 1, test: bool = False
@@ -419,7 +437,8 @@ class BatchedOps:
         if len(batch) < 1 or batch[0] != len(self.rows):
             raise ValueError(f"states must have batch ({len(self.rows)}, ...), got {tuple(batch)}")
         extra = batch[1:]
-        flat = states.map(lambda v, e: v.reshape(-1, *v.shape[len(batch) :]))
+        device = self.engine.device
+        flat = states.map(lambda v, e: v.reshape(-1, *v.shape[len(batch) :]).to(device))
         per_client = int(torch.Size(extra).numel())
         return flat, extra, per_client
 
@@ -431,6 +450,7 @@ class BatchedOps:
         per (client, extra state), written into ``out["loss"]`` / ``out["grads"]`` (all rows)."""
         for group in self.engine.size_groups(self.rows[client_pos], per_client):
             row_idx = (client_pos[group].unsqueeze(1) * per_client + torch.arange(per_client)).reshape(-1)
+            row_idx = row_idx.to(self.engine.device)
             clients = self.rows[client_pos[group]].repeat_interleave(per_client)
             X, y, mask = self.engine.padded(clients)
             sub = {
@@ -449,16 +469,18 @@ class BatchedOps:
     def nll(self, states: HyperState) -> torch.Tensor:
         flat, extra, per_client = self._rows(states)
         raw = dict(self.spec.to_raw(flat))
-        out = {"loss": torch.empty(len(self.rows) * per_client, dtype=self.spec.dtype)}
+        out = {
+            "loss": torch.empty(len(self.rows) * per_client, dtype=self.spec.dtype, device=self.engine.device)
+        }
         self._full_data_nll(raw, torch.arange(len(self.rows)), per_client, False, out)
-        return out["loss"].reshape(len(self.rows), *extra).to(torch.float64)
+        return out["loss"].reshape(len(self.rows), *extra).to("cpu", torch.float64)
 
     def gradient(self, states: HyperState, batch_size: int | None = None) -> tuple[torch.Tensor, HyperState]:
         flat, extra, per_client = self._rows(states)
         raw = dict(self.spec.to_raw(flat))
         B = len(self.rows)
         out = {
-            "loss": torch.empty(B * per_client, dtype=self.spec.dtype),
+            "loss": torch.empty(B * per_client, dtype=self.spec.dtype, device=self.engine.device),
             "grads": {k: torch.zeros_like(v) for k, v in raw.items()},
         }
         # A client with at most batch_size points uses all of them (as the sequential engine).
@@ -476,7 +498,9 @@ class BatchedOps:
                 batch_size,
                 stream="gradient",
             )[:, 0]
-            rows = (pos.unsqueeze(1) * per_client + torch.arange(per_client)).reshape(-1)
+            rows = (
+                (pos.unsqueeze(1) * per_client + torch.arange(per_client)).reshape(-1).to(self.engine.device)
+            )
             clients = self.rows[pos].repeat_interleave(per_client)
             flat_idx = self.engine.offsets[clients].unsqueeze(1) + idx.repeat_interleave(per_client, 0)
             sub = {k: v[rows].detach().requires_grad_(self.spec.param(k).trainable) for k, v in raw.items()}
@@ -488,9 +512,9 @@ class BatchedOps:
                 out["grads"][k][rows] = g
             out["loss"][rows] = value.detach()
         shaped = HyperState(out["grads"], flat.event_shapes).map(
-            lambda v, e: v.reshape(B, *extra, *v.shape[1:])
+            lambda v, e: v.reshape(B, *extra, *v.shape[1:]).cpu()
         )
-        return out["loss"].reshape(B, *extra).to(torch.float64), shaped
+        return out["loss"].reshape(B, *extra).to("cpu", torch.float64), shaped
 
     def train(self, states: HyperState, local: LocalTraining) -> TrainResult:
         flat, extra, per_client = self._rows(states)
@@ -507,10 +531,11 @@ class BatchedOps:
             idx[pos, :, :m] = draw_minibatches(
                 self.engine.seed, self.round, self.indices[pos], self.sizes[pos], S, m, local.minibatch, X_pad
             )
-        mask = (idx >= 0).repeat_interleave(per_client, 0)  # (rows, S, M)
+        device = self.engine.device
+        mask = (idx >= 0).repeat_interleave(per_client, 0).to(device)  # (rows, S, M)
         flat_idx = self.engine.offsets[self.rows].view(B, 1, 1) + idx.clamp_min(0)
         flat_idx = flat_idx.repeat_interleave(per_client, 0)
-        row_steps = steps.repeat_interleave(per_client)
+        row_steps = steps.repeat_interleave(per_client).to(device)
         ids = self._ids(self.rows.repeat_interleave(per_client))
 
         raw_all = dict(self.spec.to_raw(flat))
@@ -521,7 +546,7 @@ class BatchedOps:
         widths = [shape.numel() for shape in shapes]
         start = torch.cat([raw_all[k].reshape(len(row_steps), -1) for k in trainable], 1)
         theta, opt_state = start, local.optimizer.init({"theta": start})
-        total = torch.zeros(len(row_steps), dtype=self.spec.dtype)
+        total = torch.zeros(len(row_steps), dtype=self.spec.dtype, device=device)
         mb_dtype = self.engine.minibatch_dtype
         for s in range(S):
             active = s < row_steps
@@ -548,8 +573,8 @@ class BatchedOps:
         }
         raw_all.update(raw)
         new = self.spec.from_raw(HyperState(raw_all, self.spec.event_shapes))
-        new = new.map(lambda v, e: v.reshape(B, *extra, *v.shape[1:]))
-        loss = (total / row_steps.to(total.dtype)).reshape(B, *extra).to(torch.float64)
+        new = new.map(lambda v, e: v.reshape(B, *extra, *v.shape[1:]).cpu())
+        loss = (total / row_steps.to(total.dtype)).reshape(B, *extra).to("cpu", torch.float64)
         return TrainResult(new, loss, steps)
 
     def predict(self, states: HyperState, X_new: torch.Tensor | None = None) -> list[Prediction]:
@@ -571,13 +596,15 @@ class BatchedOps:
                     raise ValueError(f"client {missing[0]!r} has no test split and no inputs were given")
                 tests = [self.engine.clients[i].X_test.to(X.dtype) for i in clients.tolist()]
                 lengths = torch.tensor([len(t) for t in tests])
-                Xs = torch.nn.utils.rnn.pad_sequence(tests, batch_first=True)
+                Xs = torch.nn.utils.rnn.pad_sequence(tests, batch_first=True).to(X.device)
             else:
-                Xs = torch.as_tensor(X_new, dtype=X.dtype).expand(len(clients), *X_new.shape)
+                Xs = torch.as_tensor(X_new, dtype=X.dtype, device=X.device).expand(len(clients), *X_new.shape)
                 lengths = torch.full((len(clients),), X_new.shape[0])
-            sub = {k: v[group] for k, v in raw.items()}
+            sub = {k: v[group.to(X.device)] for k, v in raw.items()}
             with torch.no_grad():
-                mean, var_f, noise = self._posterior(sub, X, y, mask, Xs, self._ids(clients))
+                mean, var_f, noise = (
+                    t.cpu() for t in self._posterior(sub, X, y, mask, Xs, self._ids(clients))
+                )
             for j, pos in enumerate(group.tolist()):
                 n = int(lengths[j])
                 out[pos] = Prediction(mean[j, :n].clone(), var_f[j, :n].clone(), var_f[j, :n] + noise[j])
