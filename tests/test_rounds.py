@@ -76,6 +76,7 @@ def test_a_late_reply_is_a_timeout_failure_of_that_round(draws):
         Slow(batch_size=8),
         rounds=2,
         progress=False,
+        engine="sequential",  # a timeout per client (batched: per chunk)
         engine_options={"timeout": 0.5},
     )
     # the slow client fails every round (others are fast, but on a loaded machine not guaranteed so)
