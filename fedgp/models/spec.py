@@ -234,8 +234,8 @@ class GPSpec:
 
         walk(self.kernel, "covar_module", d)
         for name, module in self.mean.named_modules():
-            weights = getattr(module, "weights", None)
-            if isinstance(weights, torch.Tensor) and weights.dim() >= 2 and weights.shape[-2] != d:
+            weights = module.weights if isinstance(module, gpytorch.means.LinearMean) else None
+            if weights is not None and weights.shape[-2] != d:
                 path = "mean_module" + (f".{name}" if name else "")
                 raise ValueError(
                     f"{path} ({type(module).__name__}) takes {weights.shape[-2]} input features but "
