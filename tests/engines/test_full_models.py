@@ -39,6 +39,11 @@ def test_float32_fits_agree_across_engines_and_with_float64(draws):
     assert all(v.dtype == torch.float32 for v in s32.values())
     assert all(v.dtype == torch.float32 for v in b32.values())
     assert s32.max_relative_difference(b32) < 1e-4  # float32 rounding, two code paths
+    # States cross the wire as float64 records: exact for float32 values, so bytes change nothing.
+    wired = fit_on(
+        "batched", GPSpec(dtype=torch.float32), draws.federation, rounds=4, engine_options={"loopback": True}
+    )
+    assert wired.state.max_relative_difference(b32) == 0.0
     f64 = runs[torch.float64, "sequential"].state
     assert s32.map(lambda v, e: v.double()).max_relative_difference(f64) < 1e-3
     mean32, var32 = runs[torch.float32, "batched"].predict(draws.federation[0].X_test, client=0)
