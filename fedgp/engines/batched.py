@@ -363,6 +363,12 @@ class BatchedEngine(InProcessEngine):
     ):
         if chunk_size < 1:
             raise ValueError("chunk_size must be >= 1")
+        self.device = torch.device(device)
+        if self.device.type == "cuda" and not torch.cuda.is_available():
+            raise ValueError(
+                f"device={str(device)!r}, but this PyTorch sees no CUDA GPU (torch.cuda.is_available() "
+                "is False); install a CUDA build of PyTorch on a GPU machine, or leave device unset"
+            )
         super().__init__(spec, clients, seed, **options)
         self.chunk_size, self.memory_mb = chunk_size, memory_mb
         self.model = None  # a GPyTorch model for the per-client fallback, built when first needed
@@ -371,13 +377,12 @@ class BatchedEngine(InProcessEngine):
             raise ValueError(f"minibatch_dtype must be torch.float32 or torch.float64, got {minibatch_dtype}")
         self.gp = _batched_gp(spec, compiled, check, clients[0].n_features if clients else 1)
         if self.gp is not None:
-            self.gp.module.to(device)  # the modules' buffers (priors' parameters, active_dims)
+            self.gp.module.to(self.device)  # the modules' buffers (priors' parameters, active_dims)
         dtype = spec.dtype
         self.sizes = torch.tensor([c.n for c in clients], dtype=torch.long)
         self.offsets = torch.cumsum(self.sizes, 0) - self.sizes
         # ClientData keeps float64 on the CPU as storage; the engine's copy is in the spec's precision
         # on ``device``, moved once (N·(d+1) numbers), and states are moved per chunk and task.
-        self.device = torch.device(device)
         self.X = torch.cat([c.X for c in clients]).to(self.device, dtype)
         self.y = torch.cat([c.y for c in clients]).to(self.device, dtype)
         if self.minibatch_dtype != dtype:  # a copy in the minibatch precision, gathered every step

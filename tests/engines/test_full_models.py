@@ -237,3 +237,6 @@ def test_device_option_runs_the_tensor_path_where_asked(draws):
     assert explicit.state.max_relative_difference(cpu.state) == 0.0
     with pytest.raises(ValueError, match="device='cpu' applies to engine='batched' or 'auto'"):
         fit_on("sequential", GPSpec(), draws.federation, device="cpu")
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="device='cuda', but this PyTorch sees no CUDA GPU"):
+            fit_on("auto", GPSpec(), draws.federation, device="cuda")
