@@ -9,8 +9,9 @@ standardises outcomes by default (``Standardize``) and asks for inputs in the un
 1. Before training, the server sends every client a ``summarise`` task, twice. A client replies
    with its count and Σy, then with Σ(y − ȳ)² about the federation's mean: *summed* fields, the
    server sees only their totals. For federated input normalisation only, it also sends its
-   per-feature minimum and maximum (individual fields: the server learns each client's bounding
-   box; give ``Normalize(bounds=...)`` to reveal nothing about the inputs).
+   per-feature bounding box, widened outward to a coarse grid so that no data value leaves
+   (individual fields: the server learns each client's box to about 1/16 of its width; give
+   ``Normalize(bounds=...)`` to reveal nothing about the inputs).
 2. The server forms the global mean and standard deviation and the unit-cube map
    (:func:`learn`), and sends them with every later task: two ``(d,)`` and two scalar tensors.
 3. Each client applies them to its own data where it is hosted, and maps its predictions and test
@@ -71,8 +72,8 @@ class Normalize:
     """Input transform ``x ↦ (x − lower) / (upper − lower)``: the unit cube (BoTorch's ``Normalize``).
 
     ``bounds``: known ``(2, d)`` lower and upper bounds (nothing about the inputs leaves a client);
-    ``None``: the federation's minimum and maximum per feature. A feature with zero range keeps
-    scale 1.
+    ``None``: the federation's box: the union of the clients' boxes, each widened to a grid of
+    about 1/16 of its width (:func:`outward_bounds`), so the data lie strictly inside the cube.
     """
 
     bounds: Any = None
@@ -215,9 +216,29 @@ def summarise(clients: Sequence[ClientData], stage: str, bounds: bool = False, c
         "y_sum": torch.stack([c.y.sum() for c in clients]).to(torch.float64),
     }
     if bounds:
-        out["x_min"] = torch.stack([c.X.min(0).values for c in clients]).to(torch.float64)
-        out["x_max"] = torch.stack([c.X.max(0).values for c in clients]).to(torch.float64)
+        boxes = [outward_bounds(c.X.min(0).values, c.X.max(0).values) for c in clients]
+        out["x_min"] = torch.stack([b[0] for b in boxes]).to(torch.float64)
+        out["x_max"] = torch.stack([b[1] for b in boxes]).to(torch.float64)
     return out
+
+
+def outward_bounds(lower: torch.Tensor, upper: torch.Tensor, steps: int = 16):
+    """A client's per-feature box, widened to a coarse grid so that no data value leaves.
+
+    A minimum or maximum *is* a data value (for one feature, a whole row of X). Each end is moved
+    outward to a multiple of a power of two near 1/``steps`` of the box's width (of the value
+    itself for a zero-width feature), strictly beyond the data: the server learns the box to about
+    1/16 of its width, never a value a client holds.
+    """
+    width = upper - lower
+    reference = torch.where(width > 0, width, torch.maximum(lower.abs(), upper.abs()))
+    reference = torch.where(reference > 0, reference, torch.ones_like(reference))
+    step = torch.exp2(torch.ceil(torch.log2(reference / steps)))
+    low = torch.floor(lower / step) * step
+    high = torch.ceil(upper / step) * step
+    low = torch.where(low >= lower, low - step, low)
+    high = torch.where(high <= upper, high + step, high)
+    return low, high
 
 
 def _through_origin(spec) -> bool:

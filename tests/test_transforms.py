@@ -15,7 +15,7 @@ import fedgp
 from fedgp.data import ClientData, Federation
 from fedgp.engines.sequential import SequentialEngine
 from fedgp.strategies import FGPR
-from fedgp.transforms import DataTransform, Normalize, Standardize, learn, summarise
+from fedgp.transforms import DataTransform, Normalize, Standardize, learn, outward_bounds, summarise
 
 RAW = {"outcome_transform": None, "input_transform": None}
 
@@ -33,10 +33,12 @@ def raw_federation(seed=0, num_clients=5):
 
 
 def by_hand(fed, local=False):
-    """The federation transformed as the defaults should: pooled mean/sd (ddof 1), pooled min/max."""
-    X = torch.cat([c.X for c in fed])
+    """The federation transformed as the defaults should: pooled mean/sd (ddof 1), the union of the
+    clients' boxes widened outward."""
     y = torch.cat([c.y for c in fed])
-    lower, span = X.min(0).values, X.max(0).values - X.min(0).values
+    boxes = [outward_bounds(c.X.min(0).values, c.X.max(0).values) for c in fed]
+    lower = torch.stack([b[0] for b in boxes]).min(0).values
+    span = torch.stack([b[1] for b in boxes]).max(0).values - lower
     out, maps = [], []
     for c in fed:
         m, s = (c.y.mean(), c.y.std()) if local else (y.mean(), y.std())
@@ -90,7 +92,7 @@ def test_what_was_applied_is_reported():
     assert result.transform.y_offset.item() == pytest.approx(float(y.mean()), rel=1e-12)
     assert result.transform.y_scale.item() == pytest.approx(float(y.std()), rel=1e-12)
     assert result.transforms["outcome"].startswith("standardize, mean 1")
-    assert result.transforms["inputs"].startswith("normalize to the unit cube from lower [3.")
+    assert result.transforms["inputs"] == "normalize to the unit cube from lower [3, -40], upper [13, -20]"
     assert result.history.attrs["transforms"] == result.transforms
     off = fedgp.fit(SPEC, fed, rounds=1, **RAW)
     assert off.transforms == {"outcome": "none", "inputs": "none"} and off.transform.is_identity
@@ -206,10 +208,29 @@ def test_learned_transform_matches_pooled_statistics(loc, scale, sizes, seed):
     X, y = torch.cat([c.X for c in clients]), torch.cat([c.y for c in clients])
     assert math.isclose(float(t.y_offset), float(y.mean()), rel_tol=1e-9, abs_tol=1e-9 * scale)
     assert math.isclose(float(t.y_scale), float(y.std()), rel_tol=1e-9)  # two passes: no cancellation
-    torch.testing.assert_close(t.x_offset, X.min(0).values)
-    torch.testing.assert_close(t.x_offset + t.x_scale, X.max(0).values, rtol=1e-12, atol=1e-9 * scale)
+    boxes = [outward_bounds(c.X.min(0).values, c.X.max(0).values) for c in clients]
+    torch.testing.assert_close(t.x_offset, torch.stack([b[0] for b in boxes]).min(0).values)
+    torch.testing.assert_close(t.x_offset + t.x_scale, torch.stack([b[1] for b in boxes]).max(0).values)
+    assert bool((t.x_offset < X.min(0).values).all() and (t.x_offset + t.x_scale > X.max(0).values).all())
     # applied to a client, the data map back exactly
     moved, m, s = t.apply(clients[0])
     torch.testing.assert_close(moved.y * s + m, clients[0].y, rtol=1e-9, atol=1e-9 * scale)
     torch.testing.assert_close(moved.X * t.x_scale + t.x_offset, clients[0].X, rtol=1e-9, atol=1e-9 * scale)
     assert DataTransform.from_parts(t.tensors(), t.settings()).key() == t.key()
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    values=st.lists(
+        st.floats(-1e12, 1e12, allow_nan=False, allow_infinity=False) | st.integers(-1000, 1000).map(float),
+        min_size=1,
+        max_size=12,
+    )
+)
+def test_a_client_box_never_reveals_a_data_value(values):
+    x = torch.tensor(values, dtype=torch.float64)
+    low, high = outward_bounds(x.min().reshape(1), x.max().reshape(1))
+    assert float(low) < float(x.min()) and float(high) > float(x.max())  # strictly outside: no value sent
+    width = float(x.max() - x.min())
+    if width > 0:  # about 1/16 of the width: at most two grid steps of width/8 on each side
+        assert float(x.min() - low) <= width / 4 and float(high - x.max()) <= width / 4

@@ -34,7 +34,16 @@ def test_fgpr_beats_converged_separate_on_currin_with_10_hf_points():
 
 def _fit(strategy, fed, rounds=4):
     return fedgp.fit(
-        rbf_spec(2), fed, strategy, rounds=rounds, seed=1, progress=False, eval_every=0, engine="sequential"
+        rbf_spec(2),
+        fed,
+        strategy,
+        rounds=rounds,
+        seed=1,
+        progress=False,
+        eval_every=0,
+        engine="sequential",
+        outcome_transform=None,  # the one-client federation below would learn other transforms
+        input_transform=None,
     ).state
 
 
