@@ -553,14 +553,16 @@ class BatchedOps:
         K = self.gp.train_covariance(raw, X, mask)
         L = cholesky(K, ids)
         r = y - self.gp.mean(raw, X)
-        Ks = self.gp.kernel(raw, X, Xs)  # (B, N, T)
+        # stationary kernels: shift both sides by the row's first point, as _stationary_inputs does
+        shift = X[..., :1, :] if self.gp.fast is not None else torch.zeros((), dtype=X.dtype)
+        Ks = self.gp.kernel(raw, X - shift, Xs - shift)  # (B, N, T)
         if mask is not None:
             r = torch.where(mask, r, torch.zeros((), dtype=r.dtype))
             Ks = torch.where(mask.unsqueeze(-1), Ks, torch.zeros((), dtype=Ks.dtype))
         alpha = torch.cholesky_solve(r.unsqueeze(-1), L).squeeze(-1)
         mean = self.gp.mean(raw, Xs) + (Ks * alpha.unsqueeze(-1)).sum(-2)
         V = torch.linalg.solve_triangular(L, Ks, upper=False)
-        prior = self.gp.kernel(raw, Xs, Xs, diag=True)
+        prior = self.gp.kernel(raw, Xs - shift, Xs - shift, diag=True)
         var_f = (prior - (V * V).sum(-2)).clamp_min(0.0)
         return mean, var_f, self.gp.noise_variance(raw).unsqueeze(-1)
 
