@@ -291,13 +291,15 @@ def fit(
     if bound is not None:
         options.update(bound.options)
 
-    fit_options = {
-        "eval_every": eval_every,
-        "min_replies": min_replies,
-        "simulate_failures": float(simulate_failures),
-        "attack": None if bound is None else (repr(attack), list(bound.ids)),
-    }
-    fingerprint = run_fingerprint(spec, strategy, registry, federation, runner.name, seed, fit_options)
+    fingerprint: dict[str, str] = {}
+    if checkpoint_every or resume_from is not None:  # it hashes all data: only when it is needed
+        fit_options = {
+            "eval_every": eval_every,
+            "min_replies": min_replies,
+            "simulate_failures": float(simulate_failures),
+            "attack": None if bound is None else (repr(attack), list(bound.ids)),
+        }
+        fingerprint = run_fingerprint(spec, strategy, registry, federation, runner.name, seed, fit_options)
     if resume_from is not None:
         ckpt = load_checkpoint(resume_from)
         mismatch = fingerprint_mismatches(ckpt.fingerprint, fingerprint)
