@@ -90,7 +90,8 @@ def _resolve_type(name: str) -> type:
     obj: Any = sys.modules.get(module_name) if allowed else None
     for part in qualname.split(".") if obj is not None else ():
         obj = getattr(obj, part, None)
-    if not (isinstance(obj, type) and dataclasses.is_dataclass(obj)):
+    own = isinstance(obj, type) and (obj.__module__ == "fedgp" or obj.__module__.startswith("fedgp."))
+    if not (own and dataclasses.is_dataclass(obj)):  # defined in fedgp, not merely reachable from it
         raise CheckpointError(
             f"checkpoint names type {name!r}, which is not an imported fedgp dataclass; a checkpoint can "
             "only rebuild fedgp's own state types (register others with register_state_type)"
