@@ -631,9 +631,9 @@ def _well_conditioned(spec: GPSpec, state: HyperState) -> HyperState:
     constraint = info.constraint
     if constraint is not None:
         lower, upper = float(constraint.lower_bound.max()), float(constraint.upper_bound.min())
+        target = target.clamp(min=lower * 2 if lower > 0 else lower)
         if math.isfinite(upper):
             target = target.clamp(max=lower + 0.5 * (upper - lower))
-        target = target.clamp(min=lower * 2 if lower > 0 else lower)
     values = dict(state)
     values[info.name] = torch.maximum(state[info.name], target)
     return HyperState(values, state.event_shapes)
