@@ -364,7 +364,9 @@ def fit(
             "simulate_failures": float(simulate_failures),
             "attack": None if bound is None else (repr(attack), list(bound.ids)),
         }
-        fingerprint = run_fingerprint(spec, strategy, registry, federation, runner.name, seed, fit_options)
+        fingerprint = run_fingerprint(
+            spec, strategy, registry, federation, runner.name, seed, fit_options, transform
+        )
     if resume_from is not None:
         ckpt = load_checkpoint(resume_from)
         mismatch = fingerprint_mismatches(ckpt.fingerprint, fingerprint)

@@ -7,6 +7,7 @@ values (tensors, data) are recorded as sha256 digests; short ones as their value
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from typing import Any
@@ -71,9 +72,10 @@ def _data_digest(federation) -> str:
 
 
 def run_fingerprint(
-    spec, strategy, registry, federation, engine: str, seed: int, options: dict
+    spec, strategy, registry, federation, engine: str, seed: int, options: dict, transform=None
 ) -> dict[str, str]:
-    """The fingerprint of a run; ``options`` are ``fit``'s other result-changing settings."""
+    """The fingerprint of a run; ``options`` are ``fit``'s other result-changing settings and
+    ``transform`` the learned data transform (a dataclass of tensors, :mod:`fedgp.transforms`)."""
     import fedgp
 
     out = {"fedgp.version": fedgp.__version__, "seed": str(int(seed)), "engine": str(engine)}
@@ -87,4 +89,7 @@ def run_fingerprint(
         "unavailable (engine given as an instance)" if federation is None else _data_digest(federation)
     )
     out.update({f"fit.{k}": repr(v) for k, v in sorted(options.items())})
+    for f in dataclasses.fields(transform) if transform is not None else ():
+        value = getattr(transform, f.name)
+        out[f"transform.{f.name}"] = _tensor_text(value) if isinstance(value, torch.Tensor) else repr(value)
     return out

@@ -298,7 +298,7 @@ def outcome(case: Case) -> tuple[str, str]:
 
 
 def one_round_on_each_engine(fed: Federation) -> list[str]:
-    """One FGPR round on the sequential and the batched engine: ``fit-ok``, or
+    """One FGPR round on the sequential and the batched engine, transforms off: ``fit-ok``, or
     ``fit-fails-naming-client`` / ``fit-unclear`` with the error, per engine."""
     import fedgp
     from fedgp.strategies import FGPR
@@ -313,6 +313,8 @@ def one_round_on_each_engine(fed: Federation) -> list[str]:
                 rounds=1,
                 engine=engine,
                 progress=False,
+                input_transform=None,  # the data as given: the harder case
+                outcome_transform=None,
             )
             labels.append("fit-ok")
         except Exception as err:  # noqa: BLE001 - counted by the caller

@@ -162,6 +162,11 @@ def test_resume_names_the_field_that_differs(draws, written):
     assert "different engine (checkpoint: sequential; this run: batched)" in _resume_error(
         draws, written, engine="batched"
     )
+    with pytest.raises(CheckpointError, match=r"different transform.y_offset \(checkpoint: float64\[\]="):
+        fedgp.fit(
+            draws.spec, draws.federation, FGPR(local_steps=2), rounds=3, progress=False, resume_from=written,
+            outcome_transform=None,
+        )  # fmt: skip
     assert "different strategy.local_steps (checkpoint: 2; this run: 3)" in _resume_error(
         draws, written, strategy=FGPR(local_steps=3)
     )

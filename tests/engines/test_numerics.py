@@ -39,7 +39,7 @@ def _run_every_path(spec, fed):
     for engine, options in PATHS:
         result = fedgp.fit(
             spec, fed, FGPR(local_steps=4, batch_size=8), rounds=3, engine=engine, engine_options=options,
-            progress=False, seed=1,
+            progress=False, seed=1, input_transform=None, outcome_transform=None,  # the raw numerics
         )  # fmt: skip
         mean, var = result.predict(fed.by_id("c1").X_test, client="c1")
         out.append((result.state, mean, var, result.evaluate()[["rmse", "nll"]].to_numpy()))
