@@ -14,7 +14,7 @@ import torch
 import fedgp
 from fedgp.data import ClientData, Federation
 from fedgp.engines import compiled as compiled_step
-from fedgp.engines.batched import BatchedEngine, check_against_gpytorch
+from fedgp.engines.batched import BatchedEngine, UnsupportedSpec, check_against_gpytorch
 from fedgp.strategies import FGPR
 
 PATHS = [("sequential", {}), ("batched", {"compiled": False})]
@@ -84,13 +84,23 @@ def test_a_tiny_noise_floor_passes_the_self_check_and_agrees_on_every_path(nu):
     _agree(_run_every_path(spec, fed), rtol=1e-6)
 
 
+class _FirstRowKernel(gpytorch.kernels.Kernel):
+    """An RBF kernel that reads only the first of a batch of lengthscales: right for one client,
+    wrong for every other client of a parameter batch."""
+
+    has_lengthscale = True
+
+    def forward(self, x1, x2, diag=False, **params):
+        ls = self.lengthscale.reshape(-1)[0]
+        return torch.exp(-0.5 * self.covar_dist(x1 / ls, x2 / ls, square_dist=True, diag=diag))
+
+
 def test_the_self_check_names_what_differs_and_why():
-    spec = fedgp.GPSpec(
-        gpytorch.kernels.ScaleKernel(
-            gpytorch.kernels.PeriodicKernel(lengthscale_prior=gpytorch.priors.GammaPrior(2.0, 1.0))
-        )
+    spec = fedgp.GPSpec(gpytorch.kernels.ScaleKernel(_FirstRowKernel()))
+    message = (
+        r"does not reproduce GPyTorch for this spec: the NLL, .*lengthscale differ on a well-conditioned"
     )
-    with pytest.raises(
-        ValueError, match=r"the batched engine does not reproduce GPyTorch .* priors on the kernel"
-    ):
+    with pytest.raises(UnsupportedSpec, match=message):
         check_against_gpytorch(spec)
+    with pytest.warns(UserWarning, match=message):  # the engine falls back to GPyTorch and says why
+        BatchedEngine(spec, _federation(0.0), 0)
