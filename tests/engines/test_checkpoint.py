@@ -24,8 +24,8 @@ def draws():
 def written(draws, tmp_path_factory):
     path = tmp_path_factory.mktemp("ckpt") / "run.ckpt"
     fedgp.fit(
-        draws.spec, draws.federation, FGPR(local_steps=2), rounds=2, progress=False, checkpoint_every=1,
-        checkpoint_path=path,
+        draws.spec, draws.federation, FGPR(local_steps=2), rounds=2, engine="sequential", progress=False,
+        checkpoint_every=1, checkpoint_path=path,
     )  # fmt: skip
     return path
 
@@ -164,8 +164,8 @@ def test_resume_names_the_field_that_differs(draws, written):
     )
     with pytest.raises(CheckpointError, match=r"different transform.y_offset \(checkpoint: float64\[\]="):
         fedgp.fit(
-            draws.spec, draws.federation, FGPR(local_steps=2), rounds=3, progress=False, resume_from=written,
-            outcome_transform=None,
+            draws.spec, draws.federation, FGPR(local_steps=2), rounds=3, engine="sequential", progress=False,
+            resume_from=written, outcome_transform=None,
         )  # fmt: skip
     assert "different strategy.local_steps (checkpoint: 2; this run: 3)" in _resume_error(
         draws, written, strategy=FGPR(local_steps=3)
