@@ -36,6 +36,27 @@ def _reproduce(args: argparse.Namespace) -> int:
     return 0
 
 
+def _download(args: argparse.Namespace) -> int:
+    from fedgp.data.registry import DataFileError, default_registry, locate
+
+    registry = default_registry()
+    if args.dataset not in registry.datasets():
+        print(f"fedgp download: unknown dataset {args.dataset!r}; one of {', '.join(registry.datasets())}")
+        return 2
+    names = args.files or registry.files(args.dataset)
+    try:
+        for name in names:
+            path = locate(
+                args.dataset, name, args.root, download=True, registry=registry,
+                progress=False if args.no_progress else None, timeout=args.timeout,
+            )  # fmt: skip
+            print(f"verified {path}")
+    except (DataFileError, KeyError) as err:
+        print(f"fedgp download: {err}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="fedgp", description="Federated Gaussian-process regression.")
     parser.add_argument("--version", action="version", version=f"fedgp {__import__('fedgp').__version__}")
@@ -56,6 +77,14 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--quick", action="store_true", help="a few repeats and rounds (also FEDGP_QUICK=1)")
     rep.add_argument("--no-progress", action="store_true", help="no progress bars")
     rep.set_defaults(func=_reproduce)
+
+    dl = sub.add_parser("download", help="fetch and verify a dataset's files (see datasets/registry.json)")
+    dl.add_argument("dataset", help="a dataset of the registry, e.g. cmapss or sarcos")
+    dl.add_argument("files", nargs="*", help="file names (default: all of the dataset's files)")
+    dl.add_argument("--root", default=None, help="data root (default: FEDGP_DATA, else datasets/)")
+    dl.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for the server (default 60)")
+    dl.add_argument("--no-progress", action="store_true", help="no progress bars")
+    dl.set_defaults(func=_download)
     return parser
 
 

@@ -31,8 +31,15 @@ from fedgp.attacks.base import Attack
 from fedgp.data.client import ClientData, Federation
 from fedgp.engines.base import Engine, Registry
 from fedgp.engines.batched import BatchedEngine
-from fedgp.engines.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
+from fedgp.engines.checkpoint import (
+    Checkpoint,
+    CheckpointError,
+    fingerprint_mismatches,
+    load_checkpoint,
+    save_checkpoint,
+)
 from fedgp.engines.client import reply_fields
+from fedgp.engines.fingerprint import run_fingerprint
 from fedgp.engines.sequential import SequentialEngine
 from fedgp.messages import Record, read_state
 from fedgp.models.posterior import Prediction
@@ -377,29 +384,31 @@ def fit(
     if bound is not None:
         options.update(bound.options)
 
+    fingerprint: dict[str, str] = {}
+    if checkpoint_every or resume_from is not None:  # it hashes all data: only when it is needed
+        fit_options = {
+            "eval_every": eval_every,
+            "min_replies": min_replies,
+            "simulate_failures": float(simulate_failures),
+            "attack": None if bound is None else (repr(attack), list(bound.ids)),
+        }
+        fingerprint = run_fingerprint(
+            spec, strategy, registry, federation, runner.name, seed, fit_options, transform
+        )
     if resume_from is not None:
         ckpt = load_checkpoint(resume_from)
-        mismatch = [
-            name
-            for name, ours, theirs in [
-                ("seed", seed, ckpt.seed),
-                ("strategy", repr(strategy), ckpt.strategy),
-                ("spec", spec.names, ckpt.spec),
-            ]
-            if ours != theirs
-        ]
+        mismatch = fingerprint_mismatches(ckpt.fingerprint, fingerprint)
         if mismatch:
-            raise ValueError(f"checkpoint {resume_from} was written with a different {', '.join(mismatch)}")
+            raise CheckpointError(
+                f"checkpoint {resume_from} was written with a different " + "; different ".join(mismatch)
+            )
         start, server, history = ckpt.completed_rounds, ckpt.server_state, list(ckpt.history)
     else:
         start, server, history = 0, strategy.initialize(ctx, generator(seed, "init")), []
     failures: list[dict] = []
 
     def checkpoint(done: int) -> None:
-        save_checkpoint(
-            checkpoint_path,
-            Checkpoint(done, server, history, seed, repr(strategy), spec.names, runner.name),
-        )
+        save_checkpoint(checkpoint_path, Checkpoint(done, server, history, fingerprint))
 
     bar = tqdm(
         range(start, rounds),

@@ -19,27 +19,92 @@ __all__ = ["ClientData", "Federation"]
 
 ArrayLike = Any  # numpy array, torch tensor, pandas object or nested sequence
 
+#: Largest magnitude accepted. A kernel squares differences of inputs and the likelihood squares
+#: targets and sums them over points; at 1e150 the squares (1e300) keep a factor 1e8 of headroom
+#: below float64's maximum (1.8e308). Larger values are refused rather than left to overflow later
+#: inside one engine but not another. (``fit``'s input/outcome transforms rescale data, but can be
+#: turned off, so the check stays here, where the data enter.)
+MAX_MAGNITUDE = 1e150
+
+_REAL_NAMES = "float16 bfloat16 float32 float64 int8 int16 int32 int64 uint8 uint16 uint32 uint64 " + (
+    "float8_e4m3fn float8_e4m3fnuz float8_e5m2 float8_e5m2fnuz"
+)
+_TORCH_REAL = {getattr(torch, name) for name in _REAL_NAMES.split() if hasattr(torch, name)}
+
+
+class _Pooled:
+    """Stands for ``from_partition``'s pooled arrays where messages would name a client."""
+
+
+_POOLED = _Pooled()
+
+
+def _client_label(client: Any) -> str:
+    return "from_partition (pooled arrays)" if client is _POOLED else f"client {client!r}"
+
+
+def _refuse_dtype(client: Any, name: str, dtype: Any) -> ValueError:
+    hint = {
+        "b": "; booleans are not numbers here: convert with .astype(float) if that is meant",
+        "c": "; complex values: pass the real and imaginary parts as two real columns",
+        "M": "; convert datetimes to numbers (e.g. seconds since a reference time)",
+        "m": "; convert durations to numbers (e.g. seconds)",
+        "O": "; a column of mixed or non-numeric objects: convert it to a numeric array",
+        "U": "; text: encode it as numbers first",
+        "S": "; bytes: encode them as numbers first",
+    }.get(getattr(dtype, "kind", ""), "")
+    return ValueError(f"{_client_label(client)}: {name} has dtype {dtype}; expected real numbers{hint}")
+
+
+def _from_pandas(value: pd.DataFrame | pd.Series, client: Any, name: str) -> np.ndarray:
+    dtypes = list(value.dtypes) if isinstance(value, pd.DataFrame) else [value.dtype]
+    for dtype in dtypes:
+        if pd.api.types.is_bool_dtype(dtype) or not pd.api.types.is_numeric_dtype(dtype):
+            raise _refuse_dtype(client, name, np.dtype("O") if not hasattr(dtype, "kind") else dtype)
+        if pd.api.types.is_complex_dtype(dtype):
+            raise _refuse_dtype(client, name, dtype)
+    # nullable pandas dtypes (Int64, Float64) give object arrays with pd.NA; read missing as NaN
+    return value.to_numpy(dtype=np.float64, na_value=np.nan)
+
 
 def _as_float_tensor(value: ArrayLike, client: Any, name: str) -> torch.Tensor:
+    """A float64 CPU tensor that owns its memory (so later writes by the caller cannot reach it).
+
+    Every real dtype is accepted (signed, unsigned, float16 to longdouble) and rounded to the
+    nearest float64; anything else is refused naming the client, the field and the dtype.
+    """
+    label = _client_label(client)
     if isinstance(value, (pd.DataFrame, pd.Series)):
-        value = value.to_numpy()
+        value = _from_pandas(value, client, name)
     if isinstance(value, torch.Tensor):
-        tensor = value.detach().cpu()
+        if value.is_sparse or value.layout != torch.strided:
+            raise ValueError(f"{label}: {name} is a {value.layout} tensor; pass a dense tensor (.to_dense())")
+        if value.dtype not in _TORCH_REAL:
+            raise _refuse_dtype(client, name, value.dtype)
+        try:
+            source = value.detach().to("cpu")
+        except (RuntimeError, NotImplementedError) as err:
+            raise ValueError(f"{label}: {name} cannot be copied to the CPU ({err})") from None
+        tensor = source.to(torch.float64, copy=True)
+        wide = source.is_floating_point() and bool(torch.isfinite(source).all())
     else:
-        array = np.asarray(value)
-        if array.dtype == object:
-            raise ValueError(f"client {client!r}: {name} has dtype object; expected real numbers")
-        tensor = torch.from_numpy(np.array(array, copy=True))
-    if (
-        tensor.dtype == torch.bool
-        or tensor.is_complex()
-        or not (
-            tensor.is_floating_point()
-            or tensor.dtype in (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
-        )
-    ):
-        raise ValueError(f"client {client!r}: {name} has dtype {tensor.dtype}; expected real numbers")
-    return tensor.to(torch.float64).contiguous()
+        if isinstance(value, np.ma.MaskedArray) and bool(np.ma.getmaskarray(value).any()):
+            raise ValueError(
+                f"{label}: {name} is a masked array with masked entries; fill or drop them first"
+            )
+        try:
+            array = np.asarray(value)
+        except (ValueError, TypeError) as err:
+            raise ValueError(f"{label}: {name} cannot be read as a numeric array ({err})") from None
+        if array.dtype.kind not in "iuf":
+            raise _refuse_dtype(client, name, array.dtype)
+        with np.errstate(over="ignore"):
+            converted = array.astype(np.float64)  # a copy, rounded to nearest
+        tensor = torch.from_numpy(converted)
+        wide = array.dtype.kind == "f" and bool(np.isfinite(array).all())
+    if wide and not bool(torch.isfinite(tensor).all()):
+        raise ValueError(f"{label}: {name} has finite values beyond float64's range; rescale the data")
+    return tensor.contiguous()
 
 
 def _check_finite(tensor: torch.Tensor, client: Any, name: str) -> None:
@@ -48,28 +113,59 @@ def _check_finite(tensor: torch.Tensor, client: Any, name: str) -> None:
         rows = torch.nonzero(bad.reshape(tensor.shape[0], -1).any(dim=1)).flatten()
         kind = "NaN" if bool(torch.isnan(tensor).any()) else "inf"
         raise ValueError(
-            f"client {client!r}: {name} contains {int(bad.sum())} non-finite value(s) ({kind}), "
+            f"{_client_label(client)}: {name} contains {int(bad.sum())} non-finite value(s) ({kind}), "
             f"first at row {int(rows[0])}"
         )
+    if tensor.numel():
+        peak = float(tensor.abs().max())
+        if peak >= MAX_MAGNITUDE:
+            raise ValueError(
+                f"{_client_label(client)}: {name} has values up to {peak:.3g} in magnitude; fedgp refuses "
+                f"|values| >= {MAX_MAGNITUDE:g}, whose squares near float64's limit in the kernel and "
+                "likelihood. Rescale (standardise) the data."
+            )
 
 
-def _check_pair(X: torch.Tensor, y: torch.Tensor, client: Any, xname: str, yname: str) -> None:
+def _check_shapes(X: torch.Tensor, y: torch.Tensor, client: Any, xname: str, yname: str) -> None:
+    label = _client_label(client)
     if X.dim() != 2:
         raise ValueError(
-            f"client {client!r}: {xname} must be 2-D (n_points, n_features), got shape {tuple(X.shape)}"
+            f"{label}: {xname} must be 2-D (n_points, n_features), got shape {tuple(X.shape)}"
             + ("; for one feature use X[:, None]" if X.dim() == 1 else "")
         )
     if y.dim() != 1:
         raise ValueError(
-            f"client {client!r}: {yname} must be 1-D (n_points,), got shape {tuple(y.shape)}"
+            f"{label}: {yname} must be 1-D (n_points,), got shape {tuple(y.shape)}"
             + ("; for a column vector use y.ravel()" if y.dim() == 2 and y.shape[1] == 1 else "")
         )
     if X.shape[0] != y.shape[0]:
-        raise ValueError(f"client {client!r}: {xname} has {X.shape[0]} rows but {yname} has {y.shape[0]}")
+        raise ValueError(f"{label}: {xname} has {X.shape[0]} rows but {yname} has {y.shape[0]}")
     if X.shape[1] == 0:
-        raise ValueError(f"client {client!r}: {xname} has no features")
+        raise ValueError(f"{label}: {xname} has no features")
+
+
+def _check_pair(X: torch.Tensor, y: torch.Tensor, client: Any, xname: str, yname: str) -> None:
+    _check_shapes(X, y, client, xname, yname)
     _check_finite(X, client, xname)
     _check_finite(y, client, yname)
+
+
+def _check_id(client_id: Any, where: str) -> None:
+    """Ids key clients in dicts and messages: they must be hashable, equal to themselves, scalars."""
+    if isinstance(client_id, (torch.Tensor, np.ndarray)):
+        raise ValueError(f"{where}: id {client_id!r} is an array; use a str or an int (e.g. .item())")
+    try:
+        hash(client_id)
+    except TypeError:
+        raise ValueError(
+            f"{where}: id {client_id!r} is not hashable ({type(client_id).__name__}); use a str or an int"
+        ) from None
+    try:
+        itself = bool(client_id == client_id)
+    except Exception:  # an __eq__ that does not give a truth value cannot key a client
+        itself = False
+    if not itself:
+        raise ValueError(f"{where}: id {client_id!r} is not equal to itself (NaN?); use a str or an int")
 
 
 @dataclass(frozen=True, eq=False)
@@ -93,6 +189,8 @@ class ClientData:
 
     def __post_init__(self) -> None:
         cid = self.id
+        if cid is not None:
+            _check_id(cid, f"client {cid!r}")
         X = _as_float_tensor(self.X, cid, "X")
         y = _as_float_tensor(self.y, cid, "y")
         _check_pair(X, y, cid, "X", "y")
@@ -119,6 +217,10 @@ class ClientData:
                 raise ValueError(f"client {cid!r}: X_test has {Xt.shape[1]} features but X has {X.shape[1]}")
             object.__setattr__(self, "X_test", Xt)
             object.__setattr__(self, "y_test", yt)
+        if not isinstance(self.metadata, Mapping):
+            raise ValueError(
+                f"client {cid!r}: metadata must be a mapping (a dict), got {type(self.metadata).__name__}"
+            )
         object.__setattr__(self, "metadata", dict(self.metadata))
         if self.noise is not None:
             noise = _as_float_tensor(self.noise, cid, "noise")
@@ -276,20 +378,25 @@ class Federation(Sequence[ClientData]):
         parts: Sequence[np.ndarray],
         ids: Sequence[Any] | None = None,
     ) -> Federation:
-        """Build clients from pooled arrays and a list of row-index arrays (one per client)."""
-        X = _as_float_tensor(X, "<pooled>", "X")
-        y = _as_float_tensor(y, "<pooled>", "y")
+        """Build clients from pooled arrays and one row selection per client.
+
+        A selection is an array of row indices (integers in ``[0, n)``; negative indices are not
+        wrapped) or a boolean mask of length ``n``. Rows may be shared by clients.
+        """
+        X = _as_float_tensor(X, _POOLED, "X")
+        y = _as_float_tensor(y, _POOLED, "y")
+        _check_shapes(X, y, _POOLED, "X", "y")
+        try:
+            parts = list(parts)
+        except TypeError:
+            raise ValueError(
+                f"from_partition: parts must be a sequence of row-index arrays, got {type(parts).__name__}"
+            ) from None
         ids = list(range(len(parts))) if ids is None else list(ids)
         if len(ids) != len(parts):
-            raise ValueError(f"{len(parts)} partitions but {len(ids)} ids")
-        return cls(
-            ClientData(
-                X[torch.as_tensor(np.asarray(p), dtype=torch.long)],
-                y[torch.as_tensor(np.asarray(p), dtype=torch.long)],
-                id=i,
-            )
-            for i, p in zip(ids, parts)
-        )
+            raise ValueError(f"from_partition: {len(parts)} partitions but {len(ids)} ids")
+        rows = [_rows(p, X.shape[0], i) for i, p in zip(ids, parts)]
+        return cls(ClientData(X[r], y[r], id=i) for i, r in zip(ids, rows))
 
     def __repr__(self) -> str:
         sizes = self.sizes
@@ -297,3 +404,36 @@ class Federation(Sequence[ClientData]):
             f"Federation({len(self)} clients, N={int(sizes.sum())}, d={self.n_features}, "
             f"sizes {int(sizes.min())}..{int(sizes.max())}{', with test splits' if self.has_test else ''})"
         )
+
+
+def _rows(selection: Any, n: int, client: Any) -> torch.Tensor:
+    """Client ``client``'s row indices from an index array or a boolean mask over ``n`` rows."""
+    _check_id(client, f"client {client!r}")
+    try:
+        array = np.asarray(selection.numpy(force=True) if isinstance(selection, torch.Tensor) else selection)
+    except (ValueError, TypeError) as err:
+        raise ValueError(
+            f"client {client!r}: its partition cannot be read as an index array ({err})"
+        ) from None
+    if array.ndim != 1:
+        raise ValueError(f"client {client!r}: its partition must be 1-D, got shape {array.shape}")
+    if array.dtype.kind == "b":
+        if array.shape[0] != n:
+            raise ValueError(
+                f"client {client!r}: its boolean mask has {array.shape[0]} entries but the pooled data have "
+                f"{n} rows"
+            )
+        return torch.from_numpy(np.flatnonzero(array))
+    if array.size == 0 and array.dtype.kind == "f":
+        array = array.astype(np.int64)  # np.asarray([]) is float64; an empty list selects no rows
+    if array.dtype.kind not in "iu":
+        raise ValueError(
+            f"client {client!r}: its partition has dtype {array.dtype}; row indices must be integers "
+            "(or a boolean mask)"
+        )
+    if array.size and (int(array.min()) < 0 or int(array.max()) >= n):
+        bad = int(array.min()) if int(array.min()) < 0 else int(array.max())
+        raise ValueError(
+            f"client {client!r}: row index {bad} is outside [0, {n}) (negative indices are not wrapped)"
+        )
+    return torch.from_numpy(array.astype(np.int64))

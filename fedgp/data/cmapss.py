@@ -205,11 +205,13 @@ def load_cmapss(
     *,
     registry: Registry | None = None,
     progress: bool | None = None,
+    timeout: float = 60.0,
 ) -> CMAPSS:
     """Load and verify a C-MAPSS subset (``train_FDxxx.txt``, ``test_FDxxx.txt``, ``RUL_FDxxx.txt``).
 
     Files are read from ``<root>/cmapss/`` (root: ``root=``, else ``FEDGP_DATA``, else the
-    repository's ``datasets/``); ``download=True`` fetches missing files from the registry's URLs.
+    repository's ``datasets/``); ``download=True`` fetches missing files from the registry's URLs
+    (``timeout``: seconds to wait for the server).
     A missing, truncated or altered file raises :class:`~fedgp.data.registry.DataFileError`
     naming the file, where it was looked for and how to get it.
     """
@@ -220,9 +222,9 @@ def load_cmapss(
     paths, frames = {}, {}
     for split in ("train", "test"):
         name = f"{split}_{subset}.txt"
-        paths[split] = locate("cmapss", name, root, download, registry, progress)
+        paths[split] = locate("cmapss", name, root, download, registry, progress, timeout)
         frames[split] = _read_series_file(paths[split], registry.entry("cmapss", name))
     name = f"RUL_{subset}.txt"
-    paths["rul"] = locate("cmapss", name, root, download, registry, progress)
+    paths["rul"] = locate("cmapss", name, root, download, registry, progress, timeout)
     rul = _read_rul(paths["rul"], frames["test"]["unit"].nunique())
     return CMAPSS(subset, frames["train"], frames["test"], rul, paths)

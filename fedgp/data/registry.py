@@ -16,10 +16,13 @@ into place.
 
 from __future__ import annotations
 
+import errno
 import hashlib
+import http.client
 import json
 import os
 import tempfile
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Mapping
@@ -39,6 +42,7 @@ __all__ = [
     "verify_file",
     "fetch",
     "locate",
+    "check_place",
     "sha256_of",
     "git_blob_sha1_of",
 ]
@@ -47,6 +51,7 @@ __all__ = [
 DATASETS_DIR = Path(__file__).resolve().parents[2] / "datasets"
 REGISTRY_PATH = DATASETS_DIR / "registry.json"
 _CHUNK = 1 << 20
+_PARTIAL = ".partial"
 
 
 class DataFileError(ValueError):
@@ -54,7 +59,8 @@ class DataFileError(ValueError):
 
     The message names the file, the path it was looked for at (and which setting chose that
     folder) and how to obtain a verified copy. ``path`` and ``reason`` (``"missing"``, ``"size"``,
-    ``"checksum"``, ``"format"``, ``"download"``) are kept as attributes for programs.
+    ``"checksum"``, ``"format"``, ``"download"``, ``"place"``, ``"permission"``) are kept as
+    attributes for programs.
     """
 
     def __init__(self, message: str, *, path: Path | str | None = None, reason: str = "format"):
@@ -220,17 +226,83 @@ def _how_to_get(entry: FileEntry, folder: Path) -> str:
     )
 
 
+def check_place(path: Path, entry: FileEntry, where: str = "", root: Path | None = None) -> None:
+    """Raise :class:`DataFileError` with its own message when the place a file should be is
+    damaged: the data root or the dataset folder is a file, the file is a directory, a symlink
+    loop or a dangling symlink, or something on the way cannot be read (permissions). A plainly
+    absent file passes (``verify_file`` or a download deals with it)."""
+    label = entry.label
+    origin = f" (data root from {where})" if where else ""
+    for folder, what in [(root, "data root"), (path.parent, f"{entry.title or entry.dataset} folder")]:
+        if folder is not None and folder.exists() and not folder.is_dir():
+            raise DataFileError(
+                f"the {what} {folder}{origin} is a file, not a folder, so {label} cannot be looked up in it. "
+                "Move that file away, or point root= (or FEDGP_DATA) at a folder.",
+                path=path,
+                reason="place",
+            )
+    try:
+        path.stat()
+    except FileNotFoundError:
+        if path.is_symlink():
+            raise DataFileError(
+                f"{label} at {path}{origin} is a symlink to {os.readlink(path)}, which does not exist. "
+                "Fix or remove the link.",
+                path=path,
+                reason="place",
+            ) from None
+        return
+    except PermissionError as err:
+        raise DataFileError(
+            f"{label} at {path}{origin} cannot be reached: permission denied ({err.strerror}). Give this "
+            "user read access to it and its folders, or point root= (or FEDGP_DATA) at a readable copy.",
+            path=path,
+            reason="permission",
+        ) from None
+    except OSError as err:
+        if err.errno == errno.ELOOP:
+            raise DataFileError(
+                f"{label} at {path}{origin} is a symlink loop (it points back at itself). Remove the link "
+                "and put the file there, or point root= (or FEDGP_DATA) elsewhere.",
+                path=path,
+                reason="place",
+            ) from None
+        raise DataFileError(
+            f"{label} at {path}{origin} cannot be examined: {err}", path=path, reason="place"
+        ) from err
+    if path.is_dir():
+        raise DataFileError(
+            f"{label}: {path}{origin} is a directory where the file should be. Remove or rename that "
+            f"directory and {_how_to_get(entry, path.parent)[len('To get it: ') :]}",
+            path=path,
+            reason="place",
+        )
+
+
 def verify_file(path: Path, entry: FileEntry, where: str = "") -> None:
     """Raise :class:`DataFileError` unless ``path`` has the registry's size and checksum."""
     path = Path(path)
     label = entry.label
     origin = f" (data root from {where})" if where else ""
+    check_place(path, entry, where)
     if not path.is_file():
         raise DataFileMissing(
             f"{label} not found: looked for {path}{origin}. {_how_to_get(entry, path.parent)}",
             path=path,
             reason="missing",
         )
+    try:
+        _verify_contents(path, entry, label, origin)
+    except PermissionError as err:
+        raise DataFileError(
+            f"{label} at {path}{origin} cannot be read: permission denied ({err.strerror}). Give this user "
+            "read access (chmod), or point root= (or FEDGP_DATA) at a readable copy.",
+            path=path,
+            reason="permission",
+        ) from None
+
+
+def _verify_contents(path: Path, entry: FileEntry, label: str, origin: str) -> None:
     size = path.stat().st_size
     if entry.size is not None and size != entry.size:
         kind = "truncated" if size < entry.size else "altered (too long)"
@@ -264,6 +336,18 @@ def _source_url(entry: FileEntry, url: str | None, mirror: str | None) -> str:
     return entry.url
 
 
+def _remove_stale_partials(folder: Path, name: str, timeout: float) -> None:
+    """Remove partial downloads of ``name`` left by killed processes. A live download writes at
+    least every ``timeout`` seconds (or times out), so a partial file idle for twice that is dead."""
+    cutoff = time.time() - 2 * max(timeout, 1.0)
+    for stale in folder.glob(f".{name}.*{_PARTIAL}"):
+        try:
+            if stale.stat().st_mtime < cutoff:
+                stale.unlink()
+        except OSError:
+            pass
+
+
 def fetch(
     entry: FileEntry,
     root: str | os.PathLike | None = None,
@@ -275,19 +359,25 @@ def fetch(
 ) -> Path:
     """Download ``entry`` into ``<root>/<folder>/<name>`` and verify it; return the path.
 
-    The bytes go to a temporary file in the destination folder, are checked against the registry
-    and only then renamed into place, so an interrupted or wrong download never leaves a file that
-    looks valid. ``url`` overrides the source; ``mirror`` (or ``FEDGP_DATA_MIRROR``) is a base URL
-    with the same ``<folder>/<name>`` layout as the data root.
+    The bytes go to a temporary file in the destination folder (``.<name>.<random>.partial``),
+    are fsync'ed and checked against the registry, and only then renamed into place; the temporary
+    file is removed on any failure, so an interrupted or wrong download never leaves a file that
+    looks valid (partial files of killed processes are removed by the next download). ``timeout``:
+    seconds to wait for the connection and for each read. ``url`` overrides the source; ``mirror``
+    (or ``FEDGP_DATA_MIRROR``) is a base URL with the same ``<folder>/<name>`` layout as the data root.
     """
     from tqdm import tqdm
 
     base, where = data_root(root)
     dest = base / entry.folder / entry.name
+    check_place(dest, entry, where, base)
     source = _source_url(entry, url, mirror)
     try:
         dest.parent.mkdir(parents=True, exist_ok=True)
-        handle = tempfile.NamedTemporaryFile(dir=dest.parent, prefix=f".{entry.name}.", delete=False)
+        _remove_stale_partials(dest.parent, entry.name, timeout)
+        handle = tempfile.NamedTemporaryFile(
+            dir=dest.parent, prefix=f".{entry.name}.", suffix=_PARTIAL, delete=False
+        )
     except OSError as err:
         raise DataFileError(
             f"cannot write {entry.label} into {dest.parent} (data root from {where}): "
@@ -311,6 +401,8 @@ def fetch(
                 for chunk in iter(lambda: response.read(_CHUNK), b""):
                     handle.write(chunk)
                     bar.update(len(chunk))
+            handle.flush()
+            os.fsync(handle.fileno())
         try:
             verify_file(tmp, entry)
         except DataFileError as err:
@@ -321,10 +413,15 @@ def fetch(
                 reason="download",
             ) from err
         os.replace(tmp, dest)
-    except (urllib.error.URLError, OSError, TimeoutError) as err:
+        _fsync_folder(dest.parent)
+    except (urllib.error.URLError, OSError, http.client.HTTPException) as err:
+        timed_out = isinstance(err, TimeoutError) or isinstance(getattr(err, "reason", None), TimeoutError)
+        why = f"no answer within timeout={timeout:g} s (pass a larger timeout=)" if timed_out else str(err)
+        if isinstance(err, http.client.IncompleteRead):
+            why = f"the connection closed after {len(err.partial)} bytes of the file ({err})"
         raise DataFileError(
-            f"could not download {entry.label} from {source} into {dest}: {err}. "
-            f"{_how_to_get(entry, dest.parent)}",
+            f"could not download {entry.label} from {source} into {dest}: {why}. "
+            f"Nothing was written to {dest}. {_how_to_get(entry, dest.parent)}",
             path=dest,
             reason="download",
         ) from err
@@ -334,6 +431,20 @@ def fetch(
     return dest
 
 
+def _fsync_folder(folder: Path) -> None:
+    """Make a rename durable (POSIX); a no-op where folders cannot be opened (Windows)."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
 def locate(
     dataset: str,
     name: str,
@@ -341,13 +452,17 @@ def locate(
     download: bool = False,
     registry: Registry | None = None,
     progress: bool | None = None,
+    timeout: float = 60.0,
 ) -> Path:
-    """The verified path of ``<root>/<folder>/<name>``; fetched first if missing and ``download``."""
+    """The verified path of ``<root>/<folder>/<name>``; fetched first if missing and ``download``
+    (``timeout``: seconds to wait for the server). A damaged place (see :func:`check_place`) is an
+    error either way: downloading over it would hide the problem."""
     registry = default_registry() if registry is None else registry
     entry = registry.entry(dataset, name)
     base, where = data_root(root)
     path = base / entry.folder / entry.name
+    check_place(path, entry, where, base)
     if download and not path.exists():
-        fetch(entry, root, progress=progress)
+        fetch(entry, root, progress=progress, timeout=timeout)
     verify_file(path, entry, where)
     return path

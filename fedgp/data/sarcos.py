@@ -249,18 +249,20 @@ def load_sarcos(
     *,
     registry: Registry | None = None,
     progress: bool | None = None,
+    timeout: float = 60.0,
 ) -> SARCOS:
     """Load and verify SARCOS.
 
     ``protocol="auto"`` uses both files when ``sarcos_inv.mat`` is present (it is verified, and a
     corrupt copy is an error, never skipped) and otherwise the reduced protocol on
     ``sarcos_inv_test.mat`` alone, with a ``UserWarning``; ``"paper"`` requires both files;
-    ``"reduced"`` uses the test file only. ``download=True`` fetches missing files.
+    ``"reduced"`` uses the test file only. ``download=True`` fetches missing files (``timeout``:
+    seconds to wait for the server).
     """
     if protocol not in ("auto", "paper", "reduced"):
         raise ValueError(f"protocol must be 'auto', 'paper' or 'reduced', got {protocol!r}")
     registry = default_registry() if registry is None else registry
-    paths = {"test": locate("sarcos", TEST_FILE, root, download, registry, progress)}
+    paths = {"test": locate("sarcos", TEST_FILE, root, download, registry, progress, timeout)}
     test = _read_mat(paths["test"], registry.entry("sarcos", TEST_FILE))
     train = None
     if protocol != "reduced":
@@ -268,7 +270,7 @@ def load_sarcos(
         entry = registry.entry("sarcos", TRAIN_FILE)
         candidate = base / entry.folder / entry.name
         if protocol == "paper" or download or candidate.exists():
-            paths["train"] = locate("sarcos", TRAIN_FILE, root, download, registry, progress)
+            paths["train"] = locate("sarcos", TRAIN_FILE, root, download, registry, progress, timeout)
             train = _read_mat(paths["train"], entry)
         else:
             warnings.warn(

@@ -1,7 +1,7 @@
 """Engines: who runs the clients' side of the rounds. ``sequential`` is the reference."""
 
 from fedgp.engines.base import Engine, InProcessEngine, Outcome, Registry
-from fedgp.engines.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
+from fedgp.engines.checkpoint import Checkpoint, CheckpointError, load_checkpoint, save_checkpoint
 from fedgp.engines.client import ClientFailure, SimulatedFailure
 from fedgp.engines.sequential import SequentialEngine, SequentialOps
 
@@ -15,6 +15,7 @@ __all__ = [
     "ClientFailure",
     "SimulatedFailure",
     "Checkpoint",
+    "CheckpointError",
     "load_checkpoint",
     "save_checkpoint",
 ]

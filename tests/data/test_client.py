@@ -60,12 +60,12 @@ def test_stores_float64_tensors_from_numpy_pandas_and_ints():
         (
             np.array([[1 + 1j], [2.0]]),
             np.array([1.0, 2.0]),
-            r"client 'bad': X has dtype torch.complex128",
+            r"client 'bad': X has dtype complex128",
         ),
         (
             np.array([[True], [False]]),
             np.array([1.0, 2.0]),
-            r"client 'bad': X has dtype torch.bool",
+            r"client 'bad': X has dtype bool",
         ),
         (np.zeros((3, 0)), np.array([1.0, 2.0, 3.0]), r"client 'bad': X has no features"),
     ],
