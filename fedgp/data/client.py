@@ -18,6 +18,8 @@ import torch
 __all__ = ["ClientData", "Federation"]
 
 ArrayLike = Any  # numpy array, torch tensor, pandas object or nested sequence
+#: The fewest points a client trains on: one point's marginal likelihood cannot tell signal from noise.
+MIN_TRAINING_POINTS = 2
 
 
 def _as_float_tensor(value: ArrayLike, client: Any, name: str) -> torch.Tensor:
@@ -78,8 +80,13 @@ class ClientData:
 
     Optional: a held-out test split (``X_test``, ``y_test``) used only for evaluation, and free
     ``metadata`` (e.g. ``{"fidelity": 0}`` or a C-MAPSS unit number). Arrays are stored as float64
-    tensors. Raises ``ValueError`` for NaN/inf, wrong shapes or dtypes, fewer than two points,
-    or constant targets (a GP marginal likelihood cannot be fitted to those).
+    tensors. Raises ``ValueError`` for NaN/inf, wrong shapes or dtypes, or constant targets (a GP
+    marginal likelihood cannot be fitted to those).
+
+    A client with 0 or 1 points is valid for *prediction* (a cold start: with no points it gets the
+    prior predictive, with one the posterior given that point), but a
+    :class:`Federation`, the unit ``fedgp.fit`` trains on, refuses it: a marginal likelihood per point
+    needs at least 2 points.
     """
 
     X: torch.Tensor
@@ -94,11 +101,7 @@ class ClientData:
         X = _as_float_tensor(self.X, cid, "X")
         y = _as_float_tensor(self.y, cid, "y")
         _check_pair(X, y, cid, "X", "y")
-        if X.shape[0] == 0:
-            raise ValueError(f"client {cid!r}: X and y are empty; a client needs at least 2 points")
-        if X.shape[0] == 1:
-            raise ValueError(f"client {cid!r}: only a single point; a client needs at least 2 points")
-        if bool((y == y[0]).all()):
+        if X.shape[0] >= 2 and bool((y == y[0]).all()):
             raise ValueError(
                 f"client {cid!r}: y is constant ({float(y[0])!r} at all {y.shape[0]} points); "
                 "its marginal likelihood has no information about the kernel"
@@ -161,7 +164,9 @@ class Federation(Sequence[ClientData]):
     """An ordered collection of clients: the unit that ``fedgp.fit`` trains on.
 
     Client order is fixed and defines client indices; ``weights`` are the FedAvg weights
-    ``p_k = N_k / N``. Ids must be unique and all clients must have the same number of features.
+    ``p_k = N_k / N``. Ids must be unique, all clients must have the same number of features, and
+    every client needs at least 2 training points (0- and 1-point clients can only be predicted
+    for: ``result.predict(X, client=ClientData(...))``).
     """
 
     def __init__(self, clients: Iterable[ClientData]) -> None:
@@ -180,6 +185,12 @@ class Federation(Sequence[ClientData]):
                     f"duplicate client id {client.id!r} at positions {seen[client.id]} and {index}"
                 )
             seen[client.id] = index
+            if client.n < MIN_TRAINING_POINTS:
+                raise ValueError(
+                    f"client {client.id!r}: {client.n} training point(s); training needs at least "
+                    f"{MIN_TRAINING_POINTS} per client. Leave it out of the federation and predict for it "
+                    "as a new client after fitting: result.predict(X, client=<its ClientData>)"
+                )
             if client.n_features != clients[0].n_features:
                 raise ValueError(
                     f"client {client.id!r}: {client.n_features} features, but client "
