@@ -28,7 +28,7 @@ import torch
 from tqdm import tqdm
 
 from fedgp.attacks.base import Attack
-from fedgp.data.client import ClientData, Federation, _as_float_tensor, _check_finite
+from fedgp.data.client import ClientData, Federation, _as_float_tensor, _check_finite, check_trainable
 from fedgp.engines.base import Engine, Registry
 from fedgp.engines.batched import BatchedEngine
 from fedgp.engines.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
@@ -362,6 +362,8 @@ def fit(
             raise TypeError(f"federation must be a fedgp.data.Federation, got {type(federation).__name__}")
         runner = make_engine(engine, spec, federation, seed, **(engine_options or {}))
     registry = runner.start(strategy, seed)
+    for client_id, n in zip(registry.ids, registry.sizes.tolist()):  # remote clients too (Flower)
+        check_trainable(client_id, n)
     ctx = server_context(spec, registry, seed)
     if eval_every is None:
         eval_every = 1 if bool((registry.n_test > 0).any()) else 0

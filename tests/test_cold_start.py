@@ -126,3 +126,15 @@ def test_fit_refuses_small_clients_naming_them():
     good = ClientData(np.random.default_rng(0).uniform(size=(5, D)), np.arange(5.0), id="ok")
     with pytest.raises(ValueError, match="client 'tiny': 1 training point"):
         fedgp.fit(fedgp.GPSpec(), Federation([good, ClientData([[0.1, 0.2]], [1.0], id="tiny")]), rounds=1)
+
+
+def test_fit_checks_the_sizes_clients_register_with():
+    """An engine hosting its own clients (as a Flower deployment does) is checked at registration."""
+    from fedgp.engines.sequential import SequentialEngine
+
+    rng = np.random.default_rng(0)
+    good = ClientData(rng.uniform(size=(5, D)), np.arange(5.0), id="ok")
+    tiny = ClientData(np.zeros((0, D)), np.zeros(0), id="tiny")
+    engine = SequentialEngine(fedgp.GPSpec(), [good, tiny])  # not a Federation: nothing checked yet
+    with pytest.raises(ValueError, match="client 'tiny': 0 training point"):
+        fedgp.fit(fedgp.GPSpec(), Federation([good]), engine=engine, rounds=1)

@@ -22,6 +22,16 @@ ArrayLike = Any  # numpy array, torch tensor, pandas object or nested sequence
 MIN_TRAINING_POINTS = 2
 
 
+def check_trainable(client: Any, n: int) -> None:
+    """Refuse a client with fewer than ``MIN_TRAINING_POINTS`` for training, naming it and the fix."""
+    if n < MIN_TRAINING_POINTS:
+        raise ValueError(
+            f"client {client!r}: {n} training point(s); training needs at least {MIN_TRAINING_POINTS} "
+            "per client. Leave it out of the federation and predict for it as a new client after "
+            "fitting: result.predict(X, client=<its ClientData>)"
+        )
+
+
 def _as_float_tensor(value: ArrayLike, client: Any, name: str) -> torch.Tensor:
     if isinstance(value, (pd.DataFrame, pd.Series)):
         value = value.to_numpy()
@@ -185,12 +195,7 @@ class Federation(Sequence[ClientData]):
                     f"duplicate client id {client.id!r} at positions {seen[client.id]} and {index}"
                 )
             seen[client.id] = index
-            if client.n < MIN_TRAINING_POINTS:
-                raise ValueError(
-                    f"client {client.id!r}: {client.n} training point(s); training needs at least "
-                    f"{MIN_TRAINING_POINTS} per client. Leave it out of the federation and predict for it "
-                    "as a new client after fitting: result.predict(X, client=<its ClientData>)"
-                )
+            check_trainable(client.id, client.n)
             if client.n_features != clients[0].n_features:
                 raise ValueError(
                     f"client {client.id!r}: {client.n_features} features, but client "
