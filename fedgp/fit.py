@@ -70,14 +70,19 @@ class UnknownClientError(ValueError, KeyError):
         return str(self.args[0])
 
 
-def engine_options(cls: type) -> list[str]:
+def engine_options(cls: type | Callable) -> list[str]:
     """The ``engine_options`` keys engine class ``cls`` accepts: the keyword arguments of its
-    ``__init__`` and of the base ``__init__`` it passes ``**options`` on to."""
+    ``__init__`` and of the base ``__init__`` it passes ``**options`` on to (or of a factory)."""
     names: list[str] = []
-    for klass in cls.__mro__:
-        if "__init__" not in vars(klass) or klass is object:
-            continue
-        params = inspect.signature(vars(klass)["__init__"]).parameters.values()
+    inits = (
+        [vars(k)["__init__"] for k in cls.__mro__ if "__init__" in vars(k)]
+        if isinstance(cls, type)
+        else [cls]
+    )
+    for init in inits:
+        if init is object.__init__:
+            break
+        params = inspect.signature(init).parameters.values()
         kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
         names += [
             p.name for p in params if p.kind in kinds and p.name not in ("self", "spec", "clients", "seed")

@@ -54,11 +54,15 @@ def test_X_with_the_wrong_width_names_the_client_and_width(result):
         result.predict([[0.0, float("nan")]], client=1)
 
 
-@pytest.mark.parametrize("engine", ["sequential", "batched"])
-def test_unknown_engine_option_lists_the_valid_keys(draws, engine):
+@pytest.mark.parametrize(
+    "engine, extra", [("sequential", None), ("batched", None), ("ray", "ray"), ("flower", "flwr")]
+)
+def test_unknown_engine_option_lists_the_valid_keys(draws, engine, extra):
+    if extra:
+        pytest.importorskip(extra)
     with pytest.raises(
         ValueError,
-        match=rf"engine_options: unknown key\(s\) 'bogus' for engine '{engine}'; valid keys: .*loopback",
+        match=rf"engine_options: unknown key\(s\) 'bogus' for engine '{engine}'; valid keys: .*timeout",
     ):
         fedgp.fit(draws.spec, draws.federation, rounds=1, engine=engine, engine_options={"bogus": 1})
 
@@ -76,6 +80,13 @@ def test_engine_option_names_follow_the_constructors():
         "compiled",
     ]
     assert "loopback" in engine_options(BatchedEngine)
+    assert engine_options(lambda spec, clients, seed=0, *, chunk: None) == ["chunk"]  # a factory
+
+
+def test_ray_lists_its_own_options_and_its_shards(draws):
+    pytest.importorskip("ray")
+    with pytest.raises(ValueError, match=r"valid keys: address, num_workers, threads, timeout, chunk_size"):
+        fedgp.fit(draws.spec, draws.federation, rounds=1, engine="ray", engine_options={"chunk": 1})
 
 
 def test_spec_and_strategy_must_be_the_right_objects(draws):
