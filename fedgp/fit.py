@@ -283,7 +283,9 @@ class FitResult:
         return pred.mean, pred.variance(observation_noise)
 
     def evaluate(self) -> pd.DataFrame:
-        """Per-client test RMSE, NLL, 95% coverage and cluster (clients with a test split)."""
+        """Per-client test RMSE, NLL, 95% coverage and cluster (clients with a test split): columns
+        ``client, n_test, rmse, nll, coverage95, cluster``, also when no client has a test split
+        (then the frame is empty)."""
         return evaluate_clients(self.strategy, self.server_state, self.context, self.engine, self.registry)
 
 
