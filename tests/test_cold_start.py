@@ -12,6 +12,7 @@ from fedgp.strategies import FGPR, IFCA, ClusteredGP, FederatedClustering
 from fedgp.strategies.clustered import FixedAssigner
 
 D = 2
+RAW = {"outcome_transform": None, "input_transform": None}
 
 
 @pytest.fixture(scope="module")
@@ -23,7 +24,8 @@ def fitted():
         mean=gpytorch.means.ConstantMean(),
         initial_values={"mean_module.raw_constant": 0.7},
     )
-    return fedgp.fit(spec, draws.federation, FGPR(local_steps=2), rounds=3, progress=False)
+    # transforms off: the closed forms below are in the model's units, which are then the data's
+    return fedgp.fit(spec, draws.federation, FGPR(local_steps=2), rounds=3, progress=False, **RAW)
 
 
 def _kernel(state, A, B):
@@ -50,6 +52,24 @@ def test_no_points_gives_the_prior_predictive(fitted):
         pred.variance_f, torch.full((6,), float(s), dtype=torch.float64), rtol=1e-10, atol=0
     )
     torch.testing.assert_close(pred.variance_y, pred.variance_f + float(noise), rtol=1e-10, atol=0)
+
+
+def test_prior_predictive_comes_back_in_the_data_units_with_default_transforms():
+    """Default transforms standardise y federatedly: the prior maps back to ȳ + sd·c, sd²·s."""
+    rng = np.random.default_rng(3)
+    clients = [ClientData(rng.uniform(size=(20, D)), 150 + 70 * rng.normal(size=20), id=i) for i in range(3)]
+    spec = fedgp.GPSpec(mean=gpytorch.means.ConstantMean())
+    result = fedgp.fit(spec, Federation(clients), FGPR(local_steps=2), rounds=2, progress=False)
+    offset, scale = float(result.transform.y_offset), float(result.transform.y_scale)
+    assert abs(offset - float(torch.cat([c.y for c in clients]).mean())) < 1e-9  # it is on
+    pred = result.posterior(torch.rand(4, D, dtype=torch.float64), ClientData(np.zeros((0, D)), [], id="new"))
+    state = result.state
+    mean = offset + scale * float(state["mean_module.raw_constant"])
+    torch.testing.assert_close(pred.mean, torch.full((4,), mean, dtype=torch.float64), rtol=1e-12, atol=0)
+    var_f = scale**2 * float(state["covar_module.outputscale"])
+    torch.testing.assert_close(
+        pred.variance_f, torch.full((4,), var_f, dtype=torch.float64), rtol=1e-10, atol=0
+    )
 
 
 def test_one_point_conditions_on_it(fitted):
@@ -89,7 +109,7 @@ def test_clustered_cold_start_takes_the_cluster_with_most_training_points():
     # cluster 0 has two clients but 20 points; cluster 1 one client with 30: by points, cluster 1.
     fed = _mixture([(10, 1.0), (10, 1.0), (30, -1.0)])
     strategy = ClusteredGP(num_clusters=2, assigner=FixedAssigner(labels=(0, 0, 1)), restarts=1)
-    result = fedgp.fit(fedgp.GPSpec(), fed, strategy, rounds=2, progress=False)
+    result = fedgp.fit(fedgp.GPSpec(), fed, strategy, rounds=2, progress=False, **RAW)
     empty = ClientData(np.zeros((0, D)), np.zeros(0), id="new")
     assert int(result._ask("personal", empty)["cluster"][0]) == 1
     torch.testing.assert_close(result.client_state(empty).to_dict(), result.state.index(1).to_dict())
@@ -100,7 +120,9 @@ def test_clustered_cold_start_takes_the_cluster_with_most_training_points():
 
 def test_ifca_cold_start_follows_the_best_restarts_assignment():
     fed = _mixture([(10, 1.0), (10, 1.0), (12, -1.0), (40, -1.0)])
-    result = fedgp.fit(fedgp.GPSpec(), fed, IFCA(num_clusters=2, local_steps=2), rounds=3, progress=False)
+    result = fedgp.fit(
+        fedgp.GPSpec(), fed, IFCA(num_clusters=2, local_steps=2), rounds=3, progress=False, **RAW
+    )
     server = result.server_state
     labels = server.assignment[server.best]
     points = torch.zeros(2, dtype=torch.float64).index_add_(0, labels, fed.sizes.to(torch.float64))
@@ -116,7 +138,9 @@ def test_ifca_cold_start_follows_the_best_restarts_assignment():
 
 def test_personal_strategies_cold_start_takes_the_largest_clients_state():
     fed = _mixture([(10, 1.0), (30, 1.0), (12, -1.0)])
-    result = fedgp.fit(fedgp.GPSpec(), fed, FederatedClustering(iterations=2), rounds=2, progress=False)
+    result = fedgp.fit(
+        fedgp.GPSpec(), fed, FederatedClustering(iterations=2), rounds=2, progress=False, **RAW
+    )
     empty = ClientData(np.zeros((0, D)), np.zeros(0), id="new")
     assert int(result._ask("personal", empty)["cluster"][0]) == 1
     torch.testing.assert_close(result.client_state(empty).to_dict(), result.state.index(1).to_dict())
