@@ -1,6 +1,6 @@
 """A real clean install: ``pip install .`` into a fresh virtual environment (no system or dev
 site-packages), then the README's first example run from outside the repository, so the installed
-copy is the one imported. Two to three minutes on the 2-core VM (mostly torch and the other
+copy is the one imported. 1.5 to 3 minutes on the 2-core VM (mostly torch and the other
 wheels being unpacked); ``pytest -m "not install"`` leaves it out."""
 
 import os
