@@ -8,11 +8,21 @@ Spec + federation + strategy + engine, one ``fit``, a result that predicts per c
     mean, var = result.predict(X_new, client=3)
 """
 
+from importlib import metadata as _metadata
+
 from fedgp import aggregators, attacks, clustering, data, models, strategies
 from fedgp.fit import FitResult, fit
 from fedgp.models import GPSpec, HyperState
 
-__version__ = "0.1.0"
+#: The name on PyPI: ``fedgp`` there is an unrelated package, so fedgp is installed as this.
+DISTRIBUTION = "fedgp-gpytorch"
+
+#: The installed distribution's version (``pip install fedgp-gpytorch``); a source tree that was
+#: never installed has no metadata and says so.
+try:
+    __version__ = _metadata.version(DISTRIBUTION)
+except _metadata.PackageNotFoundError:
+    __version__ = "0+unknown"
 __all__ = [
     "fit",
     "FitResult",

@@ -15,6 +15,7 @@ on its own data and only the results travel.
 from __future__ import annotations
 
 import importlib
+import inspect
 import math
 import os
 import warnings
@@ -28,7 +29,7 @@ import torch
 from tqdm import tqdm
 
 from fedgp.attacks.base import Attack
-from fedgp.data.client import ClientData, Federation
+from fedgp.data.client import ClientData, Federation, _as_float_tensor, _check_finite, check_trainable
 from fedgp.engines.base import Engine, Registry
 from fedgp.engines.batched import BatchedEngine
 from fedgp.engines.checkpoint import (
@@ -59,7 +60,16 @@ from fedgp.transforms import (
     summary_fields,
 )
 
-__all__ = ["fit", "FitResult", "make_engine", "server_context", "ENGINES", "RoundFailedError"]
+__all__ = [
+    "fit",
+    "FitResult",
+    "make_engine",
+    "engine_options",
+    "server_context",
+    "ENGINES",
+    "RoundFailedError",
+    "UnknownClientError",
+]
 
 ENGINES: dict[str, Any] = {"sequential": SequentialEngine, "batched": BatchedEngine}
 #: Engines whose dependencies are optional extras, imported when first asked for.
@@ -68,6 +78,37 @@ EXTRA_ENGINES = {"ray": "fedgp.engines.ray:RayEngine", "flower": "fedgp.flower.l
 
 #: Options the sequential engine takes (``"auto"`` keeps the batched engine for any other).
 _SEQUENTIAL_OPTIONS = {"loopback", "timeout", "keys"}
+#: Engines that pass their other options on to another engine (Ray: to each shard's batched engine).
+FORWARDS_OPTIONS = {"ray": BatchedEngine}
+
+
+class UnknownClientError(ValueError, KeyError):
+    """A client the result does not know: a ``ValueError`` (and, for old callers, a ``KeyError``)."""
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0])
+
+
+def engine_options(cls: type | Callable) -> list[str]:
+    """The ``engine_options`` keys engine class ``cls`` accepts: the keyword arguments of its
+    ``__init__`` and of the base ``__init__`` it passes ``**options`` on to (or of a factory)."""
+    names: list[str] = []
+    inits = (
+        [vars(k)["__init__"] for k in cls.__mro__ if "__init__" in vars(k)]
+        if isinstance(cls, type)
+        else [cls]
+    )
+    for init in inits:
+        if init is object.__init__:
+            break
+        params = inspect.signature(init).parameters.values()
+        kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+        names += [
+            p.name for p in params if p.kind in kinds and p.name not in ("self", "spec", "clients", "seed")
+        ]
+        if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+            break
+    return list(dict.fromkeys(names))
 
 
 def make_engine(name: str, spec: GPSpec, federation: Federation, seed: int = 0, **options) -> Engine:
@@ -76,6 +117,7 @@ def make_engine(name: str, spec: GPSpec, federation: Federation, seed: int = 0, 
     numbers; a batched engine would evaluate client by client anyway), unless batched-only options
     were given."""
     if name == "auto":
+        _check_engine_options("auto", BatchedEngine, options)
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", "the batched engine evaluates this spec", UserWarning)
             batched = BatchedEngine(spec, federation, seed, **options)
@@ -90,7 +132,18 @@ def make_engine(name: str, spec: GPSpec, federation: Federation, seed: int = 0, 
     else:
         known = ", ".join(["auto", *ENGINES, *EXTRA_ENGINES])
         raise ValueError(f"unknown engine {name!r}; available: {known}") from None
+    _check_engine_options(name, cls, options)
     return cls(spec, federation, seed, **options)
+
+
+def _check_engine_options(name: str, cls, options: dict) -> None:
+    valid = engine_options(cls) + (engine_options(FORWARDS_OPTIONS[name]) if name in FORWARDS_OPTIONS else [])
+    unknown = [key for key in options if key not in valid]
+    if unknown:
+        raise ValueError(
+            f"engine_options: unknown key(s) {', '.join(map(repr, unknown))} for engine {name!r}; "
+            f"valid keys: {', '.join(dict.fromkeys(valid))}"
+        )
 
 
 def server_context(spec: GPSpec, registry: Registry, seed: int) -> ServerContext:
@@ -222,12 +275,24 @@ class FitResult:
                     return self.engine, self.registry, i, i
             engine = SequentialEngine(self.spec, [client], self.seed)
             return engine, engine.start(self.strategy, self.seed), 0, -1
+        ids = self.registry.ids
         if isinstance(client, (int, np.integer)) and not isinstance(client, bool):
             position = int(client)
-            if not 0 <= position < len(self.registry.ids):
-                raise IndexError(f"client position {position} out of range (0..{len(self.registry.ids) - 1})")
+            if not 0 <= position < len(ids):
+                raise UnknownClientError(
+                    f"client={position}: no client at that position; the model was trained on "
+                    f"{len(ids)} clients, positions 0..{len(ids) - 1} (ids {_some(ids)}). Pass a position, "
+                    "an id, or a fedgp.data.ClientData to predict for a new client"
+                )
             return self.engine, self.registry, position, position
-        position = self.registry.position(client)
+        try:
+            position = self.registry.position(client)
+        except KeyError:
+            raise UnknownClientError(
+                f"client={client!r}: no client with id {client!r} among the {len(ids)} trained on "
+                f"(ids {_some(ids)}). Pass a position, an id, or a fedgp.data.ClientData to predict for "
+                "a new client"
+            ) from None
         return self.engine, self.registry, position, position
 
     def _ask(self, kind: str, client, shared: dict | None = None, points: int = 0):
@@ -260,15 +325,29 @@ class FitResult:
     def posterior(self, X: Any, client: int | ClientData | Any) -> Prediction:
         """Predictive distribution at ``X`` for ``client`` (an index, an id, or a new ``ClientData``),
         conditioning its personal state on that client's training data only."""
-        X = torch.as_tensor(np.asarray(X) if not isinstance(X, torch.Tensor) else X, dtype=torch.float64)
         d = self._dims(client)
+        name = client.id if isinstance(client, ClientData) else client
+        # A copy (pandas and read-only arrays included), checked for dtype and NaN/inf as data are.
+        X = _as_float_tensor(X, name, "X")
         if X.dim() != 2 or X.shape[1] != d:
-            raise ValueError(f"X must have shape (n, {d}), got {tuple(X.shape)}")
+            raise ValueError(
+                f"X must have shape (n, {d}) for client {name!r}, whose model takes {d} input features; "
+                f"got {tuple(X.shape)}" + ("; for one feature use X[:, None]" if X.dim() == 1 else "")
+            )
+        _check_finite(X, name, "X")
         replies = self._ask("predict", client, {"X": X}, X.shape[0])
         return Prediction(replies["mean"][0], replies["variance_f"][0], replies["variance_y"][0])
 
     def _dims(self, client) -> int:
+        """The input width of ``client``'s model; a new client must match the training data's."""
         if isinstance(client, ClientData):
+            trained = int(self.registry.dims[0]) if len(self.registry.dims) else client.n_features
+            if client.n_features != trained:
+                raise ValueError(
+                    f"client {client.id!r} has {client.n_features} features, but the model was "
+                    f"trained on {trained}-feature data: give the new client's X the same {trained} "
+                    "input columns, in the same order, as the training clients"
+                )
             return client.n_features
         return int(self.registry.dims[self._resolve(client)[2]])
 
@@ -280,10 +359,17 @@ class FitResult:
         return pred.mean, pred.variance(observation_noise)
 
     def evaluate(self) -> pd.DataFrame:
-        """Per-client test RMSE, NLL, 95% coverage and cluster (clients with a test split)."""
+        """Per-client test RMSE, NLL, 95% coverage and cluster (clients with a test split): columns
+        ``client, n_test, rmse, nll, coverage95, cluster``, also when no client has a test split
+        (then the frame is empty)."""
         return evaluate_clients(
             self.strategy, self.server_state, self.context, self.engine, self.registry, self.transform
         )
+
+
+def _some(ids, k: int = 5) -> str:
+    """The first ``k`` ids, for an error message."""
+    return ", ".join(map(repr, ids[:k])) + (", ..." if len(ids) > k else "")
 
 
 def _failure_summary(failures: dict, ids) -> str:
@@ -350,7 +436,17 @@ def fit(
             hyper-parameters (``result.state``) are in the transformed units; ``result.transforms``
             says what was applied.
     """
+    if not isinstance(spec, GPSpec):
+        raise TypeError(
+            f"spec must be a fedgp.GPSpec (the model: mean, kernel, likelihood), got "
+            f"{type(spec).__name__}; e.g. fedgp.GPSpec(kernel=gpytorch.kernels.RBFKernel())"
+        )
     strategy = FGPR() if strategy is None else strategy
+    if not isinstance(strategy, Strategy):
+        raise TypeError(
+            f"strategy must be a fedgp.strategies.Strategy (e.g. fedgp.strategies.FGPR()), "
+            f"got {type(strategy).__name__}"
+        )
     if rounds < 1:
         raise ValueError("rounds must be >= 1")
     if checkpoint_every is not None and checkpoint_path is None:
@@ -375,6 +471,8 @@ def fit(
             raise TypeError(f"federation must be a fedgp.data.Federation, got {type(federation).__name__}")
         runner = make_engine(engine, spec, federation, seed, **(engine_options or {}))
     registry = runner.start(strategy, seed)
+    for client_id, n in zip(registry.ids, registry.sizes.tolist()):  # remote clients too (Flower)
+        check_trainable(client_id, n)
     transform = learn_transform(runner, registry, outcome_transform, input_transform, spec)
     ctx = server_context(spec, registry, seed)
     if eval_every is None:

@@ -18,6 +18,19 @@ import torch
 __all__ = ["ClientData", "Federation"]
 
 ArrayLike = Any  # numpy array, torch tensor, pandas object or nested sequence
+#: The fewest points a client trains on: one point's marginal likelihood cannot tell signal from noise.
+MIN_TRAINING_POINTS = 2
+
+
+def check_trainable(client: Any, n: int) -> None:
+    """Refuse a client with fewer than ``MIN_TRAINING_POINTS`` for training, naming it and the fix."""
+    if n < MIN_TRAINING_POINTS:
+        raise ValueError(
+            f"client {client!r}: {n} training point(s); training needs at least {MIN_TRAINING_POINTS} "
+            "per client. Leave it out of the federation and predict for it as a new client after "
+            "fitting: result.predict(X, client=<its ClientData>)"
+        )
+
 
 #: Largest magnitude accepted. A kernel squares differences of inputs and the likelihood squares
 #: targets and sums them over points; at 1e150 the squares (1e300) keep a factor 1e8 of headroom
@@ -176,7 +189,12 @@ class ClientData:
     ``metadata`` (e.g. ``{"fidelity": 0}`` or a C-MAPSS unit number), and ``noise``: known
     per-point noise variances for a ``FixedNoiseGaussianLikelihood`` (they stay with the data).
     Arrays are stored as float64 tensors. Raises ``ValueError`` for NaN/inf, wrong shapes or
-    dtypes, fewer than two points, or constant targets (a GP marginal likelihood cannot be fitted to those).
+    dtypes, or constant targets (a GP marginal likelihood cannot be fitted to those).
+
+    A client with 0 or 1 points is valid for *prediction* (a cold start: with no points it gets the
+    prior predictive, with one the posterior given that point), but a
+    :class:`Federation`, the unit ``fedgp.fit`` trains on, refuses it: a marginal likelihood per point
+    needs at least 2 points.
     """
 
     X: torch.Tensor
@@ -194,11 +212,7 @@ class ClientData:
         X = _as_float_tensor(self.X, cid, "X")
         y = _as_float_tensor(self.y, cid, "y")
         _check_pair(X, y, cid, "X", "y")
-        if X.shape[0] == 0:
-            raise ValueError(f"client {cid!r}: X and y are empty; a client needs at least 2 points")
-        if X.shape[0] == 1:
-            raise ValueError(f"client {cid!r}: only a single point; a client needs at least 2 points")
-        if bool((y == y[0]).all()):
+        if X.shape[0] >= 2 and bool((y == y[0]).all()):
             raise ValueError(
                 f"client {cid!r}: y is constant ({float(y[0])!r} at all {y.shape[0]} points); "
                 "its marginal likelihood has no information about the kernel"
@@ -279,7 +293,9 @@ class Federation(Sequence[ClientData]):
     """An ordered collection of clients: the unit that ``fedgp.fit`` trains on.
 
     Client order is fixed and defines client indices; ``weights`` are the FedAvg weights
-    ``p_k = N_k / N``. Ids must be unique and all clients must have the same number of features.
+    ``p_k = N_k / N``. Ids must be unique, all clients must have the same number of features, and
+    every client needs at least 2 training points (0- and 1-point clients can only be predicted
+    for: ``result.predict(X, client=ClientData(...))``).
     """
 
     def __init__(self, clients: Iterable[ClientData]) -> None:
@@ -298,6 +314,7 @@ class Federation(Sequence[ClientData]):
                     f"duplicate client id {client.id!r} at positions {seen[client.id]} and {index}"
                 )
             seen[client.id] = index
+            check_trainable(client.id, client.n)
             if client.n_features != clients[0].n_features:
                 raise ValueError(
                     f"client {client.id!r}: {client.n_features} features, but client "

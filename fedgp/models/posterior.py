@@ -59,12 +59,16 @@ def predict_with_model(
     X_new: torch.Tensor,
     client: Any = None,
 ) -> Prediction:
-    """Exact posterior of ``model`` (hyper-parameters already loaded) given ``(X_train, y_train)``."""
+    """Exact posterior of ``model`` (hyper-parameters already loaded) given ``(X_train, y_train)``.
+
+    With no training points (a cold-start client) this is the prior predictive, GPyTorch's
+    ``prior_mode``: the mean function, and the prior variance (plus the noise for ``variance_y``)."""
     model.set_train_data(X_train, y_train, strict=False)
     model.eval()
     with (
         torch.no_grad(),
         exact_settings(),
+        gpytorch.settings.prior_mode(X_train.shape[0] == 0),
         factorization_guard(client, "posterior"),
         warnings.catch_warnings(),
     ):

@@ -38,6 +38,7 @@ from fedgp.strategies.local import LocalTraining
 from fedgp.strategies.surface import AttackSurface
 
 __all__ = [
+    "COLD_START",
     "given_or_best_state",
     "ClientOps",
     "TrainResult",
@@ -170,19 +171,37 @@ class Replies(Mapping[str, torch.Tensor]):
         return read_state(self.sums, spec, prefix)
 
 
+#: Shared field of a "choose" personal task: the candidate a client without data conditions on.
+COLD_START = "cold_start"
+
+
 def given_or_best_state(
     ops: ClientOps, task: Task, given: str, state: str, candidates: str
 ) -> tuple[HyperState, torch.Tensor]:
     """A personal task's state for each client of ``ops``: its own row's state (prefix ``state``)
     when the task's ``personal`` setting is ``given``; otherwise the shared candidate (prefix
     ``candidates``) its ``cluster`` names, or where that is -1 (a client never seen in training)
-    the candidate with the lowest NLL on its own data."""
+    the candidate with the lowest NLL on its own data. A client with no data at all (a cold
+    start) cannot compare candidates: it takes the server's default, the shared ``COLD_START``."""
     cluster = task.tensor("cluster")
     if task.setting("personal") == given:
         return read_state(task.personal.tensors, ops.spec, state), cluster
     options = read_state(task.shared.tensors, ops.spec, candidates).expand(len(ops.indices))
-    chosen = torch.where(cluster >= 0, cluster, ops.nll(options).argmin(dim=-1))
-    return options.gather(chosen), chosen
+    unknown = cluster < 0
+    if bool(unknown.any()):
+        empty = ops.sizes == 0
+        if bool(empty.any()):
+            default = task.shared.tensors.get(COLD_START)
+            if default is None:
+                raise ValueError(
+                    f"client {ops.clients[int(empty.nonzero()[0])].id!r} has no data to choose a "
+                    f"candidate with, and the server sent no {COLD_START!r} default"
+                )
+            cluster = torch.where(empty & unknown, default.to(torch.long), cluster)
+        unknown = cluster < 0
+        if bool(unknown.any()):  # only clients with data are left to choose by their own NLL
+            cluster = torch.where(unknown, ops.nll(options).argmin(dim=-1), cluster)
+    return options.gather(cluster), cluster
 
 
 class Strategy(Configurable, ABC):

@@ -15,11 +15,12 @@ import numpy as np
 import torch
 
 from fedgp.aggregators import StateAggregator, WeightedMean
+from fedgp.checks import check_settings
 from fedgp.messages import Field, Record, Task, read_state, state_fields, state_tensors
 from fedgp.models.state import HyperState
 from fedgp.rng import generator
 from fedgp.strategies.base import ClientOps, Replies, RoundPlan, ServerContext, Strategy, sample_participants
-from fedgp.strategies.local import SGD, Adam, LocalTraining, make_optimizer
+from fedgp.strategies.local import SGD, STRATEGY_LOCAL_SETTINGS, Adam, LocalTraining, make_optimizer
 from fedgp.strategies.surface import AttackSurface
 
 __all__ = ["FGPR"]
@@ -64,6 +65,7 @@ class FGPR(Strategy):
     local: LocalTraining = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
+        check_settings(self, **STRATEGY_LOCAL_SETTINGS, prox_mu="nonnegative")
         steps = None if self.local_epochs is not None else self.local_steps
         object.__setattr__(
             self,

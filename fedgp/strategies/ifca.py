@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from fedgp.checks import check_settings
 from fedgp.messages import Task
 from fedgp.models.state import HyperState
 from fedgp.strategies.base import ClientOps, Replies, RoundPlan, ServerContext, Strategy
@@ -42,7 +43,7 @@ from fedgp.strategies.clustered import (
     RandomInit,
     SpecInit,
 )
-from fedgp.strategies.local import SGD, Adam, LocalTraining, make_optimizer
+from fedgp.strategies.local import SGD, STRATEGY_LOCAL_SETTINGS, Adam, LocalTraining, make_optimizer
 
 __all__ = ["IFCA", "IFCAState"]
 
@@ -97,8 +98,14 @@ class IFCA(Strategy):
     model: ClusteredGP = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        if self.num_clusters < 1 or self.restarts < 1:
-            raise ValueError("num_clusters and restarts must be >= 1")
+        check_settings(
+            self,
+            **STRATEGY_LOCAL_SETTINGS,
+            num_clusters="count",
+            restarts="count",
+            gradient_batch_size="batch_or_none",
+            init_scale="nonnegative",
+        )
         if self.aggregation not in ("gradient", "model"):
             raise ValueError(f"aggregation must be 'gradient' or 'model', got {self.aggregation!r}")
         if self.gradient_normalization not in ("total", "participants", "cluster"):

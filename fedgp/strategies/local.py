@@ -16,9 +16,20 @@ from dataclasses import dataclass, field
 
 import torch
 
+from fedgp.checks import RULES, check_settings
 from fedgp.messages import Configurable
 
-__all__ = ["Adam", "SGD", "LocalOptimizer", "LocalTraining", "make_optimizer"]
+__all__ = ["Adam", "SGD", "LocalOptimizer", "LocalTraining", "make_optimizer", "STRATEGY_LOCAL_SETTINGS"]
+
+#: The rules (:func:`fedgp.checks.check_settings`) for the local-training settings a strategy
+#: takes under its own names: checked there, so an error names the strategy's argument.
+STRATEGY_LOCAL_SETTINGS = {
+    "local_steps": "count_or_none",
+    "local_epochs": "count_or_none",
+    "batch_size": "batch_or_none",
+    "lr": "positive",
+    "clients_per_round": "count_or_none",
+}
 
 Tensors = dict[str, torch.Tensor]
 
@@ -72,6 +83,13 @@ class Adam(LocalOptimizer):
     betas: tuple[float, float] = (0.9, 0.999)
     eps: float = 1e-8
 
+    def __post_init__(self) -> None:
+        check_settings(self, lr="positive", eps="positive")
+        if len(self.betas) != 2 or not all(RULES["fraction"][0](b) for b in self.betas):
+            raise ValueError(
+                f"Adam: betas must be two numbers in [0, 1), got {self.betas!r} (default (0.9, 0.999))"
+            )
+
     def init(self, params: Tensors) -> dict:
         return {
             "m": {k: torch.zeros_like(v) for k, v in params.items()},
@@ -104,6 +122,7 @@ class SGD(LocalOptimizer):
     schedule: str = "inverse_t"
 
     def __post_init__(self) -> None:
+        check_settings(self, lr="positive")
         if self.schedule not in ("inverse_t", "constant"):
             raise ValueError(f"schedule must be 'inverse_t' or 'constant', got {self.schedule!r}")
 
@@ -158,8 +177,7 @@ class LocalTraining(Configurable):
             raise ValueError(f"batch_size must be >= 2 (or None for full batches), got {self.batch_size}")
         if self.minibatch not in ("uniform", "nearest"):
             raise ValueError(f"minibatch must be 'uniform' or 'nearest', got {self.minibatch!r}")
-        if self.prox_mu < 0:
-            raise ValueError("prox_mu must be >= 0")
+        check_settings(self, prox_mu="nonnegative")
 
     def batch_sizes(self, sizes: torch.Tensor) -> torch.Tensor:
         """M_k = min(M, N_k) for each client."""

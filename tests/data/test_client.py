@@ -45,8 +45,6 @@ def test_stores_float64_tensors_from_numpy_pandas_and_ints():
             np.array([1.0, 2.0]),
             r"client 'bad': X has 3 rows but y has 2",
         ),
-        (np.zeros((0, 2)), np.zeros(0), r"client 'bad': X and y are empty"),
-        (np.array([[0.0, 1.0]]), np.array([1.0]), r"client 'bad': only a single point"),
         (
             np.array([[0.0], [1.0], [2.0]]),
             np.array([5.0, 5.0, 5.0]),
@@ -112,3 +110,17 @@ def test_federation_assigns_positional_ids_and_splits():
     split = fed.split(0.2, seed=3)
     assert split.has_test and [c.n for c in split] == [8, 10]
     assert torch.equal(split[0].X, fed.split(0.2, seed=3)[0].X)
+
+
+@pytest.mark.parametrize("n", [0, 1])
+def test_small_clients_exist_for_prediction_but_not_for_training(n):
+    """0- and 1-point clients are cold starts: valid ClientData, refused by a Federation by name."""
+    small = ClientData(np.zeros((n, 2)), np.zeros(n), id="new")
+    assert small.n == n and small.n_features == 2
+    ok = ClientData(np.random.default_rng(0).normal(size=(3, 2)), [1.0, 2.0, 3.0], id="ok")
+    message = rf"client 'new': {n} training point\(s\); training needs at least 2"
+    with pytest.raises(ValueError, match=message):
+        Federation([ok, small])
+    with pytest.raises(ValueError, match="client 'bad'.*at least 2"):
+        parts = [np.arange(3), np.array([3])]
+        Federation.from_partition(np.zeros((4, 1)), np.arange(4.0), parts, ids=["a", "bad"])

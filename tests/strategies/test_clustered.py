@@ -256,7 +256,8 @@ def test_restarts_pick_the_lowest_objective():
     spec = linear_spec(3, 0.01)
     good, bad = mr.thetas, torch.zeros(2, 3, dtype=torch.float64)
     init = HyperState.stack([cluster_states(spec, bad), cluster_states(spec, good)])  # (R=2, k=2)
-    strategy = C.ifca(2, lr=0.0, initializer=C.GivenInit(init), restarts=2)
+    # lr must be > 0; 1e-300 is a step too small to move a float64 of order 1: no learning.
+    strategy = C.ifca(2, lr=1e-300, initializer=C.GivenInit(init), restarts=2)
     result = fedgp.fit(spec, mr.federation, strategy, rounds=1, progress=False)
     assert result.server_state.best == 1
     assert torch.allclose(result.state[W][..., 0], good, rtol=1e-12)

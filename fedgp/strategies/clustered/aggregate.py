@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import torch
 
 from fedgp.aggregators import StateAggregator, WeightedMean
+from fedgp.checks import check_settings
 from fedgp.messages import Configurable
 from fedgp.models.linear import LinearMeanModel
 from fedgp.models.spec import GPSpec
@@ -123,6 +124,7 @@ class GradientStep(Aggregator):
 
     def __post_init__(self) -> None:
         check_units(self.units)
+        check_settings(self, lr="positive")
         if self.normalization not in ("total", "participants", "cluster"):
             raise ValueError(f"unknown gradient_normalization {self.normalization!r}")
 

@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from fedgp.checks import check_settings
 from fedgp.clustering.kmeans import kmeans
 from fedgp.messages import Configurable, Field, Record, Task, read_state, state_fields, state_tensors
 from fedgp.models.linear import linear_model
@@ -101,6 +102,7 @@ class RandomInit(Initializer):
             raise ValueError(f"RandomInit kind must be 'normal' or 'bernoulli', got {self.kind!r}")
         if self.center not in ("spec", "zero"):
             raise ValueError(f"RandomInit center must be 'spec' or 'zero', got {self.center!r}")
+        check_settings(self, scale="nonnegative")
 
     def start(self, ctx, k, restarts, rng):
         return InitDone(_perturbed_states(ctx.spec, restarts, k, self.kind, self.scale, self.center, rng))

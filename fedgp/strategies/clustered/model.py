@@ -8,11 +8,13 @@ from typing import Any
 import numpy as np
 import torch
 
+from fedgp.checks import check_settings
 from fedgp.messages import Field, Record, Task, read_state, state_fields, state_tensors
 from fedgp.models.linear import LinearMeanModel, linear_model
 from fedgp.models.spec import GPSpec
 from fedgp.models.state import HyperState
 from fedgp.strategies.base import (
+    COLD_START,
     ClientOps,
     Replies,
     RoundPlan,
@@ -76,8 +78,7 @@ class ClusteredGP(Strategy):
     closed_form: str = "auto"
 
     def __post_init__(self) -> None:
-        if self.num_clusters < 1 or self.restarts < 1:
-            raise ValueError("num_clusters and restarts must be >= 1")
+        check_settings(self, num_clusters="count", restarts="count", clients_per_round="count_or_none")
         if self.closed_form not in ("auto", "never", "always"):
             raise ValueError(f"closed_form must be 'auto', 'never' or 'always', got {self.closed_form!r}")
         if self.solver.returns_gradient != self.aggregator.uses_gradients:
@@ -292,7 +293,9 @@ class ClusteredGP(Strategy):
         return AttackSurface.of_states(spec, STATE, reference, slot_dims=2 if self._soft else 1)
 
     def configure_personal(self, server: ClusteredState, ctx: ServerContext, positions: torch.Tensor):
-        """A client with a fixed label gets its cluster's state; others get the k states to choose from."""
+        """A client with a fixed label gets its cluster's state; others get the k states to choose
+        from, and a client with no data (a cold start) the largest cluster: the one holding the
+        most training points (labels, else the best restart's latest assignment; ties: lowest index)."""
         states = self.global_state(server)
         labels = self._labels(server, ctx) if not server.initialising else None
         mine = torch.full(positions.shape, -1, dtype=torch.long)
@@ -302,7 +305,12 @@ class ClusteredGP(Strategy):
         if bool((mine >= 0).all()):
             own = {**state_tensors(states.index(mine), STATE), "cluster": mine}
             return Record({}, {"personal": "label"}), Record(own)
-        return Record(state_tensors(states, CANDIDATES), {"personal": "choose"}), Record({"cluster": mine})
+        members = labels if labels is not None else server.assignment[server.best]
+        seen = members >= 0
+        points = torch.zeros(states.batch_shape[0], dtype=torch.float64)
+        points.index_add_(0, members[seen], ctx.sizes[seen].to(torch.float64))
+        shared = {**state_tensors(states, CANDIDATES), COLD_START: points.argmax()}
+        return Record(shared, {"personal": "choose"}), Record({"cluster": mine})
 
     def global_state(self, server: ClusteredState) -> HyperState:
         """The k cluster states of the best restart: batch ``(k,)``."""

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from fedgp.checks import check_settings
 from fedgp.messages import Configurable
 from fedgp.models.linear import LinearMeanModel
 from fedgp.models.state import HyperState
@@ -90,8 +91,7 @@ class GradientDescent(LocalSolver):
 
     def __post_init__(self) -> None:
         check_units(self.units)
-        if self.steps < 1:
-            raise ValueError("steps must be >= 1")
+        check_settings(self, lr="positive", steps="count")
 
     def solve(self, ops, states, form):
         lrs = step_sizes(self.lr, self.units, form.model, states)
@@ -118,8 +118,7 @@ class ProximalSolve(LocalSolver):
 
     def __post_init__(self) -> None:
         check_units(self.units)
-        if not self.lr > 0:
-            raise ValueError("lr must be > 0")
+        check_settings(self, lr="positive", inner_steps="count", inner_lr="positive")
 
     def solve(self, ops, states, form):
         lrs = step_sizes(self.lr, self.units, form.model, states)
@@ -156,6 +155,9 @@ class GradientSolver(LocalSolver):
 
     batch_size: int | None = None
     returns_gradient = True
+
+    def __post_init__(self) -> None:
+        check_settings(self, batch_size="batch_or_none")
 
     def solve(self, ops, states, form):
         if form.closed and self.batch_size is None:

@@ -30,7 +30,7 @@ from fedgp.clustering import QuantileRadius, Radius
 from fedgp.messages import Record, Task, state_tensors
 from fedgp.models.spec import GPSpec
 from fedgp.models.state import HyperState
-from fedgp.strategies.base import ClientOps, ServerContext, Strategy, given_or_best_state
+from fedgp.strategies.base import COLD_START, ClientOps, ServerContext, Strategy, given_or_best_state
 from fedgp.strategies.gradient_clustering.blocks import Blocks, check_blocks, resolve_blocks
 from fedgp.strategies.gradient_clustering.state import CANDIDATES, STATE, PersonalState
 
@@ -141,14 +141,15 @@ class PersonalStrategy(Strategy):
         return replace(server, states=states, buffer=buffer, started=started)
 
     def configure_personal(self, server: PersonalState, ctx: ServerContext, positions: torch.Tensor):
-        """A known client gets its own state; a new one every client's, to pick the best fit."""
+        """A known client gets its own state; a new one every client's, to pick the best fit, and
+        a new client with no data (a cold start) the state of the client with the most training
+        points (ties: the first)."""
         if bool((positions >= 0).all()):
             own = {**state_tensors(server.states.index(positions), STATE), "cluster": positions.clone()}
             return Record({}, {"personal": "own"}), Record(own)
         cluster = torch.where(positions >= 0, positions, torch.full_like(positions, -1))
-        return Record(state_tensors(server.states, CANDIDATES), {"personal": "choose"}), Record(
-            {"cluster": cluster}
-        )
+        shared = {**state_tensors(server.states, CANDIDATES), COLD_START: ctx.sizes.argmax()}
+        return Record(shared, {"personal": "choose"}), Record({"cluster": cluster})
 
     def global_state(self, server: PersonalState) -> HyperState:
         """Every client's personal state, batch ``(N,)`` (there is no global model)."""

@@ -1,0 +1,66 @@
+"""A real clean install: ``pip install .`` into a fresh virtual environment (no system or dev
+site-packages), then the README's first example run from outside the repository, so the installed
+copy is the one imported. 1.5 to 3 minutes on the 2-core VM (mostly torch and the other
+wheels being unpacked); ``pytest -m "not install"`` leaves it out."""
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+tomllib = pytest.importorskip("tomllib", reason="reading pyproject.toml needs Python 3.11+")
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _run(args, **kwargs):
+    done = subprocess.run([str(a) for a in args], capture_output=True, text=True, **kwargs)
+    assert done.returncode == 0, f"{args} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    return done.stdout
+
+
+@pytest.mark.install
+@pytest.mark.slow
+def test_pip_install_in_a_clean_venv_runs_the_readme_example(tmp_path):
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    # Install from a copy of what a source distribution holds, so the checkout gets no build/.
+    src = tmp_path / "src"
+    shutil.copytree(ROOT / "fedgp", src / "fedgp", ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("pyproject.toml", "README.md", "LICENSE"):
+        shutil.copy(ROOT / name, src / name)
+    venv = tmp_path / "venv"
+    _run([sys.executable, "-m", "venv", venv])
+    python = venv / "bin" / "python"
+    # The pinned CPU torch and friends, as `make` installs them; no extras: the core must suffice.
+    _run([python, "-m", "pip", "install", "-q", "-c", ROOT / "constraints.txt", src], timeout=1800)
+
+    work = tmp_path / "elsewhere"
+    work.mkdir()
+    block = re.search(r"```python\n(.*?)```", (ROOT / "README.md").read_text(), re.S).group(1)
+    (work / "readme.py").write_text(
+        block
+        + "\nimport importlib.metadata as md\n"
+        + "print('FILE', fedgp.__file__)\nprint('VERSION', fedgp.__version__)\n"
+        + "dist = md.distribution(fedgp.DISTRIBUTION)\n"
+        + "print('LICENSE', dist.read_text('licenses/LICENSE').splitlines()[0])\n"
+        + "print('MEAN', tuple(mean.shape), bool((var > 0).all()), len(result.history))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
+    env.update(OMP_NUM_THREADS="1", MPLBACKEND="Agg")
+    out = dict(
+        line.split(" ", 1)
+        for line in _run([python, "readme.py"], cwd=work, env=env).splitlines()
+        if " " in line
+    )
+    assert Path(out["FILE"]).is_relative_to(venv), out["FILE"]  # the installed copy, not the checkout
+    assert out["VERSION"] == project["version"]  # from the installed metadata
+    assert out["LICENSE"] == "MIT License"
+    assert out["MEAN"] == "(5,) True 50"
+    assert (
+        _run([venv / "bin" / "fedgp", "--version"], cwd=work, env=env).strip()
+        == f"fedgp {project['version']}"
+    )
+    assert project["name"] == "fedgp-gpytorch"
