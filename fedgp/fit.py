@@ -73,14 +73,15 @@ def _num_clusters(strategy: Strategy, server: Any) -> int:
 
 
 def _personal_exchange(
-    strategy, server, ctx, engine, registry, kind, positions, known, shared=None, points=0
+    strategy, server, ctx, engine, registry, kind, positions, known, shared=None, points=0, full_cov=False
 ):
     """A ``kind`` task (evaluate / predict / personal) to the clients at ``positions`` of ``engine``;
     ``known`` are their positions in the training registry (-1 for clients it never saw)."""
     shared_rec, personal = strategy.configure_personal(server, ctx, known)
-    if shared:
-        shared_rec = Record({**shared_rec.tensors, **shared}, shared_rec.settings)
-    fields = reply_fields(kind, ctx.spec, _num_clusters(strategy, server), points)
+    if shared or full_cov:
+        settings = {**shared_rec.settings, **({"full_cov": True} if full_cov else {})}
+        shared_rec = Record({**shared_rec.tensors, **(shared or {})}, settings)
+    fields = reply_fields(kind, ctx.spec, _num_clusters(strategy, server), points, full_cov)
     plan = RoundPlan(positions, torch.ones(len(positions), dtype=torch.float64), shared_rec, personal, fields)
     return exchange(engine, kind, 0, plan, registry.ids, min_replies=1)
 
@@ -158,7 +159,7 @@ class FitResult:
         position = self.registry.position(client)
         return self.engine, self.registry, position, position
 
-    def _ask(self, kind: str, client, shared: dict | None = None, points: int = 0):
+    def _ask(self, kind: str, client, shared: dict | None = None, points: int = 0, full_cov: bool = False):
         engine, registry, position, known = self._resolve(client)
         ctx = self.context
         try:
@@ -173,6 +174,7 @@ class FitResult:
                 torch.tensor([known]),
                 shared,
                 points,
+                full_cov,
             ).replies
         except RoundFailedError as err:
             (reason,) = err.failures.values()
@@ -184,15 +186,17 @@ class FitResult:
         replies = self._ask("personal", client)
         return read_state(replies.individual, self.spec, "state/").index(0)
 
-    def posterior(self, X: Any, client: int | ClientData | Any) -> Prediction:
+    def posterior(self, X: Any, client: int | ClientData | Any, full_cov: bool = False) -> Prediction:
         """Predictive distribution at ``X`` for ``client`` (an index, an id, or a new ``ClientData``),
-        conditioning its personal state on that client's training data only."""
+        conditioning its personal state on that client's training data only. ``full_cov`` adds the
+        joint covariance of f at ``X`` (for ``Prediction.sample`` and ``to_distribution``)."""
         X = torch.as_tensor(np.asarray(X) if not isinstance(X, torch.Tensor) else X, dtype=torch.float64)
         d = self._dims(client)
         if X.dim() != 2 or X.shape[1] != d:
             raise ValueError(f"X must have shape (n, {d}), got {tuple(X.shape)}")
-        replies = self._ask("predict", client, {"X": X}, X.shape[0])
-        return Prediction(replies["mean"][0], replies["variance_f"][0], replies["variance_y"][0])
+        replies = self._ask("predict", client, {"X": X}, X.shape[0], full_cov)
+        covariance = replies["covariance_f"][0] if full_cov else None
+        return Prediction(replies["mean"][0], replies["variance_f"][0], replies["variance_y"][0], covariance)
 
     def _dims(self, client) -> int:
         if isinstance(client, ClientData):

@@ -512,9 +512,12 @@ class BatchedOps:
         loss = (total / row_steps.to(total.dtype)).reshape(B, *extra)
         return TrainResult(new, loss, steps)
 
-    def predict(self, states: HyperState, X_new: torch.Tensor | None = None) -> list[Prediction]:
+    def predict(
+        self, states: HyperState, X_new: torch.Tensor | None = None, full_cov: bool = False
+    ) -> list[Prediction]:
         """Personalised posteriors of all clients of the chunk at once (batch ``(B,)`` states);
-        at each client's test inputs, or at shared inputs ``X_new``."""
+        at each client's test inputs, or at shared inputs ``X_new`` (with ``full_cov``, also the
+        joint covariance of f there)."""
         flat, extra, per_client = self._rows(states)
         if extra:
             raise ValueError(f"predict needs one state per client, got extra batch {tuple(extra)}")
@@ -537,13 +540,16 @@ class BatchedOps:
                 lengths = torch.full((len(clients),), X_new.shape[0])
             sub = {k: v[group] for k, v in raw.items()}
             with torch.no_grad():
-                mean, var_f, noise = self._posterior(sub, X, y, mask, Xs, self._ids(clients))
+                mean, var_f, noise, cov = self._posterior(sub, X, y, mask, Xs, self._ids(clients), full_cov)
             for j, pos in enumerate(group.tolist()):
                 n = int(lengths[j])
-                out[pos] = Prediction(mean[j, :n].clone(), var_f[j, :n].clone(), var_f[j, :n] + noise[j])
+                joint = None if cov is None else cov[j, :n, :n].clone()
+                out[pos] = Prediction(
+                    mean[j, :n].clone(), var_f[j, :n].clone(), var_f[j, :n] + noise[j], joint
+                )
         return out  # type: ignore[return-value]
 
-    def _posterior(self, raw, X, y, mask, Xs, ids):
+    def _posterior(self, raw, X, y, mask, Xs, ids, full_cov=False):
         K = self.gp.train_covariance(raw, X, mask)
         L = cholesky(K, ids)
         r = y - self.gp.mean(raw, X)
@@ -556,7 +562,8 @@ class BatchedOps:
         V = torch.linalg.solve_triangular(L, Ks, upper=False)
         prior = self.gp.kernel(raw, Xs, Xs, diag=True)
         var_f = (prior - (V * V).sum(-2)).clamp_min(0.0)
-        return mean, var_f, self.gp.noise_variance(raw).unsqueeze(-1)
+        cov = self.gp.kernel(raw, Xs, Xs) - V.transpose(-1, -2) @ V if full_cov else None
+        return mean, var_f, self.gp.noise_variance(raw).unsqueeze(-1), cov
 
 
 def check_against_gpytorch(spec: GPSpec, seed: int = 0, compiled: bool | None = None) -> None:

@@ -46,14 +46,19 @@ class SimulatedFailure(ClientFailure):
     real failure path runs."""
 
 
-def reply_fields(kind: str, spec: GPSpec, num_clusters: int, points: int = 0) -> dict[str, Field]:
-    """The declared reply of the non-training tasks."""
+def reply_fields(
+    kind: str, spec: GPSpec, num_clusters: int, points: int = 0, full_cov: bool = False
+) -> dict[str, Field]:
+    """The declared reply of the non-training tasks (``predict`` with ``full_cov``: the joint
+    covariance of f at the ``points`` inputs too)."""
     if kind == "hello":
         return dict(HELLO_FIELDS)
     if kind == "evaluate":
         fields = dict(EVALUATE_FIELDS)
     elif kind == "predict":
         fields = {"mean": Field((points,)), "variance_f": Field((points,)), "variance_y": Field((points,))}
+        if full_cov:
+            fields["covariance_f"] = Field((points, points))
     elif kind == "personal":
         fields = {**state_fields(spec, "state/"), "cluster": Field((), torch.long)}
     else:
@@ -101,10 +106,10 @@ def handle(strategy: Strategy, ops: ClientOps, task: Task) -> dict[str, torch.Te
         out["cluster"] = cluster.to(torch.long)
         return out
     if task.kind == "predict":
-        predictions = ops.predict(states, task.tensor("X").to(ops.spec.dtype))
+        full_cov = bool(task.setting("full_cov", False))
+        predictions = ops.predict(states, task.tensor("X").to(ops.spec.dtype), full_cov)
+        names = ("mean", "variance_f", "variance_y") + (("covariance_f",) if full_cov else ())
         return {
-            "mean": torch.stack([p.mean for p in predictions]).to(torch.float64),
-            "variance_f": torch.stack([p.variance_f for p in predictions]).to(torch.float64),
-            "variance_y": torch.stack([p.variance_y for p in predictions]).to(torch.float64),
+            name: torch.stack([getattr(p, name) for p in predictions]).to(torch.float64) for name in names
         }
     raise ValueError(f"unknown task kind {task.kind!r}")

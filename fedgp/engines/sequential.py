@@ -118,14 +118,17 @@ class SequentialOps:
         loss = torch.tensor(losses, dtype=torch.float64).reshape(1, *extra)
         return TrainResult(states_out, loss, torch.tensor([steps]))
 
-    def predict(self, states: HyperState, X_new: torch.Tensor | None = None) -> list[Prediction]:
+    def predict(
+        self, states: HyperState, X_new: torch.Tensor | None = None, full_cov: bool = False
+    ) -> list[Prediction]:
         """Condition each state (batch (1,)) on the client's training data; predict at ``X_new``
         (default: the client's test inputs)."""
         X_new = self.client.X_test if X_new is None else X_new
         if X_new is None:
             raise ValueError(f"client {self.client.id!r} has no test split and no inputs were given")
         self.spec.load(self.model, states.index(0))
-        return [predict_with_model(self.model, self.client.X, self.client.y, X_new, self.client.id)]
+        client = self.client
+        return [predict_with_model(self.model, client.X, client.y, X_new, client.id, full_cov)]
 
 
 class SequentialEngine(InProcessEngine):
