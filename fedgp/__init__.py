@@ -8,7 +8,8 @@ Spec + federation + strategy + engine, one ``fit``, a result that predicts per c
     mean, var = result.predict(X_new, client=3)
 """
 
-from fedgp import aggregators, attacks, clustering, data, models, strategies
+from fedgp import aggregators, attacks, clustering, data, export, models, strategies
+from fedgp.export.saved import load_result as load
 from fedgp.fit import FitResult, fit
 from fedgp.models import GPSpec, HyperState
 
@@ -16,6 +17,7 @@ __version__ = "0.1.0"
 __all__ = [
     "fit",
     "FitResult",
+    "load",
     "GPSpec",
     "HyperState",
     "data",
@@ -24,4 +26,5 @@ __all__ = [
     "aggregators",
     "attacks",
     "clustering",
+    "export",
 ]

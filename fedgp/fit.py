@@ -19,6 +19,7 @@ import math
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -125,7 +126,7 @@ class FitResult:
     server_state: Any
     history: pd.DataFrame
     seed: int
-    engine: Engine
+    engine: Engine | None  # None for a result read back by fedgp.load
     registry: Registry | None = None
     failures: pd.DataFrame = field(default_factory=pd.DataFrame)
     attackers: list = field(default_factory=list)  # ids of the clients an ``attack`` took over
@@ -151,6 +152,11 @@ class FitResult:
                     return self.engine, self.registry, i, i
             engine = SequentialEngine(self.spec, [client], self.seed)
             return engine, engine.start(self.strategy, self.seed), 0, -1
+        if self.engine is None:
+            raise ValueError(
+                f"client {client!r}: this result was loaded from a file and holds no client data; "
+                "pass the client's ClientData instead"
+            )
         if isinstance(client, (int, np.integer)) and not isinstance(client, bool):
             position = int(client)
             if not 0 <= position < len(self.registry.ids):
@@ -212,7 +218,39 @@ class FitResult:
 
     def evaluate(self) -> pd.DataFrame:
         """Per-client test RMSE, NLL, 95% coverage and cluster (clients with a test split)."""
+        if self.engine is None:
+            raise ValueError(
+                "a loaded result holds no client data to evaluate; predict per ClientData instead"
+            )
         return evaluate_clients(self.strategy, self.server_state, self.context, self.engine, self.registry)
+
+    # -- leaving the session ------------------------------------------------------------------------
+    def save(self, path: str | os.PathLike) -> Path:
+        """Write spec, strategy, server state and history (no client data) to one safetensors file;
+        :func:`fedgp.load` reads it back without pickle. See :mod:`fedgp.export.saved`."""
+        from fedgp.export.saved import save_result
+
+        return save_result(self, path)
+
+    def client_data(self, client: int | ClientData | Any) -> ClientData:
+        """The ``ClientData`` behind ``client`` (a new ``ClientData`` is returned as it is)."""
+        if isinstance(client, ClientData):
+            return client
+        _, _, position, _ = self._resolve(client)
+        return self.federation[position]
+
+    def to_gpytorch(self, client: int | ClientData | Any):
+        """``client``'s model as a GPyTorch ``ExactGP`` in eval mode, conditioned on its data."""
+        from fedgp.export.exact_gp import to_gpytorch
+
+        return to_gpytorch(self, client)
+
+    def to_botorch(self, client: int | ClientData | Any):
+        """``client``'s model as a BoTorch ``SingleTaskGP`` with the learned hyper-parameters fixed
+        (needs the ``botorch`` extra)."""
+        from fedgp.export.botorch_model import to_botorch
+
+        return to_botorch(self, client)
 
 
 def _failure_summary(failures: dict, ids) -> str:
