@@ -127,3 +127,20 @@ def test_to_distribution_and_sample(small_fit):
     assert abs(float(torch.corrcoef(independent.T)[0, 1])) < 0.03
     with pytest.raises(ValueError, match="n must be a positive int"):
         pred.sample(0)
+
+
+def test_full_covariance_travels_through_bytes(small_fit):
+    import fedgp
+
+    draws, result = small_fit
+    wire = fedgp.fit(
+        result.spec,
+        draws.federation,
+        result.strategy,
+        rounds=3,
+        progress=False,
+        engine_options={"loopback": True},
+    )
+    X = torch.rand(4, 2, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+    pred, ref = wire.posterior(X, 0, full_cov=True), result.posterior(X, 0, full_cov=True)
+    assert torch.equal(pred.covariance_f, ref.covariance_f) and pred.covariance_f.shape == (4, 4)
