@@ -120,6 +120,12 @@ def _frame(frame: pd.DataFrame) -> dict:
     return frame.to_dict(orient="split")
 
 
+def _read_frame(split: Any, name: str) -> pd.DataFrame:
+    if not isinstance(split, dict) or set(split) != {"index", "columns", "data"}:
+        raise ValueError(f"saved {name} must be a table with 'index', 'columns' and 'data'")
+    return pd.DataFrame(split["data"], index=split["index"], columns=split["columns"])
+
+
 def _ids(ids: list) -> list:
     out = []
     for i in ids:
@@ -198,7 +204,7 @@ def load_result(path: str | os.PathLike):
         list(header["registry"]["ids"]),
         *(_tensor(tensors, f"registry/{name}") for name in ("sizes", "n_test", "dims")),
     )
-    history, failures = (pd.DataFrame(**header[name]) for name in ("history", "failures"))
+    history, failures = (_read_frame(header[name], name) for name in ("history", "failures"))
     return FitResult(
         spec,
         strategy,
