@@ -18,7 +18,7 @@ import importlib
 import math
 import os
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +42,15 @@ from fedgp.rng import generator
 from fedgp.rounds import RoundFailedError, exchange
 from fedgp.strategies.base import RoundPlan, ServerContext, Strategy
 from fedgp.strategies.fgpr import FGPR
+from fedgp.transforms import (
+    DataTransform,
+    Normalize,
+    Standardize,
+    auto_reason,
+    learn,
+    resolve_transforms,
+    summary_fields,
+)
 
 __all__ = ["fit", "FitResult", "make_engine", "server_context", "ENGINES", "RoundFailedError"]
 
@@ -74,7 +83,18 @@ def _num_clusters(strategy: Strategy, server: Any) -> int:
 
 
 def _personal_exchange(
-    strategy, server, ctx, engine, registry, kind, positions, known, shared=None, points=0, full_cov=False
+    strategy,
+    server,
+    ctx,
+    engine,
+    registry,
+    kind,
+    positions,
+    known,
+    transform,
+    shared=None,
+    points=0,
+    full_cov=False,
 ):
     """A ``kind`` task (evaluate / predict / personal) to the clients at ``positions`` of ``engine``;
     ``known`` are their positions in the training registry (-1 for clients it never saw)."""
@@ -84,17 +104,51 @@ def _personal_exchange(
         shared_rec = Record({**shared_rec.tensors, **(shared or {})}, settings)
     fields = reply_fields(kind, ctx.spec, _num_clusters(strategy, server), points, full_cov)
     plan = RoundPlan(positions, torch.ones(len(positions), dtype=torch.float64), shared_rec, personal, fields)
-    return exchange(engine, kind, 0, plan, registry.ids, min_replies=1)
+    return exchange(engine, kind, 0, plan, registry.ids, min_replies=1, transform=transform)
 
 
-def evaluate_clients(strategy, server, ctx, engine, registry) -> pd.DataFrame:
-    """Per-client test metrics, computed by each client on its own test split."""
+def learn_transform(
+    engine: Engine,
+    registry: Registry,
+    outcome: Standardize | str | None,
+    inputs: Normalize | str | None,
+    spec: GPSpec | None = None,
+) -> DataTransform:
+    """The data transforms of a run: a ``summarise`` exchange with every client when they need the
+    federation's statistics (:mod:`fedgp.transforms`), then the server's arithmetic."""
+    reason = auto_reason(spec) if "auto" in (outcome, inputs) else None
+    note = f"'auto' transforms nothing: {reason}" if reason else ""
+    outcome, inputs = resolve_transforms(spec, outcome, inputs)
+    d = int(registry.dims[0])
+    with_bounds = inputs is not None and inputs.bounds is None
+    if not (with_bounds or (outcome is not None and not outcome.local)):
+        return replace(learn(outcome, inputs, None, None, d), note=note)
+    everyone = torch.arange(len(registry.ids))
+
+    def ask(stage: str, settings: dict):
+        fields = summary_fields(d, stage, with_bounds)
+        plan = RoundPlan(
+            everyone, torch.ones(len(everyone)), Record({}, {"stage": stage, **settings}), Record(), fields
+        )
+        # Every client must answer: the transform is the whole federation's.
+        return exchange(engine, "summarise", 0, plan, registry.ids, min_replies=len(everyone)).replies
+
+    first = ask("mean", {"bounds": with_bounds})
+    sums = dict(first.sums)
+    if outcome is not None and not outcome.local:
+        center = float(sums["y_sum"]) / float(sums["count"])
+        sums.update(ask("spread", {"center": center}).sums)
+    return replace(learn(outcome, inputs, sums, first.individual, d), note=note)
+
+
+def evaluate_clients(strategy, server, ctx, engine, registry, transform=None) -> pd.DataFrame:
+    """Per-client test metrics in the original units, computed by each client on its own test split."""
     positions = torch.nonzero(registry.n_test > 0).flatten()
     columns = ["client", "n_test", "rmse", "nll", "coverage95", "cluster"]
     if not len(positions):
         return pd.DataFrame(columns=columns)
     replies = _personal_exchange(
-        strategy, server, ctx, engine, registry, "evaluate", positions, positions
+        strategy, server, ctx, engine, registry, "evaluate", positions, positions, transform
     ).replies
     frame = pd.DataFrame({name: replies[name].tolist() for name in columns[1:]})
     frame.insert(0, "client", [registry.ids[p] for p in replies.participants.tolist()])
@@ -130,6 +184,12 @@ class FitResult:
     registry: Registry | None = None
     failures: pd.DataFrame = field(default_factory=pd.DataFrame)
     attackers: list = field(default_factory=list)  # ids of the clients an ``attack`` took over
+    transform: DataTransform = field(default_factory=DataTransform)  # applied to every client's data
+
+    @property
+    def transforms(self) -> dict[str, str]:
+        """What was applied to the outcome and the inputs (predictions are in the original units)."""
+        return self.transform.describe()
 
     @property
     def state(self) -> HyperState:
@@ -178,6 +238,7 @@ class FitResult:
                 kind,
                 torch.tensor([position]),
                 torch.tensor([known]),
+                self.transform,
                 shared,
                 points,
                 full_cov,
@@ -222,7 +283,9 @@ class FitResult:
             raise ValueError(
                 "a loaded result holds no client data to evaluate; predict per ClientData instead"
             )
-        return evaluate_clients(self.strategy, self.server_state, self.context, self.engine, self.registry)
+        return evaluate_clients(
+            self.strategy, self.server_state, self.context, self.engine, self.registry, self.transform
+        )
 
     # -- leaving the session ------------------------------------------------------------------------
     def save(self, path: str | os.PathLike) -> Path:
@@ -275,6 +338,8 @@ def fit(
     min_replies: int | float = 1,
     simulate_failures: float = 0.0,
     attack: Attack | None = None,
+    outcome_transform: Standardize | str | None = "auto",
+    input_transform: Normalize | str | None = "auto",
 ) -> FitResult:
     """Train ``strategy`` (default :class:`~fedgp.strategies.FGPR`) on ``federation``.
 
@@ -299,6 +364,16 @@ def fit(
         attack: a :class:`fedgp.attacks.Attack`; its clients (drawn from ``seed`` or given by id,
             listed in ``FitResult.attackers``) forge their training replies or train on flipped
             labels, the same way on every engine.
+        outcome_transform: :class:`~fedgp.transforms.Standardize` (the federation's mean and sd,
+            from summed counts and sums), ``Standardize(local=True)`` (each client's own), or
+            ``None``. Predictions, variances and metrics always come back in the original units.
+        input_transform: :class:`~fedgp.transforms.Normalize` (the unit cube from the federation's
+            min/max, or ``Normalize(bounds=...)``), or ``None``. ``"auto"`` (both defaults):
+            ``Standardize()`` and ``Normalize()``, except when the spec fixes a hyper-parameter (its
+            value is in the data's units) or its mean is linear without a bias (regression through
+            the origin, which a shift would change): then none, and the history says why. The
+            hyper-parameters (``result.state``) are in the transformed units; ``result.transforms``
+            says what was applied.
     """
     strategy = FGPR() if strategy is None else strategy
     if rounds < 1:
@@ -318,6 +393,7 @@ def fit(
             raise TypeError(f"federation must be a fedgp.data.Federation, got {type(federation).__name__}")
         runner = make_engine(engine, spec, federation, seed, **(engine_options or {}))
     registry = runner.start(strategy, seed)
+    transform = learn_transform(runner, registry, outcome_transform, input_transform, spec)
     ctx = server_context(spec, registry, seed)
     if eval_every is None:
         eval_every = 1 if bool((registry.n_test > 0).any()) else 0
@@ -361,7 +437,7 @@ def fit(
     for rnd in bar:
         plan = strategy.configure(rnd, server, ctx, generator(seed, "configure", rnd))
         tamper = None if bound is None else bound.tamper(rnd, plan)
-        done = exchange(runner, "train", rnd, plan, registry.ids, min_replies, options, tamper)
+        done = exchange(runner, "train", rnd, plan, registry.ids, min_replies, options, tamper, transform)
         server, metrics = strategy.aggregate(rnd, server, plan, done.replies, ctx)
         failed = done.replies.failures
         row = {"round": rnd + 1, **metrics}
@@ -373,7 +449,7 @@ def fit(
         )
         failures.extend({"round": rnd + 1, "client": registry.ids[p], "reason": r} for p, r in failed.items())
         if eval_every and ((rnd + 1) % eval_every == 0 or rnd + 1 == rounds):
-            row.update(_summarise(evaluate_clients(strategy, server, ctx, runner, registry)))
+            row.update(_summarise(evaluate_clients(strategy, server, ctx, runner, registry, transform)))
         row.update(strategy.describe(server))
         history.append(row)
         if callback is not None:
@@ -383,15 +459,18 @@ def fit(
         if checkpoint_every and ((rnd + 1) % checkpoint_every == 0 or rnd + 1 == rounds):
             checkpoint(rnd + 1)
     bar.close()
+    frame = pd.DataFrame(history)
+    frame.attrs["transforms"] = transform.describe()  # what every round's data were in
     return FitResult(
         spec,
         strategy,
         federation,
         server,
-        pd.DataFrame(history),
+        frame,
         seed,
         runner,
         registry,
         pd.DataFrame(failures, columns=["round", "client", "reason"]),
         [] if bound is None else list(bound.ids),
+        transform,
     )

@@ -17,8 +17,9 @@ from typing import Any
 import torch
 
 from fedgp.engines.base import Engine, Outcome
-from fedgp.messages import Setting, Task
+from fedgp.messages import Record, Setting, Task
 from fedgp.strategies.base import Replies, RoundPlan
+from fedgp.transforms import DataTransform
 
 __all__ = ["RoundFailedError", "exchange", "Exchange", "required_replies"]
 
@@ -63,17 +64,24 @@ def exchange(
     min_replies: int | float = 1,
     options: Mapping[str, Setting] | None = None,
     tamper: Callable[[Outcome], Outcome] | None = None,
+    transform: DataTransform | None = None,
 ) -> Exchange:
     """Send ``plan`` as a ``kind`` task of round ``rnd``; the replies as ``aggregate`` sees them.
 
     ``tamper`` (an attack's hook, :mod:`fedgp.attacks`) rewrites the engine's outcome before it
-    becomes the replies: one place, whatever the engine."""
+    becomes the replies: one place, whatever the engine. ``transform`` (:mod:`fedgp.transforms`)
+    travels in the shared record, so the clients work on their data in its units."""
     participants = torch.as_tensor(plan.participants, dtype=torch.long)
     unique, inverse = torch.unique(participants, sorted=True, return_inverse=True)
     # Each distinct client gets one message: its personal row is the one at its first slot.
     first = torch.full((len(unique),), len(participants), dtype=torch.long)
     first.scatter_reduce_(0, inverse, torch.arange(len(participants)), reduce="amin")
-    task = Task(kind, rnd, plan.shared, plan.personal.rows(first), options or {})
+    shared = plan.shared
+    if transform is not None and not transform.is_identity:
+        shared = Record(
+            {**shared.tensors, **transform.tensors()}, {**shared.settings, **transform.settings()}
+        )
+    task = Task(kind, rnd, shared, plan.personal.rows(first), options or {})
     outcome = engine.run(task, unique, plan.replies)
     if tamper is not None:
         outcome = tamper(outcome)

@@ -40,6 +40,18 @@ def test_readme_robust_personalised_example_runs_as_written():
     assert honest["rmse"].mean() < 0.5  # local training alone: about 0.8 on these clients
 
 
+def test_readme_own_data_example_runs_as_written():
+    text = README.read_text().split("## Your own data", 1)[1]
+    block = re.search(r"```python\n(.*?)```", text, re.S).group(1)
+    namespace: dict = {}
+    exec(compile(block, str(README), "exec"), namespace)
+    result, y = namespace["result"], namespace["y"]
+    assert result.transforms["outcome"].startswith("standardize, mean 146.693, sd 75.3018")
+    mean = namespace["mean"]
+    assert mean.shape == (3,) and 25 <= float(mean.mean()) <= 346  # original units
+    assert 0.85 <= result.evaluate()["coverage95"].mean() <= 1.0 and y.min() == 25
+
+
 def test_readme_save_load_botorch_example_runs_as_written():
     pytest.importorskip("botorch")
     import torch

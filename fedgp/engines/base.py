@@ -42,6 +42,7 @@ from fedgp.messages import (
 from fedgp.models.objective import FactorizationError
 from fedgp.models.spec import GPSpec
 from fedgp.strategies.base import ClientOps, Strategy
+from fedgp.transforms import DataTransform
 
 __all__ = ["Engine", "InProcessEngine", "Registry", "Outcome"]
 
@@ -138,6 +139,11 @@ class InProcessEngine(Engine):
         if timeout is not None and not timeout > 0:
             raise ValueError("timeout must be > 0 seconds")
         self.spec, self.clients, self.seed = spec, clients, seed
+        # The clients' own data; ``clients`` is what the current task's transform made of them.
+        self.raw_clients = clients
+        self._transform_key = DataTransform().key()
+        self.outcome_offset = torch.zeros(len(clients), dtype=torch.float64)
+        self.outcome_scale = torch.ones(len(clients), dtype=torch.float64)
         self.ids = [c.id for c in clients]
         self._positions = {cid: i for i, cid in enumerate(self.ids)}
         self.keys = torch.arange(len(clients)) if keys is None else torch.as_tensor(keys, dtype=torch.long)
@@ -158,6 +164,22 @@ class InProcessEngine(Engine):
     @abstractmethod
     def ops(self, clients: torch.Tensor, rnd: int) -> ClientOps:
         """Client operations on the data of ``clients`` (positions) for round ``rnd``."""
+
+    def data_changed(self) -> None:  # noqa: B027 - optional hook
+        """``clients`` were re-transformed: an engine holding copies of the data refreshes them."""
+
+    def use_transform(self, transform: DataTransform) -> None:
+        """Hold the clients' data in the units of ``transform`` (a no-op when already so): what a
+        client does with the transform a task carries (:mod:`fedgp.transforms`)."""
+        key = transform.key()
+        if key == self._transform_key:
+            return
+        applied = [transform.apply(c) for c in self.raw_clients]
+        self.clients = [a[0] for a in applied]
+        self.outcome_offset = torch.tensor([a[1] for a in applied], dtype=torch.float64)
+        self.outcome_scale = torch.tensor([a[2] for a in applied], dtype=torch.float64)
+        self._transform_key = key
+        self.data_changed()
 
     def chunks(self, clients: torch.Tensor, rnd: int) -> Iterator[ClientOps]:
         for start in range(0, len(clients), self.chunk_size):
@@ -184,6 +206,7 @@ class InProcessEngine(Engine):
         if self.client_strategy is None:
             raise RuntimeError(f"{type(self).__name__}.start(strategy, seed) must come first")
         clients = torch.as_tensor(clients, dtype=torch.long)
+        self.use_transform(DataTransform.from_parts(task.shared.tensors, task.shared.settings))
         summed = {k for k, f in fields.items() if f.summed}
         out = Outcome.empty(fields)
         replied, rows = [], {k: [] for k in fields if k not in summed}
@@ -233,7 +256,8 @@ class InProcessEngine(Engine):
         not (or a malformed reply of the whole batch) is narrowed down by halving the chunk."""
         try:
             began = time.perf_counter()
-            reply = Record(handle(self.client_strategy, self.ops(clients, task.round), task))
+            units = (self.outcome_offset[clients], self.outcome_scale[clients])
+            reply = Record(handle(self.client_strategy, self.ops(clients, task.round), task, units))
             elapsed = time.perf_counter() - began
             if len(clients) > 1 and reply_structure(reply, fields, len(clients)) is not None:
                 raise _Malformed()

@@ -317,17 +317,21 @@ class BatchedEngine(InProcessEngine):
         if self.minibatch_dtype not in (torch.float32, torch.float64):
             raise ValueError(f"minibatch_dtype must be torch.float32 or torch.float64, got {minibatch_dtype}")
         self.gp = BatchedGP(spec, compiled)
-        dtype = spec.dtype
         self.sizes = torch.tensor([c.n for c in clients], dtype=torch.long)
         self.offsets = torch.cumsum(self.sizes, 0) - self.sizes
-        self.X = torch.cat([c.X for c in clients]).to(dtype)
-        self.y = torch.cat([c.y for c in clients]).to(dtype)
+        self.data_changed()
+        if check:
+            check_against_gpytorch(spec, compiled=compiled)
+
+    def data_changed(self) -> None:
+        """Stack every client's training data end to end (and once more in the minibatch precision)."""
+        dtype = self.spec.dtype
+        self.X = torch.cat([c.X for c in self.clients]).to(dtype)
+        self.y = torch.cat([c.y for c in self.clients]).to(dtype)
         if self.minibatch_dtype != dtype:  # a copy in the minibatch precision, gathered every step
             self.X_mb, self.y_mb = self.X.to(self.minibatch_dtype), self.y.to(self.minibatch_dtype)
         else:
             self.X_mb, self.y_mb = self.X, self.y
-        if check:
-            check_against_gpytorch(spec, compiled=compiled)
 
     def ops(self, clients: torch.Tensor, rnd: int) -> BatchedOps:
         return BatchedOps(self, clients, rnd)

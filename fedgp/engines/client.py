@@ -17,6 +17,7 @@ from fedgp.messages import Field, Task, state_fields, state_tensors
 from fedgp.models.spec import GPSpec
 from fedgp.rng import client_uniform
 from fedgp.strategies.base import ClientOps, Strategy
+from fedgp.transforms import DataTransform, summarise
 
 __all__ = ["ClientFailure", "SimulatedFailure", "handle", "reply_fields", "EVALUATE_FIELDS"]
 
@@ -53,6 +54,8 @@ def reply_fields(
     covariance of f at the ``points`` inputs too)."""
     if kind == "hello":
         return dict(HELLO_FIELDS)
+    if kind == "summarise":
+        raise ValueError("summarise replies depend on the data's width: fedgp.transforms.summary_fields")
     if kind == "evaluate":
         fields = dict(EVALUATE_FIELDS)
     elif kind == "predict":
@@ -79,8 +82,17 @@ def _simulated_failures(ops: ClientOps, task: Task) -> None:
         raise SimulatedFailure(f"simulated failure (p = {p:g})", failing.tolist())
 
 
-def handle(strategy: Strategy, ops: ClientOps, task: Task) -> dict[str, torch.Tensor]:
-    """Carry out ``task`` on the clients of ``ops``; the reply tensors, one row per client."""
+def handle(
+    strategy: Strategy,
+    ops: ClientOps,
+    task: Task,
+    units: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> dict[str, torch.Tensor]:
+    """Carry out ``task`` on the clients of ``ops``; the reply tensors, one row per client.
+
+    ``ops`` work on the data in the units of the task's transform (:mod:`fedgp.transforms`);
+    ``units`` are the clients' outcome ``(offsets, scales)`` under it, with which predictions and
+    test metrics go back to the original units (default: the data are untransformed)."""
     if task.kind == "hello":
         n_test = [0 if c.X_test is None else c.X_test.shape[0] for c in ops.clients]
         return {
@@ -88,9 +100,18 @@ def handle(strategy: Strategy, ops: ClientOps, task: Task) -> dict[str, torch.Te
             "n_test": torch.tensor(n_test, dtype=torch.long),
             "d": torch.tensor([c.n_features for c in ops.clients], dtype=torch.long),
         }
+    if task.kind == "summarise":
+        return summarise(
+            ops.clients,
+            task.setting("stage", "mean"),
+            task.setting("bounds", False),
+            task.setting("center", 0.0),
+        )
     if task.kind == "train":
         _simulated_failures(ops, task)
         return strategy.local_update(flipped_ops(ops, task), task)  # LabelFlip's clients see −y
+    offset, scale = (torch.zeros(len(ops.clients)), torch.ones(len(ops.clients))) if units is None else units
+    offset, scale = offset.to(torch.float64), scale.to(torch.float64)
     states, cluster = strategy.personal_state(ops, task)
     if task.kind == "personal":
         return {**state_tensors(states, "state/"), "cluster": cluster}
@@ -102,14 +123,27 @@ def handle(strategy: Strategy, ops: ClientOps, task: Task) -> dict[str, torch.Te
             rows["nll"].append(pred.nll(client.y_test))
             rows["coverage95"].append(pred.coverage(client.y_test))
         out = {k: torch.tensor(v, dtype=torch.float64) for k, v in rows.items()}
+        # In the original units: RMSE scales with sd, the density's log by −log sd; coverage is unchanged.
+        out["rmse"] = out["rmse"] * scale
+        out["nll"] = out["nll"] + scale.log()
         out["n_test"] = torch.tensor([len(c.y_test) for c in ops.clients], dtype=torch.long)
         out["cluster"] = cluster.to(torch.long)
         return out
     if task.kind == "predict":
+        transform = DataTransform.from_parts(task.shared.tensors, task.shared.settings)
         full_cov = bool(task.setting("full_cov", False))
-        predictions = ops.predict(states, task.tensor("X").to(ops.spec.dtype), full_cov)
-        names = ("mean", "variance_f", "variance_y") + (("covariance_f",) if full_cov else ())
-        return {
-            name: torch.stack([getattr(p, name) for p in predictions]).to(torch.float64) for name in names
+        X = transform.inputs(task.tensor("X")).to(ops.spec.dtype)
+        predictions = ops.predict(states, X, full_cov)
+        # Back to the original units: y = offset + scale * y', so variances and covariances scale by scale².
+        column, square = scale.unsqueeze(1), (scale * scale).unsqueeze(1)
+        out = {
+            "mean": torch.stack([p.mean for p in predictions]).to(torch.float64) * column
+            + offset.unsqueeze(1),
+            "variance_f": torch.stack([p.variance_f for p in predictions]).to(torch.float64) * square,
+            "variance_y": torch.stack([p.variance_y for p in predictions]).to(torch.float64) * square,
         }
+        if full_cov:
+            covariance = torch.stack([p.covariance_f for p in predictions]).to(torch.float64)
+            out["covariance_f"] = covariance * square.unsqueeze(-1)
+        return out
     raise ValueError(f"unknown task kind {task.kind!r}")

@@ -105,7 +105,18 @@ def federated_prior(seed: int, rounds: int = 60, engine: str = "batched") -> fed
     """FGPR on the 20 clients of ``seed``."""
     strategy = FGPR(local_steps=5, batch_size=20, lr=0.05)
     fed = _federation(seed)
-    return fedgp.fit(_spec(), fed, strategy, rounds=rounds, engine=engine, seed=seed, progress=False)
+    # Transforms off, as in the committed run: the functions are already on [0, 1]² with unit scale.
+    return fedgp.fit(
+        _spec(),
+        fed,
+        strategy,
+        rounds=rounds,
+        engine=engine,
+        seed=seed,
+        progress=False,
+        outcome_transform=None,
+        input_transform=None,
+    )
 
 
 def _local_model(X: torch.Tensor, y: torch.Tensor):

@@ -32,7 +32,10 @@ def fit_study(
     progress: bool | None = False,
     **kwargs,
 ):
-    """:func:`fedgp.fit` as the studies call it: the default engine, no per-round test metrics."""
+    """:func:`fedgp.fit` as the studies call it: the default engine, no per-round test metrics, and
+    no data transforms unless asked (each paper's protocol scales its data itself)."""
+    kwargs.setdefault("outcome_transform", None)
+    kwargs.setdefault("input_transform", None)
     return fedgp.fit(
         spec,
         federation,

@@ -32,6 +32,8 @@ def personalisation_demo(rounds: int = 60, seed: int = 0, progress: bool | None 
         rounds=rounds,
         seed=seed,
         progress=progress,
+        outcome_transform=None,
+        input_transform=None,
         eval_every=0,
     )
     per_client = result.evaluate()
@@ -63,6 +65,8 @@ def convergence_study(
         rounds=rounds,
         seed=seed,
         progress=progress,
+        outcome_transform=None,
+        input_transform=None,
     )
     central, _ = fit_mle(draws.spec, [(c.X, c.y) for c in draws.federation])
     truth = draws.truth.to_dict()

@@ -45,6 +45,8 @@ def _one(engine: str, p: float, seed: int, rounds: int) -> dict:
         engine=engine,
         seed=seed,
         progress=False,
+        outcome_transform=None,
+        input_transform=None,
         eval_every=rounds,
         simulate_failures=p,
     )

@@ -24,6 +24,7 @@ REPRODUCTIONS: dict[str, str] = {
     "werner-synthetic": "fedgp.experiments.werner_synthetic:reproduce",
     "werner-gp": "fedgp.experiments.werner_gp:reproduce",
     "robust-fgpr": "fedgp.experiments.robust_fgpr:reproduce",
+    "own-data": "fedgp.experiments.own_data:reproduce",
     "botorch-loop": "fedgp.experiments.botorch_loop:reproduce",
 }
 

@@ -186,6 +186,8 @@ def _fit_fgpr(problem: MultiFidelityProblem, protocol: Protocol, seed: int, hf_w
         rounds=protocol.rounds,
         seed=seed,
         progress=False,
+        outcome_transform=None,
+        input_transform=None,
         eval_every=0,
     )
     return result.posterior(problem.X_test, client=0)
@@ -206,6 +208,8 @@ def _predict(problem: MultiFidelityProblem, method: str, protocol: Protocol, see
             rounds=protocol.rounds,
             seed=seed,
             progress=False,
+            outcome_transform=None,
+            input_transform=None,
             eval_every=0,
         )
         return result.posterior(problem.X_test, client=0)

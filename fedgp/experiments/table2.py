@@ -193,7 +193,15 @@ def _fit_fgpr(cm, settings: Table2Settings, sensor: str, units, fit_seed: int, e
     spec = gp_spec(1, settings.kernel, ard=False)
     train = cm.federation(sensor, units=units, x_scale=settings.x_scale)
     return fedgp.fit(
-        spec, train, settings.fgpr, rounds=settings.rounds, engine=engine, seed=fit_seed, progress=False
+        spec,
+        train,
+        settings.fgpr,
+        rounds=settings.rounds,
+        engine=engine,
+        seed=fit_seed,
+        progress=False,
+        outcome_transform=None,
+        input_transform=None,
     )
 
 

@@ -206,6 +206,8 @@ def _task(
             engine=engine,
             seed=fit_seed,
             progress=False,
+            outcome_transform=None,
+            input_transform=None,
             eval_every=0,
         )
         tables = {"FGPR": result.evaluate()}

@@ -3,7 +3,8 @@
 The file holds what prediction needs and nothing of the clients' data: the spec's description
 (:mod:`fedgp.export.spec_io`) and initial values, the strategy's JSON config, the server state,
 the registry (client ids, sizes, input dimensions: what the server learned at registration),
-the history and failures, the seed, and a ``transforms`` record. Tensors are safetensors
+the history and failures, the seed, and the data transforms (:mod:`fedgp.transforms`: the learned
+input bounds and outcome mean and sd that the state's units refer to). Tensors are safetensors
 entries; everything else is JSON in the file's metadata. Loading reads JSON and tensors only and
 instantiates only allow-listed classes, so a crafted file cannot run code.
 
@@ -33,6 +34,7 @@ from fedgp.strategies.clustered.init import InitDone, OneShotProgress
 from fedgp.strategies.clustered.moment_descent import MomentDescentProgress
 from fedgp.strategies.clustered.state import ClusteredState
 from fedgp.strategies.gradient_clustering.state import PersonalState
+from fedgp.transforms import DataTransform
 
 __all__ = ["save_result", "load_result", "FORMAT", "VERSION"]
 
@@ -126,6 +128,14 @@ def _read_frame(split: Any, name: str) -> pd.DataFrame:
     return pd.DataFrame(split["data"], index=split["index"], columns=split["columns"])
 
 
+def _read_transform(record: Any, tensors: dict[str, torch.Tensor]) -> DataTransform:
+    if not isinstance(record, dict) or not isinstance(record.get("settings"), dict):
+        raise ValueError("saved transforms must be a record with 'settings'")
+    parts = {k: v for k, v in tensors.items() if k.startswith("transform/")}
+    transform = DataTransform.from_parts(parts, record["settings"])
+    return dataclasses.replace(transform, note=str(record.get("note", "")))
+
+
 def _ids(ids: list) -> list:
     out = []
     for i in ids:
@@ -156,9 +166,11 @@ def save_result(result, path: str | os.PathLike) -> Path:
         "history": _frame(result.history),
         "failures": _frame(result.failures),
         "attackers": _ids(list(result.attackers)),
-        "transforms": None,
+        # The data transforms the state's units refer to, as they travel in a task (fedgp.transforms).
+        "transforms": {"settings": result.transform.settings(), "note": result.transform.note},
     }
     tensors.update(server.tensors)
+    tensors.update({k: v.detach().cpu().contiguous().clone() for k, v in result.transform.tensors().items()})
     for name in ("sizes", "n_test", "dims"):
         tensors[f"registry/{name}"] = (
             getattr(registry, name).detach().cpu().to(torch.long).contiguous().clone()
@@ -205,6 +217,8 @@ def load_result(path: str | os.PathLike):
         *(_tensor(tensors, f"registry/{name}") for name in ("sizes", "n_test", "dims")),
     )
     history, failures = (_read_frame(header[name], name) for name in ("history", "failures"))
+    transform = _read_transform(header.get("transforms"), tensors)
+    history.attrs["transforms"] = transform.describe()
     return FitResult(
         spec,
         strategy,
@@ -216,4 +230,5 @@ def load_result(path: str | os.PathLike):
         registry,
         failures,
         list(header["attackers"]),
+        transform,
     )

@@ -84,7 +84,7 @@ def client_app(load: Loader, engine: str = "sequential", mods: Sequence = ()) ->
 
     app.train()(handle)
     app.evaluate()(handle)
-    for action in ("hello", "predict", "personal"):
+    for action in ("hello", "summarise", "predict", "personal"):
         app.query(action)(handle)
     return app
 

@@ -33,6 +33,7 @@ __all__ = [
 #: fedgp task kinds as Flower message types (``category[.action]``).
 MESSAGE_TYPES = {
     "hello": "query.hello",
+    "summarise": "query.summarise",
     "train": "train",
     "evaluate": "evaluate",
     "predict": "query.predict",

@@ -1,10 +1,11 @@
 """``Task``: what the server asks of a batch of clients in one message exchange.
 
-A task names its kind (``hello``: report your size; ``train``: a round's local update;
-``evaluate``: score your test split under your personal state; ``predict``: the posterior at given
-inputs; ``personal``: which state you would condition on), the round, the part every recipient
-shares, the part each recipient gets alone (one row per client), and protocol options such as a
-simulated failure rate. A single participant's message is the task with one row.
+A task names its kind (``hello``: report your size; ``summarise``: counts and sums for the data
+transforms; ``train``: a round's local update; ``evaluate``: score your test split under your
+personal state; ``predict``: the posterior at given inputs; ``personal``: which state you would
+condition on), the round, the part every recipient shares, the part each recipient gets alone (one
+row per client), and protocol options such as a simulated failure rate. A single participant's
+message is the task with one row.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from fedgp.messages.records import Record, Setting, _check_setting
 
 __all__ = ["Task", "KINDS"]
 
-KINDS = ("hello", "train", "evaluate", "predict", "personal")
+KINDS = ("hello", "summarise", "train", "evaluate", "predict", "personal")
 
 
 @dataclass(frozen=True)

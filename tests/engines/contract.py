@@ -209,13 +209,15 @@ class EngineContract:
         """The victim is the last client, so dropping it leaves every other client's random stream
         (keyed by position) alone: the run equals FGPR on the federation without it."""
         victim = len(gp.federation) - 1
-        result = self.fit(gp, Saboteur(local_steps=2, batch_size=8, victim=victim, how=how))
+        # transforms off: the federation without the victim would learn other ones
+        raw = {"outcome_transform": None, "input_transform": None}
+        result = self.fit(gp, Saboteur(local_steps=2, batch_size=8, victim=victim, how=how), **raw)
         assert result.history["failed"].tolist() == [1, 1, 1]
         assert result.failures["client"].tolist() == [gp.federation.ids[victim]] * 3
         assert result.failures["reason"].str.contains(reason, regex=False).all(), result.failures["reason"][0]
         without = fedgp.data.Federation(list(gp.federation)[:victim])
         alone = fedgp.fit(
-            gp.spec, without, FGPR(local_steps=2, batch_size=8), rounds=3, seed=5, progress=False
+            gp.spec, without, FGPR(local_steps=2, batch_size=8), rounds=3, seed=5, progress=False, **raw
         )
         assert result.state.max_relative_difference(alone.state) < 1e-12
 
@@ -270,14 +272,19 @@ class EngineContract:
 
     # -- traffic ---------------------------------------------------------------------------------
     def test_bytes_per_round_are_the_serialised_messages(self, gp):
-        """FGPR sends every participant one message with the state and gets one reply back: the
-        history's bytes equal K times the serialised size of each, computed here independently."""
+        """FGPR sends every participant one message with the state (and the data transforms) and gets
+        one reply back: the history's bytes equal K times the serialised size of each, computed here
+        independently."""
         K = len(gp.federation)
         result = self.fit(gp, FGPR(local_steps=1, batch_size=8), rounds=2)
         state = gp.spec.initial_state()
         reply = Record({**state_tensors(state.expand(1), STATE), "loss": torch.zeros(1, dtype=torch.float64)})
+        shared = Record({**state_tensors(state, STATE), **result.transform.tensors()})
+        assert set(result.transform.tensors()) == {
+            f"transform/{n}" for n in ("x_offset", "x_scale", "y_offset", "y_scale")
+        }
         for rnd in range(2):
-            down = len(task_to_bytes(Task("train", rnd, Record(state_tensors(state, STATE)))))
+            down = len(task_to_bytes(Task("train", rnd, shared)))
             assert result.history["bytes_down"][rnd] == K * down
             assert result.history["bytes_up"][rnd] == K * len(record_to_bytes(reply))
         # each client's traffic does not grow with the number of clients (no O(K²) broadcast)

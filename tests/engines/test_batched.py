@@ -98,7 +98,15 @@ def test_chunk_size_does_not_change_the_result(unequal):
 
 
 def test_batched_personalised_prediction_matches_per_client(unequal):
-    result = fedgp.fit(unequal.spec, unequal.federation, FGPR(local_steps=3), rounds=3, progress=False)
+    result = fedgp.fit(
+        unequal.spec,
+        unequal.federation,
+        FGPR(local_steps=3),
+        rounds=3,
+        progress=False,
+        outcome_transform=None,
+        input_transform=None,  # the engine below holds the raw data
+    )
     engine = BatchedEngine(unequal.spec, unequal.federation, 0, chunk_size=4, memory_mb=0.05)
     X = torch.rand(9, 3, dtype=torch.float64)
     everyone = torch.arange(len(unequal.federation))

@@ -119,6 +119,7 @@ def test_every_strategy_round_trips(name, tmp_path):
     path = result.save(tmp_path / f"{name}.safetensors")
     loaded = fedgp.load(path)
     assert loaded.strategy == result.strategy and loaded.seed == result.seed
+    assert loaded.transform.key() == result.transform.key() and loaded.transforms == result.transforms
     assert loaded.state.allclose(result.state, rtol=0)
     pd.testing.assert_frame_equal(loaded.history, result.history)
     assert loaded.registry.ids == result.registry.ids

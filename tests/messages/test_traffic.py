@@ -42,6 +42,8 @@ class RecordingEngine(SequentialEngine):
         phase = task.shared.settings.get("phase")
         if task.kind == "train" and phase == "init":
             kind = f"init: {stage}" if stage else "init"
+        elif task.kind == "summarise":
+            kind = f"summarise: {stage}"
         else:
             kind = task.kind
         received = {k: tuple(v.shape[1:]) for k, v in out.individual.items()}
@@ -149,7 +151,7 @@ def test_readme_traffic_table_is_what_clients_send():
     covered = {"every strategy"}
     for row, strategy in gp_cases.items():
         engine = run(gp, gp.spec, strategy, 2)
-        check(row, engine, gp.spec, {"R": 1 if "one-shot" in row else R, "k": k, "s": 4}, rows)
+        check(row, engine, gp.spec, {"R": 1 if "one-shot" in row else R, "k": k, "s": 4, "d": 2}, rows)
         covered.add(row)
     spec = linear()
     p, H = 4, 5

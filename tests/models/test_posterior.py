@@ -64,7 +64,11 @@ def small_fit():
 
     draws = fedgp.data.gp_federation(num_clients=4, n=30, d=2, seed=1)
     strategy = fedgp.strategies.FGPR(local_steps=2, batch_size=10, lr=0.05)
-    result = fedgp.fit(draws.spec, draws.federation, strategy, rounds=3, engine="sequential", progress=False)
+    # Untransformed data, so the learned state is GPyTorch's to compare with as it stands.
+    off = {"outcome_transform": None, "input_transform": None}
+    result = fedgp.fit(
+        draws.spec, draws.federation, strategy, rounds=3, engine="sequential", progress=False, **off
+    )
     return draws, result
 
 
@@ -84,7 +88,16 @@ def test_full_covariance_matches_gpytorch(small_fit, engine):
     draws, result = small_fit
     if engine == "batched":
         strategy = result.strategy
-        result = fedgp.fit(draws.spec, draws.federation, strategy, rounds=3, engine="batched", progress=False)
+        result = fedgp.fit(
+            draws.spec,
+            draws.federation,
+            strategy,
+            rounds=3,
+            engine="batched",
+            progress=False,
+            outcome_transform=None,
+            input_transform=None,
+        )
     X = torch.rand(7, 2, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
     client = draws.federation[2]
     pred = result.posterior(X, 2, full_cov=True)
@@ -140,6 +153,8 @@ def test_full_covariance_travels_through_bytes(small_fit):
         rounds=3,
         progress=False,
         engine_options={"loopback": True},
+        outcome_transform=None,
+        input_transform=None,
     )
     X = torch.rand(4, 2, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
     pred, ref = wire.posterior(X, 0, full_cov=True), result.posterior(X, 0, full_cov=True)

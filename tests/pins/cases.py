@@ -191,7 +191,15 @@ def strategy_zoo() -> dict[str, list[float]]:
     for name, (data, spec, strategy, rounds) in zoo().items():
         for engine in ("sequential", "batched"):
             result = fedgp.fit(
-                spec, data.federation, strategy, rounds=rounds, engine=engine, seed=11, progress=False
+                spec,
+                data.federation,
+                strategy,
+                rounds=rounds,
+                engine=engine,
+                seed=11,
+                progress=False,
+                outcome_transform=None,
+                input_transform=None,
             )
             key = f"{name}.{engine}"
             for k, v in _flat(result.state).items():

@@ -25,7 +25,16 @@ def draws():
 @pytest.fixture(scope="module")
 def fgpr_run(draws):
     strategy = FGPR(local_steps=5, batch_size=64, lr=0.05)
-    return fedgp.fit(draws.spec, draws.federation, strategy, rounds=100, seed=0, progress=False)
+    return fedgp.fit(
+        draws.spec,
+        draws.federation,
+        strategy,
+        rounds=100,
+        seed=0,
+        progress=False,
+        outcome_transform=None,
+        input_transform=None,
+    )
 
 
 def sq_error(row):
@@ -70,7 +79,16 @@ def test_personalisation_sin_minus_sin():
 @pytest.mark.parametrize("sampling", ["weighted", "uniform"])
 def test_partial_participation_converges(draws, sampling):
     strategy = FGPR(local_steps=5, batch_size=64, lr=0.05, clients_per_round=5, sampling=sampling)
-    result = fedgp.fit(draws.spec, draws.federation, strategy, rounds=80, seed=1, progress=False)
+    result = fedgp.fit(
+        draws.spec,
+        draws.federation,
+        strategy,
+        rounds=80,
+        seed=1,
+        progress=False,
+        outcome_transform=None,
+        input_transform=None,
+    )
     h = result.history
     assert sq_error(h.iloc[-1]) <= 0.25 * sq_error(h.iloc[4])
     for k in KEYS:
@@ -79,7 +97,15 @@ def test_partial_participation_converges(draws, sampling):
 
 def test_sgd_inverse_t_and_raw_averaging_run_and_improve(draws):
     strategy = FGPR(local_steps=5, batch_size=64, optimizer="sgd", lr=2.0, average_space="raw")
-    result = fedgp.fit(draws.spec, draws.federation[:5], strategy, rounds=30, progress=False)
+    result = fedgp.fit(
+        draws.spec,
+        draws.federation[:5],
+        strategy,
+        rounds=30,
+        progress=False,
+        outcome_transform=None,
+        input_transform=None,
+    )
     h = result.history
     assert h["train_nll"].iloc[-5:].mean() < h["train_nll"].iloc[0] - 0.2
 

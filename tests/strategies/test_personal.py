@@ -55,7 +55,15 @@ def test_predict_client_state_and_evaluate_agree(gp, name, engine):
 
 def test_a_client_the_server_never_saw_chooses_by_likelihood(gp):
     """No label exists for a new client, even under fixed labels: it takes the likelier cluster."""
-    result = fedgp.fit(gp.spec, gp.federation, ASSIGNERS["fixed_given"], rounds=2, progress=False)
+    result = fedgp.fit(
+        gp.spec,
+        gp.federation,
+        ASSIGNERS["fixed_given"],
+        rounds=2,
+        progress=False,
+        outcome_transform=None,
+        input_transform=None,  # the likelihoods below are of the raw data
+    )
     member = gp.federation[3]
     stranger = ClientData(member.X, member.y, id="stranger")
     model = gp.spec.build()

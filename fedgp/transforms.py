@@ -1,0 +1,311 @@
+"""Data transforms: targets standardised and inputs scaled to the unit cube, computed federatedly.
+
+A GP prior's defaults (a zero or constant mean, outputscale and noise near one, lengthscales near
+one) describe standardised data. Raw targets of scale 100 and offset 150 leave the mean stuck far
+from the data and the predictive intervals far too narrow, silently. BoTorch therefore
+standardises outcomes by default (``Standardize``) and asks for inputs in the unit cube
+(``Normalize``); fedgp does the same, without pooling the data:
+
+1. Before training, the server sends every client a ``summarise`` task, twice. A client replies
+   with its count and Σy, then with Σ(y − ȳ)² about the federation's mean: *summed* fields, the
+   server sees only their totals. For federated input normalisation only, it also sends its
+   per-feature minimum and maximum (individual fields: the server learns each client's bounding
+   box; give ``Normalize(bounds=...)`` to reveal nothing about the inputs).
+2. The server forms the global mean and standard deviation and the unit-cube map
+   (:func:`learn`), and sends them with every later task: two ``(d,)`` and two scalar tensors.
+3. Each client applies them to its own data where it is hosted, and maps its predictions and test
+   metrics back to the original units before they leave (:mod:`fedgp.engines.base`,
+   :mod:`fedgp.engines.client`). So every engine, in process, on Ray or on Flower, transforms the
+   same way, and every number a user reads is in the original units.
+
+``Standardize(local=True)`` standardises each client with its own mean and standard deviation
+instead (nothing about the targets leaves); a client's predictions are mapped back with its own.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+import gpytorch
+import numpy as np
+import torch
+
+from fedgp.data.client import ClientData
+from fedgp.messages import Field
+
+__all__ = [
+    "Standardize",
+    "Normalize",
+    "DataTransform",
+    "learn",
+    "resolve_transforms",
+    "summary_fields",
+    "summarise",
+    "outcome_maps",
+]
+
+#: Names under which a transform travels in a task's shared record.
+PREFIX = "transform/"
+
+
+@dataclass(frozen=True)
+class Standardize:
+    """Outcome transform ``y ↦ (y − mean) / sd`` (BoTorch's ``Standardize``; sd with ddof = 1).
+
+    ``local=False``: the mean and sd of all clients' training targets, from summed counts, sums
+    and sums of squares. ``local=True``: each client uses its own (a client with one point keeps
+    sd 1, one with none mean 0 and sd 1).
+    """
+
+    local: bool = False
+
+    def describe(self) -> str:
+        return "standardize (each client's own mean and sd)" if self.local else "standardize (federated)"
+
+
+@dataclass(frozen=True)
+class Normalize:
+    """Input transform ``x ↦ (x − lower) / (upper − lower)``: the unit cube (BoTorch's ``Normalize``).
+
+    ``bounds``: known ``(2, d)`` lower and upper bounds (nothing about the inputs leaves a client);
+    ``None``: the federation's minimum and maximum per feature. A feature with zero range keeps
+    scale 1.
+    """
+
+    bounds: Any = None
+
+    def __post_init__(self) -> None:
+        if self.bounds is None:
+            return
+        bounds = torch.as_tensor(np.asarray(self.bounds, dtype=np.float64))
+        if bounds.dim() != 2 or bounds.shape[0] != 2:
+            raise ValueError(f"Normalize bounds must have shape (2, d), got {tuple(bounds.shape)}")
+        if not bool(torch.isfinite(bounds).all()):
+            raise ValueError("Normalize bounds must be finite")
+        if not bool((bounds[1] > bounds[0]).all()):
+            bad = torch.nonzero(bounds[1] <= bounds[0]).flatten().tolist()
+            raise ValueError(f"Normalize bounds: upper must exceed lower for every feature; not for {bad}")
+        object.__setattr__(self, "bounds", bounds)
+
+    def describe(self) -> str:
+        return "normalize (known bounds)" if self.bounds is not None else "normalize (federated min/max)"
+
+
+@dataclass(frozen=True)
+class DataTransform:
+    """The learned transforms, as every task carries them.
+
+    ``x_offset``/``x_scale`` ``(d,)``: inputs become ``(x − x_offset) / x_scale``; ``None`` leaves
+    them alone. ``y_offset``/``y_scale`` (scalars): targets become ``(y − y_offset) / y_scale``;
+    ``y_local``: each client uses its own instead; both ``None`` and not local leaves them alone.
+    """
+
+    x_offset: torch.Tensor | None = None
+    x_scale: torch.Tensor | None = None
+    y_offset: torch.Tensor | None = None
+    y_scale: torch.Tensor | None = None
+    y_local: bool = False
+    note: str = ""  # why ``"auto"`` left the data alone (for the history; never travels)
+
+    @property
+    def is_identity(self) -> bool:
+        return self.x_offset is None and self.y_offset is None and not self.y_local
+
+    # -- travelling in a task ------------------------------------------------------------------------
+    def tensors(self) -> dict[str, torch.Tensor]:
+        out = {}
+        for name in ("x_offset", "x_scale", "y_offset", "y_scale"):
+            value = getattr(self, name)
+            if value is not None:
+                out[PREFIX + name] = value.to(torch.float64)
+        return out
+
+    def settings(self) -> dict[str, bool]:
+        return {PREFIX + "y_local": True} if self.y_local else {}
+
+    @classmethod
+    def from_parts(cls, tensors: Mapping[str, torch.Tensor], settings: Mapping[str, Any]) -> DataTransform:
+        """Read the transform of a task's shared record (identity when it carries none)."""
+        values = {n: tensors.get(PREFIX + n) for n in ("x_offset", "x_scale", "y_offset", "y_scale")}
+        return cls(**values, y_local=bool(settings.get(PREFIX + "y_local", False)))
+
+    def key(self) -> tuple:
+        """Equal for equal transforms (engines re-transform their data only when this changes)."""
+        parts = tuple(None if v is None else tuple(v.reshape(-1).tolist()) for v in self.tensors().values())
+        return (tuple(self.tensors()), parts, self.y_local)
+
+    # -- applied by a client ----------------------------------------------------------------------------
+    def outcome_map(self, y: torch.Tensor) -> tuple[float, float]:
+        """``(offset, scale)`` of the outcome transform for a client with training targets ``y``."""
+        if self.y_local:
+            offset = float(y.mean()) if len(y) else 0.0
+            scale = float(y.std()) if len(y) > 1 else 1.0
+            return offset, (scale if scale > 0 else 1.0)
+        if self.y_offset is None:
+            return 0.0, 1.0
+        return float(self.y_offset), float(self.y_scale)
+
+    def inputs(self, X: torch.Tensor) -> torch.Tensor:
+        if self.x_offset is None:
+            return X
+        return (X - self.x_offset.to(X)) / self.x_scale.to(X)
+
+    def apply(self, client: ClientData) -> tuple[ClientData, float, float]:
+        """The client's data in transformed units, with its outcome ``(offset, scale)``."""
+        offset, scale = self.outcome_map(client.y)
+        if self.is_identity:
+            return client, offset, scale
+        fields = {"X": self.inputs(client.X), "y": (client.y - offset) / scale}
+        if client.has_test:
+            fields.update(X_test=self.inputs(client.X_test), y_test=(client.y_test - offset) / scale)
+        return replace(client, **fields), offset, scale
+
+    def describe(self) -> dict[str, Any]:
+        """What was applied, for ``FitResult.transforms`` and the history."""
+        out: dict[str, Any] = {}
+        if self.y_local:
+            out["outcome"] = "standardize, each client's own mean and sd"
+        elif self.y_offset is not None:
+            out["outcome"] = f"standardize, mean {float(self.y_offset):.6g}, sd {float(self.y_scale):.6g}"
+        else:
+            out["outcome"] = "none"
+        if self.x_offset is not None:
+            lower = self.x_offset.tolist()
+            upper = (self.x_offset + self.x_scale).tolist()
+            out["inputs"] = f"normalize to the unit cube from lower {_fmt(lower)}, upper {_fmt(upper)}"
+        else:
+            out["inputs"] = "none"
+        if self.note:
+            out["note"] = self.note
+        return out
+
+
+def _fmt(values: Sequence[float]) -> str:
+    shown = ", ".join(f"{v:.4g}" for v in values[:6])
+    return f"[{shown}{', ...' if len(values) > 6 else ''}]"
+
+
+# -- the summarise exchange ---------------------------------------------------------------------------
+
+
+def summary_fields(d: int, stage: str, bounds: bool = False) -> dict[str, Field]:
+    """What a client replies to ``summarise``. Stage ``"mean"``: its count and Σy (summed), and its
+    own per-feature minimum and maximum when the server learns the input bounds (individual).
+    Stage ``"spread"``: Σ(y − ȳ)² about the federation's mean ȳ (summed) — two passes, because
+    Σy² − nȳ² would lose about 2·log10(|ȳ|/sd) of float64's 16 digits to cancellation."""
+    if stage == "spread":
+        return {"y_sumsq": Field((), torch.float64, summed=True)}
+    fields = {"count": Field((), torch.float64, summed=True), "y_sum": Field((), torch.float64, summed=True)}
+    if bounds:
+        fields.update(x_min=Field((d,)), x_max=Field((d,)))
+    return fields
+
+
+def summarise(clients: Sequence[ClientData], stage: str, bounds: bool = False, center: float = 0.0):
+    """A batch of clients' ``summarise`` reply (one row per client, tensors), from their raw data."""
+    if stage == "spread":
+        return {"y_sumsq": torch.stack([((c.y - center) ** 2).sum() for c in clients]).to(torch.float64)}
+    out = {
+        "count": torch.tensor([float(c.n) for c in clients], dtype=torch.float64),
+        "y_sum": torch.stack([c.y.sum() for c in clients]).to(torch.float64),
+    }
+    if bounds:
+        out["x_min"] = torch.stack([c.X.min(0).values for c in clients]).to(torch.float64)
+        out["x_max"] = torch.stack([c.X.max(0).values for c in clients]).to(torch.float64)
+    return out
+
+
+def _through_origin(spec) -> bool:
+    """Whether the spec's mean is linear in x without a bias: shifting x or y changes that model."""
+    return any(
+        isinstance(m, gpytorch.means.LinearMean) and getattr(m, "bias", None) is None
+        for m in spec.mean.modules()
+    )
+
+
+def auto_reason(spec) -> str | None:
+    """Why ``"auto"`` leaves this spec's data alone, or ``None`` (then it transforms them)."""
+    if spec is None:
+        return None
+    fixed = [p.name for p in spec.params if not p.trainable]
+    if fixed:
+        return f"the spec fixes {', '.join(fixed)} in the data's units"
+    if _through_origin(spec):
+        return "the mean is linear without a bias (a shift would change the model)"
+    return None
+
+
+def resolve_transforms(spec, outcome, inputs) -> tuple[Standardize | None, Normalize | None]:
+    """``fit``'s ``"auto"``: ``Standardize()`` and ``Normalize()``, unless :func:`auto_reason` says
+    the spec's values are tied to the data's units: a fixed hyper-parameter, or regression through
+    the origin (a bias-free ``LinearMean``), which either shift would change."""
+    origin = auto_reason(spec) is not None
+    if outcome == "auto":
+        outcome = None if origin else Standardize()
+    if inputs == "auto":
+        inputs = None if origin else Normalize()
+    if outcome is not None and not isinstance(outcome, Standardize):
+        raise TypeError(
+            f"outcome_transform must be 'auto', fedgp.transforms.Standardize(...) or None, got {outcome!r}"
+        )
+    if inputs is not None and not isinstance(inputs, Normalize):
+        raise TypeError(
+            f"input_transform must be 'auto', fedgp.transforms.Normalize(...) or None, got {inputs!r}"
+        )
+    return outcome, inputs
+
+
+def learn(
+    outcome: Standardize | None,
+    inputs: Normalize | None,
+    sums: Mapping[str, torch.Tensor] | None,
+    individual: Mapping[str, torch.Tensor] | None,
+    d: int,
+) -> DataTransform:
+    """The server's side: the transforms from the summed statistics (``count``, ``y_sum``, and
+    ``y_sumsq`` about the mean) and the clients' bounds (``x_min``, ``x_max``)."""
+    fields: dict[str, Any] = {}
+    if inputs is not None:
+        if inputs.bounds is not None:
+            if inputs.bounds.shape[1] != d:
+                raise ValueError(
+                    f"Normalize bounds are for {inputs.bounds.shape[1]} features; the data have {d}"
+                )
+            lower, upper = inputs.bounds[0], inputs.bounds[1]
+        else:
+            lower, upper = individual["x_min"].min(0).values, individual["x_max"].max(0).values
+        span = upper - lower
+        fields.update(x_offset=lower.clone(), x_scale=torch.where(span > 0, span, torch.ones_like(span)))
+    if outcome is not None and outcome.local:
+        fields["y_local"] = True
+    elif outcome is not None:
+        n, mean, sqdev = (
+            float(sums["count"]),
+            float(sums["y_sum"]) / float(sums["count"]),
+            float(sums["y_sumsq"]),
+        )
+        if n < 2:
+            raise ValueError("Standardize needs at least two training targets in the federation")
+        sd = math.sqrt(sqdev / (n - 1))
+        if not sd > 0:
+            raise ValueError(
+                "Standardize: the federation's targets are constant (sd 0); pass outcome_transform=None"
+            )
+        fields.update(
+            y_offset=torch.tensor(mean, dtype=torch.float64), y_scale=torch.tensor(sd, dtype=torch.float64)
+        )
+    return DataTransform(**fields)
+
+
+def outcome_maps(
+    transform: DataTransform, clients: Sequence[ClientData]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(offsets, scales)`` of the outcome transform of each client, ``(K,)`` float64."""
+    pairs = [transform.outcome_map(c.y) for c in clients]
+    return (
+        torch.tensor([p[0] for p in pairs], dtype=torch.float64),
+        torch.tensor([p[1] for p in pairs], dtype=torch.float64),
+    )

@@ -1,0 +1,215 @@
+"""Data transforms: the federated fit equals a fit on data transformed by hand, mapped back."""
+
+from __future__ import annotations
+
+import math
+
+import gpytorch
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import fedgp
+from fedgp.data import ClientData, Federation
+from fedgp.engines.sequential import SequentialEngine
+from fedgp.strategies import FGPR
+from fedgp.transforms import DataTransform, Normalize, Standardize, learn, summarise
+
+RAW = {"outcome_transform": None, "input_transform": None}
+
+
+def raw_federation(seed=0, num_clients=5):
+    """Targets of scale ~50 around 150 and inputs on [3, 13] x [-40, -20]: far from standardised."""
+    rng = np.random.default_rng(seed)
+    clients = []
+    for k in range(num_clients):
+        n = 20 + 4 * k
+        X = np.column_stack([rng.uniform(3, 13, n + 6), rng.uniform(-40, -20, n + 6)])
+        y = 150 + 50 * np.sin(X[:, 0]) + 0.5 * X[:, 1] + rng.normal(0, 5, n + 6) + 10 * k
+        clients.append(ClientData(X[:n], y[:n], id=f"c{k}", X_test=X[n:], y_test=y[n:]))
+    return Federation(clients)
+
+
+def by_hand(fed, local=False):
+    """The federation transformed as the defaults should: pooled mean/sd (ddof 1), pooled min/max."""
+    X = torch.cat([c.X for c in fed])
+    y = torch.cat([c.y for c in fed])
+    lower, span = X.min(0).values, X.max(0).values - X.min(0).values
+    out, maps = [], []
+    for c in fed:
+        m, s = (c.y.mean(), c.y.std()) if local else (y.mean(), y.std())
+        maps.append((float(m), float(s)))
+        out.append(
+            ClientData(
+                (c.X - lower) / span,
+                (c.y - m) / s,
+                id=c.id,
+                X_test=(c.X_test - lower) / span,
+                y_test=(c.y_test - m) / s,
+            )
+        )
+    return Federation(out), maps, (lower, span)
+
+
+SPEC = fedgp.GPSpec(
+    kernel=gpytorch.kernels.ScaleKernel(gpytorch.kernels.MaternKernel(nu=2.5, ard_num_dims=2)),
+    mean=gpytorch.means.ConstantMean(),
+)
+
+
+@pytest.mark.parametrize("engine", ["sequential", "batched"])
+@pytest.mark.parametrize("local", [False, True])
+def test_transformed_fit_is_the_fit_on_transformed_data_mapped_back(engine, local):
+    fed = raw_federation()
+    outcome = Standardize(local=local)
+    ours = fedgp.fit(SPEC, fed, FGPR(batch_size=16), rounds=4, engine=engine, outcome_transform=outcome)
+    manual, maps, (lower, span) = by_hand(fed, local)
+    ref = fedgp.fit(SPEC, manual, FGPR(batch_size=16), rounds=4, engine=engine, **RAW)
+    assert ours.state.allclose(ref.state, rtol=1e-10)
+    X = torch.tensor([[4.0, -39.0], [12.5, -21.0], [8.0, -30.0]], dtype=torch.float64)
+    for i, (m, s) in enumerate(maps):
+        pred, base = ours.posterior(X, i), ref.posterior((X - lower) / span, i)
+        torch.testing.assert_close(pred.mean, m + s * base.mean, rtol=1e-10, atol=1e-9)
+        torch.testing.assert_close(pred.variance_f, s * s * base.variance_f, rtol=1e-9, atol=1e-9)
+        torch.testing.assert_close(pred.variance_y, s * s * base.variance_y, rtol=1e-9, atol=1e-9)
+    got, want = ours.evaluate(), ref.evaluate()
+    scales = torch.tensor([s for _, s in maps], dtype=torch.float64).numpy()
+    np.testing.assert_allclose(got["rmse"], scales * want["rmse"], rtol=1e-9)
+    np.testing.assert_allclose(got["nll"], want["nll"] + np.log(scales), rtol=1e-9)
+    np.testing.assert_allclose(got["coverage95"], want["coverage95"])
+    # the history's test metrics are in the original units too
+    assert ours.history["test_rmse_mean"].iloc[-1] == pytest.approx(got["rmse"].mean(), rel=1e-9)
+
+
+def test_what_was_applied_is_reported():
+    fed = raw_federation()
+    result = fedgp.fit(SPEC, fed, rounds=1)
+    y = torch.cat([c.y for c in fed])
+    assert result.transform.y_offset.item() == pytest.approx(float(y.mean()), rel=1e-12)
+    assert result.transform.y_scale.item() == pytest.approx(float(y.std()), rel=1e-12)
+    assert result.transforms["outcome"].startswith("standardize, mean 1")
+    assert result.transforms["inputs"].startswith("normalize to the unit cube from lower [3.")
+    assert result.history.attrs["transforms"] == result.transforms
+    off = fedgp.fit(SPEC, fed, rounds=1, **RAW)
+    assert off.transforms == {"outcome": "none", "inputs": "none"} and off.transform.is_identity
+
+
+def test_auto_leaves_specs_tied_to_the_data_units_alone():
+    fed = raw_federation()
+    fixed = fedgp.GPSpec(
+        initial_values={"likelihood.noise_covar.noise": 25.0}, fixed=["likelihood.noise_covar.noise"]
+    )
+    result = fedgp.fit(fixed, fed, rounds=1)
+    assert result.transform.is_identity and "fixes likelihood.noise_covar.noise" in result.transforms["note"]
+    through_origin = fedgp.GPSpec(mean=gpytorch.means.LinearMean(2, bias=False))
+    assert "without a bias" in fedgp.fit(through_origin, fed, rounds=1).transforms["note"]
+    # asked for explicitly, they apply anyway
+    assert not fedgp.fit(fixed, fed, rounds=1, outcome_transform=Standardize()).transform.is_identity
+
+
+class Recording(SequentialEngine):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.log = []
+
+    def run(self, task, clients, fields):
+        out = super().run(task, clients, fields)
+        self.log.append((task.kind, sorted(fields), sorted(out.sums), sorted(out.individual)))
+        return out
+
+
+def test_only_sums_leave_for_the_outcome_and_nothing_for_known_bounds():
+    fed = raw_federation()
+    bounds = [[3.0, -40.0], [13.0, -20.0]]
+
+    def summaries(**options):
+        engine = Recording(SPEC, fed)
+        fedgp.fit(SPEC, None, rounds=1, engine=engine, **options)
+        return [entry for entry in engine.log if entry[0] == "summarise"]
+
+    mean, spread = summaries()
+    assert mean[2] == ["count", "y_sum"] and mean[3] == ["x_max", "x_min"]
+    assert spread[2] == ["y_sumsq"] and spread[3] == []
+    assert [entry[3] for entry in summaries(input_transform=Normalize(bounds=bounds))] == [[], []]
+    assert summaries(outcome_transform=Standardize(local=True), input_transform=Normalize(bounds)) == []
+    (bounds_only,) = summaries(outcome_transform=None)
+    assert bounds_only[3] == ["x_max", "x_min"]
+
+
+def test_known_bounds_are_used_as_given():
+    fed = raw_federation()
+    result = fedgp.fit(SPEC, fed, rounds=1, input_transform=Normalize(bounds=[[0.0, -50.0], [20.0, 0.0]]))
+    torch.testing.assert_close(result.transform.x_offset, torch.tensor([0.0, -50.0], dtype=torch.float64))
+    torch.testing.assert_close(result.transform.x_scale, torch.tensor([20.0, 50.0], dtype=torch.float64))
+
+
+@pytest.mark.parametrize(
+    "bounds, message",
+    [
+        ([0.0, 1.0], "shape \\(2, d\\)"),
+        ([[0.0, 1.0], [1.0, 1.0]], "upper must exceed lower for every feature; not for \\[1\\]"),
+        ([[0.0, float("nan")], [1.0, 2.0]], "finite"),
+    ],
+)
+def test_bad_bounds_are_refused(bounds, message):
+    with pytest.raises(ValueError, match=message):
+        Normalize(bounds=bounds)
+
+
+def test_bounds_of_the_wrong_width_and_unknown_transforms_are_refused():
+    fed = raw_federation()
+    with pytest.raises(ValueError, match="bounds are for 3 features; the data have 2"):
+        fedgp.fit(SPEC, fed, rounds=1, input_transform=Normalize(bounds=[[0, 0, 0], [1, 1, 1]]))
+    with pytest.raises(TypeError, match="outcome_transform must be 'auto'"):
+        fedgp.fit(SPEC, fed, rounds=1, outcome_transform="standardize")
+    with pytest.raises(TypeError, match="input_transform must be 'auto'"):
+        fedgp.fit(SPEC, fed, rounds=1, input_transform=True)
+
+
+def test_raw_targets_get_calibrated_intervals_by_default():
+    """The issue's case: diabetes (y from 25 to 346) in 10 owners, Matérn + constant mean, defaults."""
+    from fedgp.experiments.own_data import diabetes_owners, own_data_spec
+
+    fed = diabetes_owners(seed=0)
+    default = fedgp.fit(own_data_spec(), fed, rounds=40, engine="batched").evaluate()
+    raw = fedgp.fit(own_data_spec(), fed, rounds=40, engine="batched", **RAW).evaluate()
+    assert 0.85 <= default["coverage95"].mean() <= 1.0
+    assert raw["coverage95"].mean() < 0.3  # what users got before: silently overconfident
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    loc=st.floats(-1e4, 1e4),
+    scale=st.floats(1e-3, 1e4),
+    sizes=st.lists(st.integers(2, 9), min_size=1, max_size=5),
+    seed=st.integers(0, 2**16),
+)
+def test_learned_transform_matches_pooled_statistics(loc, scale, sizes, seed):
+    g = torch.Generator().manual_seed(seed)
+    clients = [
+        ClientData(
+            loc + scale * torch.randn(n, 3, generator=g, dtype=torch.float64),
+            loc + scale * torch.randn(n, generator=g, dtype=torch.float64),
+            id=i,
+        )
+        for i, n in enumerate(sizes)
+    ]
+    if sum(sizes) < 2:
+        return
+    first = summarise(clients, "mean", bounds=True)
+    sums = {k: first[k].sum(0) for k in ("count", "y_sum")}
+    spread = summarise(clients, "spread", center=float(sums["y_sum"] / sums["count"]))
+    sums["y_sumsq"] = spread["y_sumsq"].sum(0)
+    t = learn(Standardize(), Normalize(), sums, {k: first[k] for k in ("x_min", "x_max")}, 3)
+    X, y = torch.cat([c.X for c in clients]), torch.cat([c.y for c in clients])
+    assert math.isclose(float(t.y_offset), float(y.mean()), rel_tol=1e-9, abs_tol=1e-9 * scale)
+    assert math.isclose(float(t.y_scale), float(y.std()), rel_tol=1e-9)  # two passes: no cancellation
+    torch.testing.assert_close(t.x_offset, X.min(0).values)
+    torch.testing.assert_close(t.x_offset + t.x_scale, X.max(0).values, rtol=1e-12, atol=1e-9 * scale)
+    # applied to a client, the data map back exactly
+    moved, m, s = t.apply(clients[0])
+    torch.testing.assert_close(moved.y * s + m, clients[0].y, rtol=1e-9, atol=1e-9 * scale)
+    torch.testing.assert_close(moved.X * t.x_scale + t.x_offset, clients[0].X, rtol=1e-9, atol=1e-9 * scale)
+    assert DataTransform.from_parts(t.tensors(), t.settings()).key() == t.key()
