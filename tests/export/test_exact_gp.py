@@ -1,11 +1,17 @@
 """to_gpytorch / to_botorch: a client's model in GPyTorch or BoTorch predicts what fedgp predicts."""
 
+import importlib.util
+
 import gpytorch
 import pytest
 import torch
 
 import fedgp
 from fedgp.data import ClientData
+
+needs_botorch = pytest.mark.skipif(
+    importlib.util.find_spec("botorch") is None, reason="BoTorch is an optional extra ('botorch')"
+)
 
 
 @pytest.fixture(scope="module")
@@ -65,9 +71,7 @@ def test_to_gpytorch_from_a_loaded_result(ifca_fit, tmp_path):
     assert torch.allclose(back.mean, result.posterior(X, new).mean, rtol=0, atol=1e-10)
 
 
-botorch = pytest.importorskip("botorch")
-
-
+@needs_botorch
 def test_to_botorch_posterior_matches_fedgp(ifca_fit):
     from botorch.acquisition.logei import qLogExpectedImprovement
     from botorch.models import SingleTaskGP
@@ -90,3 +94,27 @@ def test_to_botorch_posterior_matches_fedgp(ifca_fit):
     values = acq(X.unsqueeze(1))
     assert values.shape == (8,) and torch.isfinite(values).all()
     assert acq(X[:3].unsqueeze(0)).shape == (1,)
+
+
+def test_exports_with_each_clients_own_standardisation():
+    from fedgp.transforms import Standardize
+
+    fed = fedgp.data.gp_federation(num_clients=3, n=15, d=2, seed=4).federation
+    shifted = fedgp.data.Federation(
+        [ClientData(c.X, 40.0 * c.y + 100.0 * i, id=c.id) for i, c in enumerate(fed)]
+    )
+    result = fedgp.fit(
+        fedgp.GPSpec(), shifted, rounds=2, progress=False, outcome_transform=Standardize(local=True)
+    )
+    assert result.transform.y_local
+    X = _inputs(5)
+    pred = result.posterior(X, 2, full_cov=True)
+    with torch.no_grad():
+        latent = result.to_gpytorch(2)(X)
+    assert torch.allclose(latent.mean, pred.mean, rtol=0, atol=1e-9)  # client 2's targets sit near 200
+    assert torch.allclose(latent.covariance_matrix, pred.covariance_f, rtol=0, atol=1e-9)
+    if importlib.util.find_spec("botorch") is None:
+        return
+    post = result.to_botorch(2).posterior(X)
+    assert torch.allclose(post.mean.squeeze(-1), pred.mean, rtol=0, atol=1e-8)
+    assert torch.allclose(post.mvn.covariance_matrix, pred.covariance_f, rtol=0, atol=1e-8)
