@@ -8,8 +8,9 @@ function with few evaluations? Setting (one run per seed):
   random-Fourier-feature draw (Rahimi & Recht; 1,000 features), so an optimiser can query it
   anywhere (an exact GP draw exists only on a fixed grid).
 - **Federation**: 20 clients, each holding 40 noisy evaluations of its own draw at uniform points.
-  FGPR (5 Adam steps of 20 points, lr 0.05, 60 rounds, batched engine) learns the shared
-  hyper-parameters; no client data leave a client.
+  FGPR (5 Adam steps of 20 points, lr 0.05, 60 rounds, batched engine, data transforms off: the
+  functions are already on the unit square with unit scale) learns the shared hyper-parameters;
+  no client data leave a client.
 - **New client**: a fresh draw, 3 uniform starting points, then 10 iterations of BoTorch
   ``qLogExpectedImprovement`` (q = 1, ``optimize_acqf`` with 4 restarts from 128 raw samples, best
   observed value as ``best_f``), each evaluation noisy.
