@@ -17,6 +17,7 @@ from __future__ import annotations
 import importlib
 import math
 import os
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -59,14 +60,29 @@ ENGINES: dict[str, Any] = {"sequential": SequentialEngine, "batched": BatchedEng
 EXTRA_ENGINES = {"ray": "fedgp.engines.ray:RayEngine", "flower": "fedgp.flower.local:FlowerEngine"}
 
 
+#: Options the sequential engine takes (``"auto"`` keeps the batched engine for any other).
+_SEQUENTIAL_OPTIONS = {"loopback", "timeout", "keys"}
+
+
 def make_engine(name: str, spec: GPSpec, federation: Federation, seed: int = 0, **options) -> Engine:
+    """The engine called ``name``. ``"auto"``: the batched engine where its tensor path reproduces
+    GPyTorch for ``spec`` (it checks itself at construction), else the sequential engine (the same
+    numbers; a batched engine would evaluate client by client anyway), unless batched-only options
+    were given."""
+    if name == "auto":
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", "the batched engine evaluates this spec", UserWarning)
+            batched = BatchedEngine(spec, federation, seed, **options)
+        if batched.gp is None and set(options) <= _SEQUENTIAL_OPTIONS:
+            return SequentialEngine(spec, federation, seed, **options)
+        return batched
     if name in ENGINES:
         cls = ENGINES[name]
     elif name in EXTRA_ENGINES:
         module, _, attr = EXTRA_ENGINES[name].partition(":")
         cls = getattr(importlib.import_module(module), attr)
     else:
-        known = ", ".join([*ENGINES, *EXTRA_ENGINES])
+        known = ", ".join(["auto", *ENGINES, *EXTRA_ENGINES])
         raise ValueError(f"unknown engine {name!r}; available: {known}") from None
     return cls(spec, federation, seed, **options)
 
@@ -325,7 +341,7 @@ def fit(
     federation: Federation | None,
     strategy: Strategy | None = None,
     rounds: int = 100,
-    engine: str | Engine = "sequential",
+    engine: str | Engine = "auto",
     seed: int = 0,
     *,
     progress: bool | None = None,
@@ -334,6 +350,7 @@ def fit(
     checkpoint_path: str | os.PathLike | None = None,
     resume_from: str | os.PathLike | None = None,
     engine_options: dict | None = None,
+    device: str | torch.device | None = None,
     callback: Callable[[int, Any], None] | None = None,
     min_replies: int | float = 1,
     simulate_failures: float = 0.0,
@@ -345,13 +362,17 @@ def fit(
 
     Args:
         rounds: communication rounds R (total, including rounds restored from a checkpoint).
-        engine: ``"sequential"`` (the reference) or ``"batched"`` (all clients' steps as one tensor
-            program; same results, much faster for many clients), with ``engine_options``; or an
+        engine: ``"auto"`` (default: ``"batched"`` where its tensor path applies to the spec, else
+            ``"sequential"``), ``"sequential"`` (the reference, one GPyTorch model per client) or
+            ``"batched"`` (all clients' steps as one tensor program; the same results to rounding,
+            much faster for many clients), ``"ray"``, ``"flower"``, with ``engine_options``; or an
             :class:`~fedgp.engines.base.Engine` instance (then ``federation`` may be ``None``).
         seed: master seed; every random draw derives from it, per round and client.
         progress: tqdm bar over rounds; ``None`` shows it only on a terminal.
         eval_every: every how many rounds the clients report test metrics (default 1 if some have
             test splits, else never). Each evaluation conditions every client on its own data.
+        device: run the batched engine's tensor path there (e.g. ``"cuda"``); the same as
+            ``engine_options={"device": ...}``, and with ``engine="auto"`` it selects the batched engine.
         checkpoint_every / checkpoint_path: save a checkpoint every N rounds (and at the end).
         resume_from: continue from a checkpoint; the result is bit-identical to an unbroken run.
         callback: called as ``callback(round, server_state)`` after every round (1-based round).
@@ -382,6 +403,13 @@ def fit(
         raise ValueError("checkpoint_every needs checkpoint_path")
     if not (isinstance(simulate_failures, (int, float)) and 0.0 <= simulate_failures < 1.0):
         raise ValueError(f"simulate_failures must be a probability in [0, 1), got {simulate_failures!r}")
+    if device is not None:
+        if isinstance(engine, Engine) or engine not in ("auto", "batched"):
+            raise ValueError(
+                f"device={device!r} applies to engine='batched' or 'auto', not {engine!r}; "
+                "an engine instance takes its own device option"
+            )
+        engine_options = {**(engine_options or {}), "device": device}
     if isinstance(engine, Engine):
         if engine_options:
             raise ValueError("engine_options apply to an engine given by name, not to an instance")

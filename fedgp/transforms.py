@@ -159,6 +159,8 @@ class DataTransform:
         if self.is_identity:
             return client, offset, scale
         fields = {"X": self.inputs(client.X), "y": (client.y - offset) / scale}
+        if client.noise is not None:  # known per-point noise variances are in y's units squared
+            fields["noise"] = client.noise / (scale * scale)
         if client.has_test:
             fields.update(X_test=self.inputs(client.X_test), y_test=(client.y_test - offset) / scale)
         return replace(client, **fields), offset, scale

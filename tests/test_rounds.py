@@ -39,12 +39,21 @@ def test_bad_min_replies_are_refused(bad):
 @pytest.mark.parametrize("p", [-0.1, 1.0, 2, "0.1"])
 def test_simulate_failures_must_be_a_probability(draws, p):
     with pytest.raises(ValueError, match="simulate_failures must be a probability"):
-        fedgp.fit(draws.spec, draws.federation, rounds=1, progress=False, simulate_failures=p)
+        fedgp.fit(
+            draws.spec, draws.federation, rounds=1, progress=False, simulate_failures=p, engine="sequential"
+        )
 
 
 def test_every_client_failing_stops_the_run_naming_them(draws):
     with pytest.raises(RoundFailedError, match=r"round 1 \(train\): 0 of 4 clients replied") as info:
-        fedgp.fit(draws.spec, draws.federation, rounds=2, progress=False, simulate_failures=0.999999)
+        fedgp.fit(
+            draws.spec,
+            draws.federation,
+            rounds=2,
+            progress=False,
+            simulate_failures=0.999999,
+            engine="sequential",
+        )
     assert sorted(info.value.failures) == sorted(draws.federation.ids)
 
 
@@ -67,6 +76,7 @@ def test_a_late_reply_is_a_timeout_failure_of_that_round(draws):
         Slow(batch_size=8),
         rounds=2,
         progress=False,
+        engine="sequential",  # a timeout per client (batched: per chunk)
         engine_options={"timeout": 0.5},
     )
     # the slow client fails every round (others are fast, but on a loaded machine not guaranteed so)

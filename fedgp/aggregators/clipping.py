@@ -32,7 +32,7 @@ class CenteredClipping(StateAggregator):
             raise ValueError(f"CenteredClipping: tau must be > 0, got {self.tau}")
 
     def combine(self, values, weights, rng=None):
-        v = torch.zeros(values.shape[1], dtype=torch.float64)
+        v = torch.zeros(values.shape[1], dtype=values.dtype)
         for _ in range(self.iterations):
             diff = values - v
             norm = diff.norm(dim=1, keepdim=True)

@@ -24,4 +24,4 @@ class WeightedMean(StateAggregator):
         check_space(self.space)
 
     def combine(self, values, weights, rng=None):
-        return torch.tensordot(weights.to(torch.float64), values, dims=([0], [0]))
+        return torch.tensordot(weights.to(values.dtype), values, dims=([0], [0]))

@@ -41,5 +41,5 @@ class ThresholdMean(StateAggregator):
         if self.start == "median":
             centre = torch.quantile(values, 0.5, dim=0)
         else:
-            centre = torch.zeros(values.shape[1], dtype=torch.float64)
+            centre = torch.zeros(values.shape[1], dtype=values.dtype)
         return threshold_clustering(values, centre.unsqueeze(0), self.iterations, self.radius).centres[0]

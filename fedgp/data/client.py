@@ -77,9 +77,10 @@ class ClientData:
     """The data one client holds: training inputs ``X`` (n, d), targets ``y`` (n,), an ``id``.
 
     Optional: a held-out test split (``X_test``, ``y_test``) used only for evaluation, and free
-    ``metadata`` (e.g. ``{"fidelity": 0}`` or a C-MAPSS unit number). Arrays are stored as float64
-    tensors. Raises ``ValueError`` for NaN/inf, wrong shapes or dtypes, fewer than two points,
-    or constant targets (a GP marginal likelihood cannot be fitted to those).
+    ``metadata`` (e.g. ``{"fidelity": 0}`` or a C-MAPSS unit number), and ``noise``: known
+    per-point noise variances for a ``FixedNoiseGaussianLikelihood`` (they stay with the data).
+    Arrays are stored as float64 tensors. Raises ``ValueError`` for NaN/inf, wrong shapes or
+    dtypes, fewer than two points, or constant targets (a GP marginal likelihood cannot be fitted to those).
     """
 
     X: torch.Tensor
@@ -88,6 +89,7 @@ class ClientData:
     X_test: torch.Tensor | None = None
     y_test: torch.Tensor | None = None
     metadata: Mapping[str, Any] = field(default_factory=dict)
+    noise: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         cid = self.id
@@ -118,6 +120,17 @@ class ClientData:
             object.__setattr__(self, "X_test", Xt)
             object.__setattr__(self, "y_test", yt)
         object.__setattr__(self, "metadata", dict(self.metadata))
+        if self.noise is not None:
+            noise = _as_float_tensor(self.noise, cid, "noise")
+            if noise.shape != y.shape:
+                raise ValueError(
+                    f"client {cid!r}: noise must have one variance per training point, shape "
+                    f"{tuple(y.shape)}, got {tuple(noise.shape)}"
+                )
+            _check_finite(noise, cid, "noise")
+            if bool((noise <= 0).any()):
+                raise ValueError(f"client {cid!r}: noise variances must be > 0, got min {float(noise.min())}")
+            object.__setattr__(self, "noise", noise)
 
     @property
     def n(self) -> int:
@@ -150,7 +163,10 @@ class ClientData:
             raise ValueError(f"client {self.id!r}: {self.n} points are too few to split off a test set")
         perm = torch.from_numpy(rng.permutation(self.n))
         test, train = perm[:n_test].sort().values, perm[n_test:].sort().values
-        return replace(self, X=self.X[train], y=self.y[train], X_test=self.X[test], y_test=self.y[test])
+        noise = None if self.noise is None else self.noise[train]
+        return replace(
+            self, X=self.X[train], y=self.y[train], X_test=self.X[test], y_test=self.y[test], noise=noise
+        )
 
     def __repr__(self) -> str:
         test = f", n_test={self.X_test.shape[0]}" if self.has_test else ""

@@ -151,6 +151,12 @@ class InProcessEngine(Engine):
             raise ValueError(f"{len(self.keys)} keys for {len(clients)} clients")
         self._position_of_key = {int(k): i for i, k in enumerate(self.keys.tolist())}
         self.loopback, self.timeout = loopback, timeout
+        for width in {c.n_features for c in clients}:
+            first = next(c for c in clients if c.n_features == width)
+            spec.check_input_dim(width, first.id)
+        if spec.fixed_noise:
+            for client in clients:
+                spec.client_noise(client)
         self.client_strategy: Strategy | None = None
 
     def positions(self, keys) -> torch.Tensor:

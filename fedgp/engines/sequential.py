@@ -40,6 +40,9 @@ class SequentialOps:
         self, spec: GPSpec, model: ExactGPModel, client: ClientData, index: int, rnd: int, seed: int
     ):
         self.spec, self.model, self.client = spec, model, client
+        # ClientData stores float64; the model computes in the spec's precision.
+        self.X, self.y = client.X.to(spec.dtype), client.y.to(spec.dtype)
+        self.noise = spec.client_noise(client)
         self.clients = (client,)
         self.indices = torch.tensor([index])
         self.sizes = torch.tensor([client.n])
@@ -49,15 +52,20 @@ class SequentialOps:
         self._params = [model.get_parameter(p.raw_name) for p in self._trainable]
 
     # -- helpers --------------------------------------------------------------------------------
-    def _loss_and_grad(self, raw: dict[str, torch.Tensor], X: torch.Tensor, y: torch.Tensor, what: str):
+    def _loss_and_grad(self, raw: dict[str, torch.Tensor], idx: torch.Tensor | None, what: str):
+        """Loss and raw gradients on the points ``idx`` (all when ``None``)."""
+        X, y, noise = (self.X, self.y, self.noise) if idx is None else self._points(idx)
         self.spec.load_raw(self.model, raw)
         with factorization_guard(self.client.id, what):
-            loss = minibatch_nll(self.model, X, y)
+            loss = minibatch_nll(self.model, X, y, self.spec.prior_weight, noise)
         grads = torch.autograd.grad(loss, self._params) if self._params else ()
         return loss.detach(), {p.name: g for p, g in zip(self._trainable, grads)}
 
+    def _points(self, idx: torch.Tensor):
+        return self.X[idx], self.y[idx], None if self.noise is None else self.noise[idx]
+
     def _minibatches(self, steps: int, batch: int, kind: str, stream: str) -> torch.Tensor:
-        X = self.client.X.unsqueeze(0) if kind == "nearest" else None
+        X = self.X.unsqueeze(0) if kind == "nearest" else None
         return draw_minibatches(
             self.seed, self.round, self.indices, self.sizes, steps, batch, kind, X, stream
         )[0]
@@ -70,25 +78,24 @@ class SequentialOps:
             for e in range(len(out)):
                 self.spec.load(self.model, flat.index(e))
                 with factorization_guard(self.client.id, "local NLL"):
-                    out[e] = minibatch_nll(self.model, self.client.X, self.client.y)
+                    out[e] = minibatch_nll(self.model, self.X, self.y, self.spec.prior_weight, self.noise)
         return out.reshape(1, *extra)
 
     def gradient(self, states: HyperState, batch_size: int | None = None) -> tuple[torch.Tensor, HyperState]:
         flat, extra = _flatten(states)
-        X, y = self.client.X, self.client.y
+        idx = None
         if batch_size is not None and batch_size < self.client.n:
             idx = self._minibatches(1, batch_size, "uniform", "gradient")[0]
-            X, y = X[idx], y[idx]
         losses, grads = [], []
         for e in range(flat.batch_shape[0]):
             raw = self.spec.to_raw(flat.index(e))
-            loss, g = self._loss_and_grad(dict(raw), X, y, "gradient")
+            loss, g = self._loss_and_grad(dict(raw), idx, "gradient")
             losses.append(loss)
             grads.append(
                 HyperState({k: g.get(k, torch.zeros_like(v)) for k, v in raw.items()}, raw.event_shapes)
             )
         stacked = HyperState.stack(grads)
-        return torch.stack(losses).reshape(1, *extra), stacked.map(
+        return torch.stack(losses).reshape(1, *extra).to(torch.float64), stacked.map(
             lambda v, e: v.reshape(1, *extra, *v.shape[1:])
         )
 
@@ -97,7 +104,6 @@ class SequentialOps:
         steps = int(local.num_steps(self.sizes)[0])
         batch = int(local.batch_sizes(self.sizes)[0])
         idx = self._minibatches(steps, batch, local.minibatch, "minibatch")
-        X, y = self.client.X, self.client.y
         trained, losses = [], []
         for e in range(flat.batch_shape[0]):
             raw_all = dict(self.spec.to_raw(flat.index(e)))
@@ -105,7 +111,7 @@ class SequentialOps:
             raw, opt_state, total = dict(start), local.optimizer.init(start), 0.0
             self.spec.load_raw(self.model, raw_all)  # fixed parameters stay as loaded
             for s in range(steps):
-                loss, grads = self._loss_and_grad(raw, X[idx[s]], y[idx[s]], f"local step {s}")
+                loss, grads = self._loss_and_grad(raw, idx[s], f"local step {s}")
                 if local.prox_mu:
                     grads = {k: g + local.prox_mu * (raw[k] - start[k]) for k, g in grads.items()}
                 t = torch.tensor(self.round * steps + s)
@@ -127,8 +133,10 @@ class SequentialOps:
         if X_new is None:
             raise ValueError(f"client {self.client.id!r} has no test split and no inputs were given")
         self.spec.load(self.model, states.index(0))
-        client = self.client
-        return [predict_with_model(self.model, client.X, client.y, X_new, client.id, full_cov)]
+        X_new = torch.as_tensor(X_new).to(self.spec.dtype)
+        if self.noise is not None:  # the likelihood holds the training points' known noise
+            self.model.likelihood.noise = self.noise
+        return [predict_with_model(self.model, self.X, self.y, X_new, self.client.id, full_cov)]
 
 
 class SequentialEngine(InProcessEngine):

@@ -35,6 +35,7 @@ def personalisation_demo(rounds: int = 60, seed: int = 0, progress: bool | None 
         outcome_transform=None,
         input_transform=None,
         eval_every=0,
+        engine="sequential",
     )
     per_client = result.evaluate()
     table = pd.DataFrame(
@@ -65,6 +66,7 @@ def convergence_study(
         rounds=rounds,
         seed=seed,
         progress=progress,
+        engine="sequential",
         outcome_transform=None,
         input_transform=None,
     )

@@ -189,6 +189,7 @@ def _fit_fgpr(problem: MultiFidelityProblem, protocol: Protocol, seed: int, hf_w
         outcome_transform=None,
         input_transform=None,
         eval_every=0,
+        engine="sequential",
     )
     return result.posterior(problem.X_test, client=0)
 
@@ -211,6 +212,7 @@ def _predict(problem: MultiFidelityProblem, method: str, protocol: Protocol, see
             outcome_transform=None,
             input_transform=None,
             eval_every=0,
+            engine="sequential",
         )
         return result.posterior(problem.X_test, client=0)
     if method in ("SeparateMLE", "FGPR-MLE"):

@@ -88,6 +88,7 @@ def fig1a_study(rounds: int = 40, eta: float = ETA, radius: float = 5.0) -> pd.D
         trace = [(0, torch.full((3,), 1.5, dtype=torch.float64))]
         fedgp.fit(
             spec, federation, strategy, rounds=rounds, progress=False,
+            engine="sequential",
             outcome_transform=None, input_transform=None,
             callback=lambda r, s, trace=trace: trace.append((r, s.states[THETA][:, 0].clone())),
         )  # fmt: skip

@@ -19,7 +19,7 @@ from linear_operator.utils.errors import NotPSDError
 
 from fedgp.models.spec import ExactGPModel
 
-__all__ = ["FactorizationError", "exact_settings", "minibatch_nll", "factorization_guard"]
+__all__ = ["FactorizationError", "exact_settings", "minibatch_nll", "factorization_guard", "log_prior"]
 
 #: Jitter GPyTorch adds on the first failed Cholesky (float64); it is multiplied by 10 per retry.
 CHOLESKY_JITTER = 1e-8
@@ -65,13 +65,36 @@ def factorization_guard(client: Any, what: str) -> Iterator[None]:
         ) from err
 
 
-def minibatch_nll(model: ExactGPModel, X: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """``-log p(y | X) / len(y)`` under ``model``'s current hyper-parameters (differentiable).
+def log_prior(module: torch.nn.Module) -> torch.Tensor:
+    """``log p(θ)``: the sum of every registered prior's log density at its parameter's current value,
+    as GPyTorch's marginal likelihoods add it (``MarginalLogLikelihood._add_other_terms``)."""
+    total = torch.zeros(())
+    for _, owner, prior, closure, _ in module.named_priors():
+        total = total + prior.log_prob(closure(owner)).sum()
+    return total
+
+
+def minibatch_nll(
+    model: ExactGPModel,
+    X: torch.Tensor,
+    y: torch.Tensor,
+    prior_weight: float | None = None,
+    noise: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """``-log p(y | X) / len(y) - w log p(θ)`` under ``model``'s current hyper-parameters
+    (differentiable); ``w = 1 / len(y)`` (GPyTorch's ``ExactMarginalLogLikelihood``) unless
+    ``prior_weight`` is given (see :class:`~fedgp.models.spec.GPSpec`). ``noise``: the points' known
+    noise variances, for a ``FixedNoiseGaussianLikelihood``.
 
     The model is put in train mode and its training data replaced by ``(X, y)``.
     """
     model.train()
     model.set_train_data(X, y, strict=False)
+    if noise is not None:
+        model.likelihood.noise = noise
     mll = gpytorch.mlls.ExactMarginalLogLikelihood(model.likelihood, model)
     with exact_settings():
-        return -mll(model(X), y)
+        if prior_weight is None:
+            return -mll(model(X), y)
+        data = model.likelihood(model(X)).log_prob(y) / len(y)
+        return -(data + prior_weight * log_prior(model))

@@ -84,7 +84,18 @@ class GPSpec:
         fixed: state names that are never trained (they still travel in the state). Parameters
             whose ``requires_grad`` is already ``False`` are fixed too.
         dtype: float64 by default: exact GP marginal likelihoods on small minibatches are
-            ill-conditioned in float32.
+            ill-conditioned in float32. ``torch.float32`` works on every engine: the models
+            compute in it, Cholesky jitter follows GPyTorch's float32 schedule (1e-6, 1e-5, 1e-4
+            instead of 1e-8, 1e-7, 1e-6), and the server averages states in it. States cross the
+            wire as float64 (records carry float64 only; float32 → float64 → float32 is exact).
+        prior_weight: how the log prior of the modules' GPyTorch priors enters a client's per-point
+            loss ``-log p(y_ξ | θ) / M - w log p(θ)``. ``None`` (default): ``w = 1 / M`` for a
+            minibatch of M points, exactly GPyTorch's ``ExactMarginalLogLikelihood``. With FedAvg
+            weights ``n_k / N`` every client adds the prior, so the fixed point is the MAP of
+            ``p(y | θ) p(θ)^(N / M)``: the prior counts N / M times. ``w = 1 / N`` (N the
+            federation's total training points, ``prior_weight=1 / federation.total_points``)
+            makes ``Σ_k (n_k / N) [ℓ_k / n_k + w log p(θ)] = (Σ_k ℓ_k + log p(θ)) / N``, the
+            global MAP objective on pooled data, per point.
     """
 
     def __init__(
@@ -96,16 +107,21 @@ class GPSpec:
         initial_values: Mapping[str, float | torch.Tensor] | None = None,
         fixed: Iterable[str] = (),
         dtype: torch.dtype = torch.float64,
+        prior_weight: float | None = None,
     ) -> None:
         kernel = gpytorch.kernels.ScaleKernel(gpytorch.kernels.RBFKernel()) if kernel is None else kernel
         mean = gpytorch.means.ZeroMean() if mean is None else mean
         likelihood = gpytorch.likelihoods.GaussianLikelihood() if likelihood is None else likelihood
-        if not isinstance(likelihood, gpytorch.likelihoods.GaussianLikelihood):
+        if not isinstance(likelihood, gpytorch.likelihoods._GaussianLikelihoodBase):
             raise TypeError(
                 "fedgp needs a Gaussian likelihood for exact marginal likelihoods, "
                 f"got {type(likelihood).__name__}"
             )
-        self.dtype = dtype
+        if dtype not in (torch.float32, torch.float64):
+            raise ValueError(f"dtype must be torch.float64 or torch.float32, got {dtype}")
+        if prior_weight is not None and not prior_weight >= 0:
+            raise ValueError(f"prior_weight must be >= 0 (or None for GPyTorch's 1 / M), got {prior_weight}")
+        self.dtype, self.prior_weight = dtype, prior_weight
         self._template = ExactGPModel(
             copy.deepcopy(mean), copy.deepcopy(kernel), copy.deepcopy(likelihood)
         ).to(dtype)
@@ -113,15 +129,21 @@ class GPSpec:
         params = []
         for raw_name, param, constraint in self._template.named_parameters_and_constraints():
             name = _state_name(raw_name, constraint is not None)
-            trainable = param.requires_grad and name not in fixed and raw_name not in fixed
-            fixed.discard(name)
-            fixed.discard(raw_name)
+            aliases = {name, raw_name, _state_name(raw_name, True)}
+            trainable = param.requires_grad and not (aliases & fixed)
+            fixed -= aliases
             params.append(ParamInfo(name, raw_name, param.shape, constraint, trainable))
         if fixed:
             known = ", ".join(p.name for p in params)
             raise ValueError(f"fixed names {sorted(fixed)} are not hyper-parameters; known: {known}")
         self.params: tuple[ParamInfo, ...] = tuple(params)
         self._by_name = {p.name: p for p in params}
+        # Every parameter answers to its GPyTorch raw name and to its constrained (property) name:
+        # ``mean_module.constant`` as well as the state name ``mean_module.raw_constant``.
+        self._aliases = {}
+        for p in params:
+            self._aliases[p.raw_name] = p
+            self._aliases[_state_name(p.raw_name, True)] = p
         if initial_values:
             self._template.initialize(**self._module_names(initial_values))
         for p in self._template.parameters():
@@ -142,7 +164,7 @@ class GPSpec:
 
     def param(self, name: str) -> ParamInfo:
         try:
-            return self._by_name[name]
+            return self._by_name[name] if name in self._by_name else self._aliases[name]
         except KeyError:
             raise KeyError(f"unknown hyper-parameter {name!r}; known: {', '.join(self.names)}") from None
 
@@ -162,10 +184,63 @@ class GPSpec:
         out = {}
         for name, value in values.items():
             info = self.param(name)
-            out[name if info.constraint is not None else info.raw_name] = torch.as_tensor(
-                value, dtype=self.dtype
-            )
+            # GPyTorch's ``initialize`` reads a raw name as a raw value and a property name as a
+            # constrained one; an unconstrained parameter exists only under its raw name.
+            key = info.raw_name if name == info.raw_name or info.constraint is None else info.name
+            out[key] = torch.as_tensor(value, dtype=self.dtype)
         return out
+
+    @property
+    def fixed_noise(self) -> bool:
+        """Whether the likelihood takes known per-point noise (``FixedNoiseGaussianLikelihood``)."""
+        return isinstance(self.likelihood, gpytorch.likelihoods.FixedNoiseGaussianLikelihood)
+
+    def client_noise(self, client) -> torch.Tensor | None:
+        """A client's known per-point noise variances (``ClientData.noise``: they stay with its data,
+        never in the state) when the likelihood takes them, else ``None``."""
+        if not self.fixed_noise:
+            return None
+        if client.noise is None:
+            raise ValueError(
+                f"client {client.id!r}: the spec's FixedNoiseGaussianLikelihood needs each client's "
+                "per-point noise variances; give them as ClientData(..., noise=...)"
+            )
+        return client.noise.to(self.dtype)
+
+    def check_input_dim(self, d: int, client: object = None) -> None:
+        """Raise a ``ValueError`` naming the module when the spec cannot take ``d`` input features
+        (an ``ard_num_dims``, ``active_dims`` or ``LinearMean`` width that differs), instead of
+        GPyTorch's size error deep inside a kernel."""
+        whose = f"client {client!r} has" if client is not None else "the data have"
+
+        def walk(module: torch.nn.Module, path: str, width: int) -> None:
+            active = getattr(module, "active_dims", None)
+            if isinstance(module, gpytorch.kernels.Kernel) and active is not None:
+                if int(active.max()) >= d:
+                    raise ValueError(
+                        f"{path} ({type(module).__name__}) has active_dims={active.tolist()} but {whose} "
+                        f"{d} input features; use active_dims below {d}"
+                    )
+                width = len(active)
+            ard = getattr(module, "ard_num_dims", None)
+            if isinstance(module, gpytorch.kernels.Kernel) and ard is not None and ard != width:
+                raise ValueError(
+                    f"{path} ({type(module).__name__}) has ard_num_dims={ard} but {whose} {width} input "
+                    f"features{' in its active_dims' if active is not None else ''}; "
+                    f"build it with ard_num_dims={width}"
+                )
+            for name, child in module.named_children():
+                walk(child, f"{path}.{name}", width)
+
+        walk(self.kernel, "covar_module", d)
+        for name, module in self.mean.named_modules():
+            weights = module.weights if isinstance(module, gpytorch.means.LinearMean) else None
+            if weights is not None and weights.shape[-2] != d:
+                path = "mean_module" + (f".{name}" if name else "")
+                raise ValueError(
+                    f"{path} ({type(module).__name__}) takes {weights.shape[-2]} input features but "
+                    f"{whose} {d}; build it with input_size={d}"
+                )
 
     # -- models and states --------------------------------------------------------------------
     def build(self) -> ExactGPModel:
@@ -181,7 +256,9 @@ class GPSpec:
         base = dict(self.initial_state())
         for name, value in values.items():
             info = self.param(name)
-            base[name] = torch.as_tensor(value, dtype=self.dtype).expand(info.shape).clone()
+            if name == info.raw_name and info.constraint is not None:
+                raise ValueError(f"state values are constrained: give {info.name!r}, not the raw {name!r}")
+            base[info.name] = torch.as_tensor(value, dtype=self.dtype).expand(info.shape).clone()
         return HyperState(base, self.event_shapes)
 
     def read(self, model: ExactGPModel) -> HyperState:

@@ -85,8 +85,8 @@ class HyperState(Mapping[str, torch.Tensor]):
 
     def weighted_mean(self, weights: torch.Tensor) -> HyperState:
         """``sum_b w_b state_b`` over the first batch dimension (weights need not sum to one)."""
-        w = weights.to(torch.float64)
-        return self.map(lambda v, e: torch.tensordot(w, v, dims=([0], [0])))
+        # In the states' own precision (a float32 spec's server averages in float32 on every engine).
+        return self.map(lambda v, e: torch.tensordot(weights.to(v.dtype), v, dims=([0], [0])))
 
     @staticmethod
     def stack(states: Sequence[HyperState], dim: int = 0) -> HyperState:

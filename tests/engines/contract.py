@@ -217,7 +217,14 @@ class EngineContract:
         assert result.failures["reason"].str.contains(reason, regex=False).all(), result.failures["reason"][0]
         without = fedgp.data.Federation(list(gp.federation)[:victim])
         alone = fedgp.fit(
-            gp.spec, without, FGPR(local_steps=2, batch_size=8), rounds=3, seed=5, progress=False, **raw
+            gp.spec,
+            without,
+            FGPR(local_steps=2, batch_size=8),
+            rounds=3,
+            seed=5,
+            progress=False,
+            engine="sequential",
+            **raw,
         )
         assert result.state.max_relative_difference(alone.state) < 1e-12
 

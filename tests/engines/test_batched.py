@@ -17,7 +17,7 @@ RTOL = 1e-8
 
 
 def both(spec, fed, strategy, rounds=4, seed=3, **batched_options):
-    seq = fedgp.fit(spec, fed, strategy, rounds=rounds, seed=seed, progress=False)
+    seq = fedgp.fit(spec, fed, strategy, rounds=rounds, seed=seed, progress=False, engine="sequential")
     bat = fedgp.fit(
         spec,
         fed,
@@ -104,6 +104,7 @@ def test_batched_personalised_prediction_matches_per_client(unequal):
         FGPR(local_steps=3),
         rounds=3,
         progress=False,
+        engine="sequential",
         outcome_transform=None,
         input_transform=None,  # the engine below holds the raw data
     )
@@ -196,27 +197,21 @@ def test_generic_path_linear_mean_and_other_kernels_agree():
     assert_same(seq, bat, rtol=1e-7)
 
 
-def test_specs_the_batched_path_cannot_reproduce_are_refused():
-    with_prior = GPSpec(
-        kernel=gpytorch.kernels.ScaleKernel(
-            gpytorch.kernels.RBFKernel(lengthscale_prior=gpytorch.priors.GammaPrior(3.0, 6.0))
-        )
-    )
-    draws = gp_federation(num_clients=2, n=10, d=1, seed=0)
-    with pytest.raises(ValueError, match="use engine='sequential'"):
-        BatchedEngine(with_prior, draws.federation, 0)
+def test_specs_the_tensor_path_cannot_evaluate_fall_back_to_gpytorch_per_client():
+    draws = gp_federation(num_clients=3, n=[10, 14, 12], d=1, seed=0)
     hetero = GPSpec(
         likelihood=gpytorch.likelihoods.GaussianLikelihood(
             noise_constraint=gpytorch.constraints.Interval(1e-4, 1.0)
         )
     )
-    BatchedEngine(hetero, draws.federation, 0)  # a different constraint is fine
-    with pytest.raises(ValueError, match="GaussianLikelihood with one homoskedastic noise"):
-        BatchedEngine(
-            GPSpec(likelihood=gpytorch.likelihoods.GaussianLikelihoodWithMissingObs()),
-            draws.federation,
-            0,
-        )
+    assert BatchedEngine(hetero, draws.federation, 0).gp is not None  # a different constraint is fine
+    other = GPSpec(likelihood=gpytorch.likelihoods.GaussianLikelihoodWithMissingObs())
+    with pytest.warns(UserWarning, match="client by client with GPyTorch"):
+        assert BatchedEngine(other, draws.federation, 0).gp is None
+    with pytest.raises(ValueError, match="compiled=True"):
+        BatchedEngine(other, draws.federation, 0, compiled=True)
+    seq, bat = both(other, draws.federation, FGPR(local_steps=3, batch_size=8), rounds=2)
+    assert_same(seq, bat, rtol=1e-12)
 
 
 def test_factorisation_failure_names_the_client():

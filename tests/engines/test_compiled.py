@@ -86,7 +86,9 @@ def test_engines_agree_with_and_without_the_compiled_step():
             )
             for c in (False, True)
         ]
-        sequential = fedgp.fit(draws.spec, draws.federation, strategy, rounds=3, progress=False)
+        sequential = fedgp.fit(
+            draws.spec, draws.federation, strategy, rounds=3, progress=False, engine="sequential"
+        )
         assert runs[0].state.max_relative_difference(runs[1].state) < 1e-10
         assert sequential.state.max_relative_difference(runs[1].state) < 1e-8
 

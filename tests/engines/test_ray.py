@@ -60,7 +60,12 @@ def test_a_dead_worker_fails_its_clients_for_that_round_and_the_run_goes_on():
     assert set(result.failures["client"]) == {draws.federation.ids[p] for p in lost}
     assert result.failures["reason"].str.startswith("worker 0 lost").all()
     reference = fedgp.fit(
-        draws.spec, draws.federation, fedgp.strategies.FGPR(batch_size=8), rounds=1, progress=False
+        draws.spec,
+        draws.federation,
+        fedgp.strategies.FGPR(batch_size=8),
+        rounds=1,
+        progress=False,
+        engine="sequential",
     )
     assert result.evaluate()["client"].tolist() == reference.evaluate()["client"].tolist()
     engine.close()

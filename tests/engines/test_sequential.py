@@ -31,21 +31,37 @@ def same(a, b):
 )
 def test_checkpoint_resume_is_bit_identical(draws, strategy, tmp_path):
     fed = draws.federation
-    full = fedgp.fit(draws.spec, fed, strategy, rounds=6, seed=11, progress=False)
+    full = fedgp.fit(draws.spec, fed, strategy, rounds=6, seed=11, progress=False, engine="sequential")
     path = tmp_path / "run.ckpt"
     fedgp.fit(
-        draws.spec, fed, strategy, rounds=3, seed=11, progress=False, checkpoint_every=1, checkpoint_path=path
+        draws.spec,
+        fed,
+        strategy,
+        rounds=3,
+        seed=11,
+        progress=False,
+        checkpoint_every=1,
+        checkpoint_path=path,
+        engine="sequential",
     )
     assert load_checkpoint(path).completed_rounds == 3
-    resumed = fedgp.fit(draws.spec, fed, strategy, rounds=6, seed=11, progress=False, resume_from=path)
+    resumed = fedgp.fit(
+        draws.spec, fed, strategy, rounds=6, seed=11, progress=False, resume_from=path, engine="sequential"
+    )
     same(full, resumed)
 
 
 def test_same_seed_same_result_other_seed_other_result(draws):
     strategy = FGPR(local_steps=3, batch_size=16, clients_per_round=2)
-    a = fedgp.fit(draws.spec, draws.federation, strategy, rounds=4, seed=1, progress=False)
-    b = fedgp.fit(draws.spec, draws.federation, strategy, rounds=4, seed=1, progress=False)
-    c = fedgp.fit(draws.spec, draws.federation, strategy, rounds=4, seed=2, progress=False)
+    a = fedgp.fit(
+        draws.spec, draws.federation, strategy, rounds=4, seed=1, progress=False, engine="sequential"
+    )
+    b = fedgp.fit(
+        draws.spec, draws.federation, strategy, rounds=4, seed=1, progress=False, engine="sequential"
+    )
+    c = fedgp.fit(
+        draws.spec, draws.federation, strategy, rounds=4, seed=2, progress=False, engine="sequential"
+    )
     same(a, b)
     assert not a.state.allclose(c.state, rtol=1e-6)
 
@@ -60,11 +76,29 @@ def test_resume_refuses_a_different_run(draws, tmp_path):
         progress=False,
         checkpoint_every=2,
         checkpoint_path=path,
+        engine="sequential",
     )
     with pytest.raises(ValueError, match="different seed"):
-        fedgp.fit(draws.spec, draws.federation, FGPR(), rounds=4, seed=9, progress=False, resume_from=path)
+        fedgp.fit(
+            draws.spec,
+            draws.federation,
+            FGPR(),
+            rounds=4,
+            seed=9,
+            progress=False,
+            resume_from=path,
+            engine="sequential",
+        )
     with pytest.raises(ValueError, match="different strategy"):
-        fedgp.fit(draws.spec, draws.federation, FGPR(lr=0.2), rounds=4, progress=False, resume_from=path)
+        fedgp.fit(
+            draws.spec,
+            draws.federation,
+            FGPR(lr=0.2),
+            rounds=4,
+            progress=False,
+            resume_from=path,
+            engine="sequential",
+        )
 
 
 def test_local_results_do_not_depend_on_which_clients_run_with_them(draws):
@@ -82,7 +116,9 @@ def test_local_results_do_not_depend_on_which_clients_run_with_them(draws):
 
 
 def test_history_has_hyperparameters_and_test_metrics(draws):
-    result = fedgp.fit(draws.spec, draws.federation, FGPR(local_steps=2), rounds=3, progress=False)
+    result = fedgp.fit(
+        draws.spec, draws.federation, FGPR(local_steps=2), rounds=3, progress=False, engine="sequential"
+    )
     h = result.history
     assert list(h["round"]) == [1, 2, 3]
     for column in [
@@ -104,10 +140,12 @@ def test_fit_rejects_bad_arguments(draws):
     with pytest.raises(ValueError, match="unknown engine 'warp'"):
         fedgp.fit(draws.spec, draws.federation, engine="warp", rounds=1)
     with pytest.raises(TypeError, match="Federation"):
-        fedgp.fit(draws.spec, list(draws.federation), rounds=1)
+        fedgp.fit(draws.spec, list(draws.federation), rounds=1, engine="sequential")
     with pytest.raises(ValueError, match="checkpoint_path"):
-        fedgp.fit(draws.spec, draws.federation, rounds=1, checkpoint_every=1)
-    result = fedgp.fit(draws.spec, draws.federation, FGPR(local_steps=1), rounds=1, progress=False)
+        fedgp.fit(draws.spec, draws.federation, rounds=1, checkpoint_every=1, engine="sequential")
+    result = fedgp.fit(
+        draws.spec, draws.federation, FGPR(local_steps=1), rounds=1, progress=False, engine="sequential"
+    )
     with pytest.raises(ValueError, match=r"X must have shape \(n, 2\)"):
         result.predict(torch.zeros(3, 5), client=0)
     with pytest.raises(KeyError, match="no client with id"):

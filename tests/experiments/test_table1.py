@@ -33,7 +33,9 @@ def test_fgpr_beats_converged_separate_on_currin_with_10_hf_points():
 
 
 def _fit(strategy, fed, rounds=4):
-    return fedgp.fit(rbf_spec(2), fed, strategy, rounds=rounds, seed=1, progress=False, eval_every=0).state
+    return fedgp.fit(
+        rbf_spec(2), fed, strategy, rounds=rounds, seed=1, progress=False, eval_every=0, engine="sequential"
+    ).state
 
 
 def test_weighted_fgpr_reduces_to_fgpr_and_to_hf_alone():

@@ -151,6 +151,7 @@ def test_full_covariance_travels_through_bytes(small_fit):
         draws.federation,
         result.strategy,
         rounds=3,
+        engine="sequential",
         progress=False,
         engine_options={"loopback": True},
         outcome_transform=None,
