@@ -10,7 +10,8 @@ Spec + federation + strategy + engine, one ``fit``, a result that predicts per c
 
 from importlib import metadata as _metadata
 
-from fedgp import aggregators, attacks, clustering, data, models, strategies
+from fedgp import aggregators, attacks, clustering, data, export, models, strategies
+from fedgp.export.saved import load_result as load
 from fedgp.fit import FitResult, fit
 from fedgp.models import GPSpec, HyperState
 
@@ -26,6 +27,7 @@ except _metadata.PackageNotFoundError:
 __all__ = [
     "fit",
     "FitResult",
+    "load",
     "GPSpec",
     "HyperState",
     "data",
@@ -34,4 +36,5 @@ __all__ = [
     "aggregators",
     "attacks",
     "clustering",
+    "export",
 ]

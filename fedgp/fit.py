@@ -21,6 +21,7 @@ import os
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -158,14 +159,26 @@ def _num_clusters(strategy: Strategy, server: Any) -> int:
 
 
 def _personal_exchange(
-    strategy, server, ctx, engine, registry, kind, positions, known, transform, shared=None, points=0
+    strategy,
+    server,
+    ctx,
+    engine,
+    registry,
+    kind,
+    positions,
+    known,
+    transform,
+    shared=None,
+    points=0,
+    full_cov=False,
 ):
     """A ``kind`` task (evaluate / predict / personal) to the clients at ``positions`` of ``engine``;
     ``known`` are their positions in the training registry (-1 for clients it never saw)."""
     shared_rec, personal = strategy.configure_personal(server, ctx, known)
-    if shared:
-        shared_rec = Record({**shared_rec.tensors, **shared}, shared_rec.settings)
-    fields = reply_fields(kind, ctx.spec, _num_clusters(strategy, server), points)
+    if shared or full_cov:
+        settings = {**shared_rec.settings, **({"full_cov": True} if full_cov else {})}
+        shared_rec = Record({**shared_rec.tensors, **(shared or {})}, settings)
+    fields = reply_fields(kind, ctx.spec, _num_clusters(strategy, server), points, full_cov)
     plan = RoundPlan(positions, torch.ones(len(positions), dtype=torch.float64), shared_rec, personal, fields)
     return exchange(engine, kind, 0, plan, registry.ids, min_replies=1, transform=transform)
 
@@ -243,7 +256,7 @@ class FitResult:
     server_state: Any
     history: pd.DataFrame
     seed: int
-    engine: Engine
+    engine: Engine | None  # None for a result read back by fedgp.load
     registry: Registry | None = None
     failures: pd.DataFrame = field(default_factory=pd.DataFrame)
     attackers: list = field(default_factory=list)  # ids of the clients an ``attack`` took over
@@ -275,6 +288,11 @@ class FitResult:
                     return self.engine, self.registry, i, i
             engine = SequentialEngine(self.spec, [client], self.seed)
             return engine, engine.start(self.strategy, self.seed), 0, -1
+        if self.engine is None:
+            raise ValueError(
+                f"client {client!r}: this result was loaded from a file and holds no client data; "
+                "pass the client's ClientData instead"
+            )
         ids = self.registry.ids
         if isinstance(client, (int, np.integer)) and not isinstance(client, bool):
             position = int(client)
@@ -295,7 +313,7 @@ class FitResult:
             ) from None
         return self.engine, self.registry, position, position
 
-    def _ask(self, kind: str, client, shared: dict | None = None, points: int = 0):
+    def _ask(self, kind: str, client, shared: dict | None = None, points: int = 0, full_cov: bool = False):
         engine, registry, position, known = self._resolve(client)
         ctx = self.context
         try:
@@ -311,6 +329,7 @@ class FitResult:
                 self.transform,
                 shared,
                 points,
+                full_cov,
             ).replies
         except RoundFailedError as err:
             (reason,) = err.failures.values()
@@ -322,9 +341,10 @@ class FitResult:
         replies = self._ask("personal", client)
         return read_state(replies.individual, self.spec, "state/").index(0)
 
-    def posterior(self, X: Any, client: int | ClientData | Any) -> Prediction:
+    def posterior(self, X: Any, client: int | ClientData | Any, full_cov: bool = False) -> Prediction:
         """Predictive distribution at ``X`` for ``client`` (an index, an id, or a new ``ClientData``),
-        conditioning its personal state on that client's training data only."""
+        conditioning its personal state on that client's training data only. ``full_cov`` adds the
+        joint covariance of f at ``X`` (for ``Prediction.sample`` and ``to_distribution``)."""
         d = self._dims(client)
         name = client.id if isinstance(client, ClientData) else client
         # A copy (pandas and read-only arrays included), checked for dtype and NaN/inf as data are.
@@ -335,8 +355,9 @@ class FitResult:
                 f"got {tuple(X.shape)}" + ("; for one feature use X[:, None]" if X.dim() == 1 else "")
             )
         _check_finite(X, name, "X")
-        replies = self._ask("predict", client, {"X": X}, X.shape[0])
-        return Prediction(replies["mean"][0], replies["variance_f"][0], replies["variance_y"][0])
+        replies = self._ask("predict", client, {"X": X}, X.shape[0], full_cov)
+        covariance = replies["covariance_f"][0] if full_cov else None
+        return Prediction(replies["mean"][0], replies["variance_f"][0], replies["variance_y"][0], covariance)
 
     def _dims(self, client) -> int:
         """The input width of ``client``'s model; a new client must match the training data's."""
@@ -362,9 +383,41 @@ class FitResult:
         """Per-client test RMSE, NLL, 95% coverage and cluster (clients with a test split): columns
         ``client, n_test, rmse, nll, coverage95, cluster``, also when no client has a test split
         (then the frame is empty)."""
+        if self.engine is None:
+            raise ValueError(
+                "a loaded result holds no client data to evaluate; predict per ClientData instead"
+            )
         return evaluate_clients(
             self.strategy, self.server_state, self.context, self.engine, self.registry, self.transform
         )
+
+    # -- leaving the session ------------------------------------------------------------------------
+    def save(self, path: str | os.PathLike) -> Path:
+        """Write spec, strategy, server state and history (no client data) to one safetensors file;
+        :func:`fedgp.load` reads it back without pickle. See :mod:`fedgp.export.saved`."""
+        from fedgp.export.saved import save_result
+
+        return save_result(self, path)
+
+    def client_data(self, client: int | ClientData | Any) -> ClientData:
+        """The ``ClientData`` behind ``client`` (a new ``ClientData`` is returned as it is)."""
+        if isinstance(client, ClientData):
+            return client
+        _, _, position, _ = self._resolve(client)
+        return self.federation[position]
+
+    def to_gpytorch(self, client: int | ClientData | Any):
+        """``client``'s model as a GPyTorch ``ExactGP`` in eval mode, conditioned on its data."""
+        from fedgp.export.exact_gp import to_gpytorch
+
+        return to_gpytorch(self, client)
+
+    def to_botorch(self, client: int | ClientData | Any):
+        """``client``'s model as a BoTorch ``SingleTaskGP`` with the learned hyper-parameters fixed
+        (needs the ``botorch`` extra)."""
+        from fedgp.export.botorch_model import to_botorch
+
+        return to_botorch(self, client)
 
 
 def _some(ids, k: int = 5) -> str:

@@ -50,3 +50,21 @@ def test_readme_own_data_example_runs_as_written():
     mean = namespace["mean"]
     assert mean.shape == (3,) and 25 <= float(mean.mean()) <= 346  # original units
     assert 0.85 <= result.evaluate()["coverage95"].mean() <= 1.0 and y.min() == 25
+
+
+def test_readme_save_load_botorch_example_runs_as_written():
+    pytest.importorskip("botorch")
+    import torch
+
+    text = README.read_text().split("### Save, load and BoTorch", 1)[1]
+    block = re.search(r"```python\n(.*?)```", text, re.S).group(1)
+    namespace: dict = {}
+    exec(compile(block, str(README), "exec"), namespace)
+    result, loaded, newcomer = namespace["result"], namespace["loaded"], namespace["newcomer"]
+    assert loaded.state.allclose(result.state, rtol=0)
+    assert namespace["draws_f"].shape == (3, 4) and namespace["pred"].covariance_f.shape == (4, 4)
+    X = torch.rand(3, 2, dtype=torch.float64)
+    with torch.no_grad():
+        assert torch.allclose(namespace["gp"](X).mean, result.posterior(X, newcomer).mean, atol=1e-10)
+    x_next = namespace["x_next"]
+    assert x_next.shape == (1, 2) and bool(((x_next >= 0) & (x_next <= 1)).all())

@@ -24,7 +24,6 @@ import torch
 
 from fedgp.attacks.base import Attack
 from fedgp.models.linear import linear_model
-from fedgp.models.posterior import Prediction
 from fedgp.strategies.base import TrainResult
 
 __all__ = ["LabelFlip", "flipped_ops", "OPTION"]
@@ -89,12 +88,9 @@ class _FlippedOps:
         out = self._ops.train(self._negate(states), local)
         return TrainResult(self._negate(out.states), out.loss, out.steps)
 
-    def predict(self, states, X_new=None):
-        preds = self._ops.predict(self._negate(states), X_new)
-        return [
-            Prediction(-p.mean, p.variance_f, p.variance_y) if f else p
-            for p, f in zip(preds, self._flip.tolist())
-        ]
+    def predict(self, states, X_new=None, full_cov=False):
+        preds = self._ops.predict(self._negate(states), X_new, full_cov)
+        return [replace(p, mean=-p.mean) if f else p for p, f in zip(preds, self._flip.tolist())]
 
 
 def flipped_ops(ops, task):

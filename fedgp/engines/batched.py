@@ -593,9 +593,12 @@ class BatchedOps:
         loss = (total / row_steps.to(total.dtype)).reshape(B, *extra).to("cpu", torch.float64)
         return TrainResult(new, loss, steps)
 
-    def predict(self, states: HyperState, X_new: torch.Tensor | None = None) -> list[Prediction]:
+    def predict(
+        self, states: HyperState, X_new: torch.Tensor | None = None, full_cov: bool = False
+    ) -> list[Prediction]:
         """Personalised posteriors of all clients of the chunk at once (batch ``(B,)`` states);
-        at each client's test inputs, or at shared inputs ``X_new``."""
+        at each client's test inputs, or at shared inputs ``X_new`` (with ``full_cov``, also the
+        joint covariance of f there)."""
         flat, extra, per_client = self._rows(states)
         if extra:
             raise ValueError(f"predict needs one state per client, got extra batch {tuple(extra)}")
@@ -618,15 +621,18 @@ class BatchedOps:
                 lengths = torch.full((len(clients),), X_new.shape[0])
             sub = {k: v[group.to(X.device)] for k, v in raw.items()}
             with torch.no_grad():
-                mean, var_f, noise = (
-                    t.cpu() for t in self._posterior(sub, X, y, mask, Xs, self._ids(clients))
-                )
+                mean, var_f, noise, cov = self._posterior(sub, X, y, mask, Xs, self._ids(clients), full_cov)
+                mean, var_f, noise = (t.cpu() for t in (mean, var_f, noise))
+                cov = None if cov is None else cov.cpu()
             for j, pos in enumerate(group.tolist()):
                 n = int(lengths[j])
-                out[pos] = Prediction(mean[j, :n].clone(), var_f[j, :n].clone(), var_f[j, :n] + noise[j])
+                joint = None if cov is None else cov[j, :n, :n].clone()
+                out[pos] = Prediction(
+                    mean[j, :n].clone(), var_f[j, :n].clone(), var_f[j, :n] + noise[j], joint
+                )
         return out  # type: ignore[return-value]
 
-    def _posterior(self, raw, X, y, mask, Xs, ids):
+    def _posterior(self, raw, X, y, mask, Xs, ids, full_cov=False):
         K = self.gp.train_covariance(raw, X, mask)
         L = cholesky(K, ids)
         r = y - self.gp.mean(raw, X)
@@ -641,7 +647,8 @@ class BatchedOps:
         V = torch.linalg.solve_triangular(L, Ks, upper=False)
         prior = self.gp.kernel(raw, Xs - shift, Xs - shift, diag=True)
         var_f = (prior - (V * V).sum(-2)).clamp_min(0.0)
-        return mean, var_f, self.gp.noise_variance(raw).unsqueeze(-1)
+        cov = self.gp.kernel(raw, Xs, Xs) - V.transpose(-1, -2) @ V if full_cov else None
+        return mean, var_f, self.gp.noise_variance(raw).unsqueeze(-1), cov
 
 
 def _batched_gp(spec: GPSpec, compiled: bool | None, check: bool, d: int) -> BatchedGP | None:
@@ -702,8 +709,10 @@ class PerClientOps:
             torch.cat([r.steps for r in out]),
         )
 
-    def predict(self, states: HyperState, X_new: torch.Tensor | None = None) -> list[Prediction]:
-        return [p for ops, s in self._each(states) for p in ops.predict(s, X_new)]
+    def predict(
+        self, states: HyperState, X_new: torch.Tensor | None = None, full_cov: bool = False
+    ) -> list[Prediction]:
+        return [p for ops, s in self._each(states) for p in ops.predict(s, X_new, full_cov)]
 
 
 def check_against_gpytorch(

@@ -47,8 +47,11 @@ class SimulatedFailure(ClientFailure):
     real failure path runs."""
 
 
-def reply_fields(kind: str, spec: GPSpec, num_clusters: int, points: int = 0) -> dict[str, Field]:
-    """The declared reply of the non-training tasks."""
+def reply_fields(
+    kind: str, spec: GPSpec, num_clusters: int, points: int = 0, full_cov: bool = False
+) -> dict[str, Field]:
+    """The declared reply of the non-training tasks (``predict`` with ``full_cov``: the joint
+    covariance of f at the ``points`` inputs too)."""
     if kind == "hello":
         return dict(HELLO_FIELDS)
     if kind == "summarise":
@@ -57,6 +60,8 @@ def reply_fields(kind: str, spec: GPSpec, num_clusters: int, points: int = 0) ->
         fields = dict(EVALUATE_FIELDS)
     elif kind == "predict":
         fields = {"mean": Field((points,)), "variance_f": Field((points,)), "variance_y": Field((points,))}
+        if full_cov:
+            fields["covariance_f"] = Field((points, points))
     elif kind == "personal":
         fields = {**state_fields(spec, "state/"), "cluster": Field((), torch.long)}
     else:
@@ -126,12 +131,19 @@ def handle(
         return out
     if task.kind == "predict":
         transform = DataTransform.from_parts(task.shared.tensors, task.shared.settings)
-        predictions = ops.predict(states, transform.inputs(task.tensor("X")).to(ops.spec.dtype))
+        full_cov = bool(task.setting("full_cov", False))
+        X = transform.inputs(task.tensor("X")).to(ops.spec.dtype)
+        predictions = ops.predict(states, X, full_cov)
+        # Back to the original units: y = offset + scale * y', so variances and covariances scale by scale².
         column, square = scale.unsqueeze(1), (scale * scale).unsqueeze(1)
-        return {
+        out = {
             "mean": torch.stack([p.mean for p in predictions]).to(torch.float64) * column
             + offset.unsqueeze(1),
             "variance_f": torch.stack([p.variance_f for p in predictions]).to(torch.float64) * square,
             "variance_y": torch.stack([p.variance_y for p in predictions]).to(torch.float64) * square,
         }
+        if full_cov:
+            covariance = torch.stack([p.covariance_f for p in predictions]).to(torch.float64)
+            out["covariance_f"] = covariance * square.unsqueeze(-1)
+        return out
     raise ValueError(f"unknown task kind {task.kind!r}")

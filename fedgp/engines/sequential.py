@@ -124,7 +124,9 @@ class SequentialOps:
         loss = torch.tensor(losses, dtype=torch.float64).reshape(1, *extra)
         return TrainResult(states_out, loss, torch.tensor([steps]))
 
-    def predict(self, states: HyperState, X_new: torch.Tensor | None = None) -> list[Prediction]:
+    def predict(
+        self, states: HyperState, X_new: torch.Tensor | None = None, full_cov: bool = False
+    ) -> list[Prediction]:
         """Condition each state (batch (1,)) on the client's training data; predict at ``X_new``
         (default: the client's test inputs)."""
         X_new = self.client.X_test if X_new is None else X_new
@@ -134,7 +136,7 @@ class SequentialOps:
         X_new = torch.as_tensor(X_new).to(self.spec.dtype)
         if self.noise is not None:  # the likelihood holds the training points' known noise
             self.model.likelihood.noise = self.noise
-        return [predict_with_model(self.model, self.X, self.y, X_new, self.client.id)]
+        return [predict_with_model(self.model, self.X, self.y, X_new, self.client.id, full_cov)]
 
 
 class SequentialEngine(InProcessEngine):

@@ -26,6 +26,7 @@ REPRODUCTIONS: dict[str, str] = {
     "robust-fgpr": "fedgp.experiments.robust_fgpr:reproduce",
     "own-data": "fedgp.experiments.own_data:reproduce",
     "prior-map": "fedgp.experiments.prior_map:reproduce",
+    "botorch-loop": "fedgp.experiments.botorch_loop:reproduce",
 }
 
 

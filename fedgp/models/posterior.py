@@ -2,7 +2,8 @@
 
 This is FGPR's personalisation (Yue & Kontar §2.3): the hyper-parameters are learned jointly,
 the posterior is local. Nothing here is federated; it is GPyTorch's exact posterior, with the
-noise-free (f) and noisy (y) predictive variances both returned.
+noise-free (f) and noisy (y) predictive variances both returned, and on request the joint
+covariance of f at the test inputs (what sampling and acquisition functions need).
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from typing import Any
 
 import gpytorch
 import torch
+from linear_operator.operators import DiagLinearOperator
+from linear_operator.utils.cholesky import psd_safe_cholesky
 
 from fedgp.models.objective import exact_settings, factorization_guard
 from fedgp.models.spec import ExactGPModel, GPSpec
@@ -24,14 +27,56 @@ __all__ = ["Prediction", "condition", "predict_with_model"]
 
 @dataclass(frozen=True)
 class Prediction:
-    """Predictive mean and variances at some inputs: of the latent f, and of a new y = f + ε."""
+    """Predictive mean and variances at some inputs: of the latent f, and of a new y = f + ε.
+
+    ``covariance_f`` is the joint ``(points, points)`` covariance of f, present when it was asked
+    for (``FitResult.posterior(X, client, full_cov=True)``); the noise is independent per point,
+    so the joint covariance of y adds ``variance_y - variance_f`` to its diagonal.
+    """
 
     mean: torch.Tensor
     variance_f: torch.Tensor
     variance_y: torch.Tensor
+    covariance_f: torch.Tensor | None = None
 
     def variance(self, observation_noise: bool = False) -> torch.Tensor:
         return self.variance_y if observation_noise else self.variance_f
+
+    def covariance(self, observation_noise: bool = False) -> torch.Tensor:
+        """The joint covariance of f (or of y); raises if the prediction carries only variances."""
+        if self.covariance_f is None:
+            raise ValueError(
+                "this prediction holds marginal variances only; ask for the joint covariance with "
+                "result.posterior(X, client, full_cov=True)"
+            )
+        if not observation_noise:
+            return self.covariance_f
+        return self.covariance_f + torch.diag_embed(self.variance_y - self.variance_f)
+
+    def to_distribution(self, observation_noise: bool = False) -> gpytorch.distributions.MultivariateNormal:
+        """A GPyTorch ``MultivariateNormal``: the joint posterior, or a diagonal one (independent
+        marginals) when the prediction carries no covariance."""
+        if self.covariance_f is None:
+            covariance = DiagLinearOperator(self.variance(observation_noise))
+        else:
+            covariance = self.covariance(observation_noise)
+        return gpytorch.distributions.MultivariateNormal(self.mean, covariance)
+
+    def sample(
+        self, n: int = 1, generator: torch.Generator | None = None, observation_noise: bool = False
+    ) -> torch.Tensor:
+        """``n`` joint draws ``(n, points)`` (independent per point without a covariance).
+
+        Written out rather than ``to_distribution().rsample`` because that takes no generator and
+        fedgp's draws are reproducible from a seed. The Cholesky factor uses GPyTorch's jitter retries.
+        """
+        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+            raise ValueError(f"sample: n must be a positive int, got {n!r}")
+        z = torch.randn(n, self.mean.shape[0], generator=generator, dtype=self.mean.dtype)
+        if self.covariance_f is None:
+            return self.mean + z * self.variance(observation_noise).sqrt()
+        factor = psd_safe_cholesky(self.covariance(observation_noise))
+        return self.mean + z @ factor.transpose(-1, -2)
 
     def confidence_region(self, level: float = 0.95, observation_noise: bool = False):
         """Central interval of the Gaussian predictive with probability ``level``."""
@@ -58,8 +103,10 @@ def predict_with_model(
     y_train: torch.Tensor,
     X_new: torch.Tensor,
     client: Any = None,
+    full_cov: bool = False,
 ) -> Prediction:
-    """Exact posterior of ``model`` (hyper-parameters already loaded) given ``(X_train, y_train)``.
+    """Exact posterior of ``model`` (hyper-parameters already loaded) given ``(X_train, y_train)``;
+    with ``full_cov`` also the joint covariance of f at ``X_new``.
 
     With no training points (a cold-start client) this is the prior predictive, GPyTorch's
     ``prior_mode``: the mean function, and the prior variance (plus the noise for ``variance_y``)."""
@@ -76,7 +123,8 @@ def predict_with_model(
         warnings.simplefilter("ignore", gpytorch.utils.warnings.GPInputWarning)
         latent = model(X_new)
         noisy = model.likelihood(latent, X_new)
-        out = Prediction(latent.mean.clone(), latent.variance.clone(), noisy.variance.clone())
+        covariance = latent.covariance_matrix.clone() if full_cov else None
+        out = Prediction(latent.mean.clone(), latent.variance.clone(), noisy.variance.clone(), covariance)
     model.train()
     return out
 
@@ -88,6 +136,7 @@ def condition(
     y_train: torch.Tensor,
     X_new: torch.Tensor,
     client: Any = None,
+    full_cov: bool = False,
 ) -> Prediction:
     """Condition the prior given by ``(spec, state)`` on ``(X_train, y_train)``; predict at ``X_new``."""
     if state.batch_shape:
@@ -96,5 +145,5 @@ def condition(
     spec.load(model, state)
     dtype = spec.dtype
     return predict_with_model(
-        model, X_train.to(dtype), y_train.to(dtype), torch.as_tensor(X_new, dtype=dtype), client
+        model, X_train.to(dtype), y_train.to(dtype), torch.as_tensor(X_new, dtype=dtype), client, full_cov
     )

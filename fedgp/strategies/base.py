@@ -84,9 +84,11 @@ class ClientOps(Protocol):
     def train(self, states: HyperState, local: LocalTraining) -> TrainResult:
         """Run ``local`` from each state; every extra state of a client sees the same minibatches."""
 
-    def predict(self, states: HyperState, X_new: torch.Tensor | None = None) -> list[Prediction]:
+    def predict(
+        self, states: HyperState, X_new: torch.Tensor | None = None, full_cov: bool = False
+    ) -> list[Prediction]:
         """Condition each client's state (batch ``(B,)``) on its training data; predict at its test
-        inputs, or at ``X_new``."""
+        inputs, or at ``X_new`` (with ``full_cov``, also the joint covariance of f there)."""
 
 
 @dataclass(frozen=True)

@@ -56,3 +56,107 @@ def test_factorisation_failure_names_the_client():
         ops.nll(state.expand(1))
     with pytest.raises(FactorizationError, match="client 'engine-17': posterior"):
         condition(spec, state, X, y, X[:2], client="engine-17")
+
+
+@pytest.fixture(scope="module")
+def small_fit():
+    import fedgp
+
+    draws = fedgp.data.gp_federation(num_clients=4, n=30, d=2, seed=1)
+    strategy = fedgp.strategies.FGPR(local_steps=2, batch_size=10, lr=0.05)
+    # Untransformed data, so the learned state is GPyTorch's to compare with as it stands.
+    off = {"outcome_transform": None, "input_transform": None}
+    result = fedgp.fit(
+        draws.spec, draws.federation, strategy, rounds=3, engine="sequential", progress=False, **off
+    )
+    return draws, result
+
+
+def _gpytorch_posterior(spec, state, client, X):
+    model = spec.build()
+    spec.load(model, state)
+    model.set_train_data(client.X, client.y, strict=False)
+    model.eval()
+    with torch.no_grad(), gpytorch.settings.fast_computations(False, False, False):
+        return model(X)
+
+
+@pytest.mark.parametrize("engine", ["sequential", "batched"])
+def test_full_covariance_matches_gpytorch(small_fit, engine):
+    import fedgp
+
+    draws, result = small_fit
+    if engine == "batched":
+        strategy = result.strategy
+        result = fedgp.fit(
+            draws.spec,
+            draws.federation,
+            strategy,
+            rounds=3,
+            engine="batched",
+            progress=False,
+            outcome_transform=None,
+            input_transform=None,
+        )
+    X = torch.rand(7, 2, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
+    client = draws.federation[2]
+    pred = result.posterior(X, 2, full_cov=True)
+    ref = _gpytorch_posterior(result.spec, result.state, client, X)
+    assert torch.allclose(pred.covariance_f, ref.covariance_matrix, rtol=0, atol=1e-10)
+    assert torch.allclose(pred.mean, ref.mean, rtol=0, atol=1e-10)
+    assert torch.allclose(pred.covariance_f.diagonal(), pred.variance_f, rtol=0, atol=1e-10)
+    noise = result.state["likelihood.noise_covar.noise"]
+    assert torch.allclose(
+        pred.covariance(observation_noise=True), ref.covariance_matrix + noise * torch.eye(7)
+    )
+    # Without the request, only marginals travel and the covariance is refused by name.
+    plain = result.posterior(X, 2)
+    assert plain.covariance_f is None
+    with pytest.raises(ValueError, match="full_cov=True"):
+        plain.covariance()
+
+
+def test_to_distribution_and_sample(small_fit):
+    _, result = small_fit
+    X = torch.linspace(0, 1, 6, dtype=torch.float64).unsqueeze(-1).expand(6, 2).contiguous()
+    pred = result.posterior(X, 1, full_cov=True)
+    dist = pred.to_distribution()
+    assert isinstance(dist, gpytorch.distributions.MultivariateNormal)
+    assert torch.allclose(dist.covariance_matrix, pred.covariance_f)
+    diag = result.posterior(X, 1).to_distribution(observation_noise=True)
+    assert torch.allclose(diag.covariance_matrix, torch.diag(pred.variance_y))
+    # Joint draws: reproducible from a generator, with the right mean and covariance.
+    draws = pred.sample(20000, generator=torch.Generator().manual_seed(0))
+    again = pred.sample(20000, generator=torch.Generator().manual_seed(0))
+    assert draws.shape == (20000, 6) and torch.equal(draws, again)
+    scale = pred.covariance_f.diagonal().sqrt().max()
+    assert (draws.mean(0) - pred.mean).abs().max() < 5 * scale / 20000**0.5
+    assert (torch.cov(draws.T) - pred.covariance_f).abs().max() < 0.05 * scale**2
+    # Neighbouring inputs are strongly correlated: independent draws would not show it.
+    corr = torch.corrcoef(draws.T)[0, 1]
+    expected = pred.covariance_f[0, 1] / (pred.covariance_f[0, 0] * pred.covariance_f[1, 1]).sqrt()
+    assert abs(float(corr - expected)) < 0.03
+    independent = result.posterior(X, 1).sample(20000, generator=torch.Generator().manual_seed(0))
+    assert abs(float(torch.corrcoef(independent.T)[0, 1])) < 0.03
+    with pytest.raises(ValueError, match="n must be a positive int"):
+        pred.sample(0)
+
+
+def test_full_covariance_travels_through_bytes(small_fit):
+    import fedgp
+
+    draws, result = small_fit
+    wire = fedgp.fit(
+        result.spec,
+        draws.federation,
+        result.strategy,
+        rounds=3,
+        engine="sequential",
+        progress=False,
+        engine_options={"loopback": True},
+        outcome_transform=None,
+        input_transform=None,
+    )
+    X = torch.rand(4, 2, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+    pred, ref = wire.posterior(X, 0, full_cov=True), result.posterior(X, 0, full_cov=True)
+    assert torch.equal(pred.covariance_f, ref.covariance_f) and pred.covariance_f.shape == (4, 4)

@@ -1,0 +1,89 @@
+"""``FitResult.to_botorch``: one client's model as a BoTorch ``SingleTaskGP``, ready for acquisition.
+
+A federated surrogate is there to be optimised. BoTorch's acquisition functions take any BoTorch
+``Model``; its ``SingleTaskGP`` accepts our own mean, kernel and likelihood modules, so the
+client's conditioned GP is handed over as one: the spec's modules with the client's personal
+state loaded, trained on the client's own points, hyper-parameters frozen (``requires_grad`` off,
+so the learned prior is what is used, not refitted on a few points), in eval mode. Its
+``posterior`` is BoTorch's, with the joint covariance and ``rsample``.
+
+When the fit transformed the data (``result.transform``, :mod:`fedgp.transforms`), the model
+carries the same maps as BoTorch transforms, so it takes and returns the original units: a
+``Normalize`` input transform with the learned bounds, and a ``Standardize`` outcome transform
+holding the learned mean and sd (:class:`FixedStandardize`: BoTorch's own would re-estimate them
+from the client's few points). Without transforms none is attached: BoTorch's default
+``Standardize`` would rescale the targets the learned outputscale and noise refer to.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+
+def _botorch():
+    try:
+        import botorch.models
+        import botorch.models.transforms
+    except ImportError:
+        raise ImportError(
+            "to_botorch needs BoTorch, an optional extra: pip install 'botorch==0.18.1' "
+            "(or install fedgp with its 'botorch' extra)"
+        ) from None
+    return botorch
+
+
+def fixed_standardize(offset: float, scale: float, dtype: torch.dtype):
+    """BoTorch's ``Standardize`` (one outcome) with a given mean and sd that training never changes."""
+    Standardize = _botorch().models.transforms.Standardize
+
+    class FixedStandardize(Standardize):
+        """``Standardize`` that stays in eval mode: ``SingleTaskGP`` calls ``train()`` on its outcome
+        transform and a training-mode ``Standardize`` re-estimates mean and sd from the data."""
+
+        def train(self, mode: bool = True):
+            return super().train(False)
+
+    out = FixedStandardize(m=1)
+    out.means = torch.full((1, 1), float(offset), dtype=dtype)
+    out.stdvs = torch.full((1, 1), float(scale), dtype=dtype)
+    out._stdvs_sq = out.stdvs.pow(2)
+    out._is_trained = torch.tensor(True)
+    return out.eval()
+
+
+def _transforms(result, data, dtype):
+    """(client data in the model's units, BoTorch input transform, outcome transform)."""
+    transform = getattr(result, "transform", None)
+    if transform is None or transform.is_identity:
+        return data.X.to(dtype), data.y.to(dtype), None, None
+    botorch = _botorch()
+    _, offset, scale = transform.apply(data)
+    outcome = fixed_standardize(offset, scale, dtype)
+    inputs = None
+    if transform.x_offset is not None:
+        lower = transform.x_offset.to(dtype)
+        bounds = torch.stack([lower, lower + transform.x_scale.to(dtype)])
+        inputs = botorch.models.transforms.Normalize(d=len(lower), bounds=bounds)
+    return data.X.to(dtype), data.y.to(dtype), inputs, outcome
+
+
+def to_botorch(result, client: Any):
+    botorch = _botorch()
+    data = result.client_data(client)
+    spec = result.spec
+    gp = spec.build()
+    spec.load(gp, result.client_state(client))
+    X, y, inputs, outcome = _transforms(result, data, spec.dtype)
+    model = botorch.models.SingleTaskGP(
+        X,
+        y.unsqueeze(-1),
+        likelihood=gp.likelihood,
+        covar_module=gp.covar_module,
+        mean_module=gp.mean_module,
+        outcome_transform=outcome,
+        input_transform=inputs,
+    )
+    model.requires_grad_(False)
+    return model.eval()

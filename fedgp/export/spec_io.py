@@ -1,0 +1,295 @@
+"""A ``GPSpec`` as a declarative description: JSON that names modules, never code.
+
+A saved result must rebuild its GPyTorch modules without pickle, and without importing whatever
+class a file names. So a spec is written as a tree of class names from an allow-list (GPyTorch's
+common kernels, means, likelihood, constraints and priors, and fedgp's own ``ZeroKernel`` and
+``GaussianBumpMean``) with their constructor settings (``ard_num_dims``, ``nu``,
+``active_dims``, ``batch_shape``, constraint bounds, prior parameters). Reading looks each name
+up in the allow-list and refuses any other. GPyTorch has no such serialisation (its modules are
+saved as ``state_dict`` next to code that rebuilds them), hence this module.
+
+Writing checks itself: the description is rebuilt and described again, and a spec whose modules
+carry anything the description does not capture (a custom transform, a subclass, a closure) is
+refused instead of being saved wrong.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import gpytorch
+import torch
+
+from fedgp.models.means import GaussianBumpMean
+from fedgp.models.spec import GPSpec, ZeroKernel
+
+__all__ = ["describe_spec", "build_spec", "KERNELS", "MEANS", "LIKELIHOODS", "CONSTRAINTS", "PRIORS"]
+
+_k, _m = gpytorch.kernels, gpytorch.means
+#: Kernels with GPyTorch's common settings (ard_num_dims, batch_shape, active_dims, priors and
+#: constraints of their own parameters) and the extra constructor arguments named here.
+KERNELS: dict[str, tuple[type, tuple[str, ...]]] = {
+    "RBFKernel": (_k.RBFKernel, ()),
+    "MaternKernel": (_k.MaternKernel, ("nu",)),
+    "LinearKernel": (_k.LinearKernel, ()),
+    "PeriodicKernel": (_k.PeriodicKernel, ()),
+    "RQKernel": (_k.RQKernel, ()),
+    "PolynomialKernel": (_k.PolynomialKernel, ("power",)),
+    "CosineKernel": (_k.CosineKernel, ()),
+    "ZeroKernel": (ZeroKernel, ()),
+    "ScaleKernel": (_k.ScaleKernel, ()),  # + base_kernel
+    "AdditiveKernel": (_k.AdditiveKernel, ()),  # + kernels
+    "ProductKernel": (_k.ProductKernel, ()),  # + kernels
+}
+MEANS: dict[str, type] = {
+    "ZeroMean": _m.ZeroMean,
+    "ConstantMean": _m.ConstantMean,
+    "LinearMean": _m.LinearMean,
+    "GaussianBumpMean": GaussianBumpMean,
+}
+LIKELIHOODS: dict[str, type] = {"GaussianLikelihood": gpytorch.likelihoods.GaussianLikelihood}
+CONSTRAINTS: dict[str, type] = {
+    c.__name__: c
+    for c in (
+        gpytorch.constraints.Positive,
+        gpytorch.constraints.GreaterThan,
+        gpytorch.constraints.LessThan,
+        gpytorch.constraints.Interval,
+    )
+}
+_p = gpytorch.priors
+#: Prior class -> (constructor argument, attribute holding it) pairs.
+PRIORS: dict[str, tuple[type, tuple[tuple[str, str], ...]]] = {
+    "GammaPrior": (_p.GammaPrior, (("concentration", "concentration"), ("rate", "rate"))),
+    "NormalPrior": (_p.NormalPrior, (("loc", "loc"), ("scale", "scale"))),
+    "LogNormalPrior": (_p.LogNormalPrior, (("loc", "loc"), ("scale", "scale"))),
+    "HalfCauchyPrior": (_p.HalfCauchyPrior, (("scale", "scale"),)),
+    "HalfNormalPrior": (_p.HalfNormalPrior, (("scale", "scale"),)),
+    "UniformPrior": (_p.UniformPrior, (("a", "low"), ("b", "high"))),
+    "SmoothedBoxPrior": (_p.SmoothedBoxPrior, (("a", "a"), ("b", "b"), ("sigma", "sigma"))),
+}
+#: Where GPyTorch registers a prior under a name other than its constructor argument.
+_PRIOR_ARGUMENT = {("ConstantMean", "mean_prior"): "constant_prior"}
+
+
+def _allowed(kind: str, table: dict) -> str:
+    return f"{kind} allowed in a saved spec: {', '.join(sorted(table))}"
+
+
+def _class_name(module: Any, table: dict, kind: str) -> str:
+    name = type(module).__name__
+    entry = table.get(name)
+    cls = entry[0] if isinstance(entry, tuple) else entry
+    if cls is not type(module):
+        raise TypeError(
+            f"cannot save a spec with a {type(module).__qualname__} {kind}; {_allowed(kind + 's', table)}"
+        )
+    return name
+
+
+def _tensor(value: Any) -> Any:
+    return torch.as_tensor(value).detach().cpu().tolist()
+
+
+# -- describe ---------------------------------------------------------------------------------------
+def _describe_constraint(constraint) -> dict:
+    name = _class_name(constraint, CONSTRAINTS, "constraint")
+    transform = constraint._transform
+    label = getattr(transform, "__qualname__", None)
+    out: dict[str, Any] = {
+        "class": name,
+        "transform": repr(transform) if label is None else f"{transform.__module__}.{label}",
+    }
+    if name in ("GreaterThan", "Interval"):
+        out["lower_bound"] = _tensor(constraint.lower_bound)
+    if name in ("LessThan", "Interval"):
+        out["upper_bound"] = _tensor(constraint.upper_bound)
+    if constraint._initial_value is not None:
+        out["initial_value"] = _tensor(constraint._initial_value)
+    return out
+
+
+def _describe_prior(prior) -> dict:
+    name = _class_name(prior, PRIORS, "prior")
+    if getattr(prior, "_transform", None) is not None:
+        raise TypeError(f"cannot save a {name} with a transform; only untransformed priors are described")
+    return {"class": name, **{arg: _tensor(getattr(prior, attr)) for arg, attr in PRIORS[name][1]}}
+
+
+def _extras(module, owner: str | None = None) -> dict:
+    """The constructor arguments for the priors and constraints registered on ``module``."""
+    owner = type(module).__name__ if owner is None else owner
+    out: dict[str, Any] = {}
+    for name, constraint in module._constraints.items():
+        out[name.removeprefix("raw_")] = _describe_constraint(constraint)
+    for name, (prior, *_closures) in module._priors.items():
+        out[_PRIOR_ARGUMENT.get((owner, name), name)] = _describe_prior(prior)
+    return out
+
+
+def _batch(module) -> list[int]:
+    return list(getattr(module, "batch_shape", ()) or ())
+
+
+def describe_kernel(kernel) -> dict:
+    name = _class_name(kernel, KERNELS, "kernel")
+    active = kernel.active_dims
+    out: dict[str, Any] = {
+        "class": name,
+        "ard_num_dims": kernel.ard_num_dims,
+        "batch_shape": _batch(kernel),
+        "active_dims": None if active is None else _tensor(active),
+        **{arg: getattr(kernel, arg) for arg in KERNELS[name][1]},
+        **_extras(kernel),
+    }
+    if name == "ScaleKernel":
+        out["base_kernel"] = describe_kernel(kernel.base_kernel)
+    if name in ("AdditiveKernel", "ProductKernel"):
+        out["kernels"] = [describe_kernel(k) for k in kernel.kernels]
+    return out
+
+
+def describe_mean(mean) -> dict:
+    name = _class_name(mean, MEANS, "mean")
+    out: dict[str, Any] = {"class": name, "batch_shape": _batch(mean), **_extras(mean)}
+    if name == "LinearMean":
+        out["batch_shape"] = list(mean.weights.shape[:-2])
+        out.update(input_size=int(mean.weights.shape[-2]), bias=mean.bias is not None)
+    elif name == "GaussianBumpMean":
+        out.update(batch_shape=list(mean.weights.shape[:-2]), centres=_tensor(mean.centres), width=mean.width)
+    elif name == "ConstantMean":
+        out["batch_shape"] = list(mean.constant.shape)
+    elif name == "ZeroMean":
+        out["batch_shape"] = list(mean.batch_shape)
+    return out
+
+
+def describe_likelihood(likelihood) -> dict:
+    name = _class_name(likelihood, LIKELIHOODS, "likelihood")
+    noise = likelihood.noise_covar
+    if likelihood._constraints or likelihood._priors:
+        raise TypeError("cannot save a likelihood with priors or constraints outside its noise model")
+    return {"class": name, "batch_shape": list(noise.raw_noise.shape[:-1]), **_extras(noise)}
+
+
+def describe_spec(spec: GPSpec) -> dict:
+    """The spec's module structure and settings as JSON-able data (values travel separately)."""
+    return {
+        "kernel": describe_kernel(spec.kernel),
+        "mean": describe_mean(spec.mean),
+        "likelihood": describe_likelihood(spec.likelihood),
+        "dtype": str(spec.dtype).removeprefix("torch."),
+        "fixed": [p.name for p in spec.params if not p.trainable],
+    }
+
+
+# -- build ----------------------------------------------------------------------------------------
+def _lookup(table: dict, name: Any, kind: str):
+    if not isinstance(name, str) or name not in table:
+        allowed = _allowed(f"{kind}s", table)
+        raise ValueError(f"saved spec names {kind} class {name!r}, which is not on the allow-list; {allowed}")
+    return table[name]
+
+
+def _number(value: Any, where: str) -> torch.Tensor:
+    try:
+        out = torch.tensor(value, dtype=torch.float64)
+    except (TypeError, ValueError, RuntimeError):
+        raise ValueError(f"saved spec: {where} must be numbers, got {value!r}") from None
+    return out
+
+
+def _build_constraint(desc: dict):
+    cls = _lookup(CONSTRAINTS, desc.get("class"), "constraint")
+    bounds = [_number(desc[k], f"constraint {k}") for k in ("lower_bound", "upper_bound") if k in desc]
+    initial = desc.get("initial_value")
+    kwargs = {} if initial is None else {"initial_value": _number(initial, "constraint initial_value")}
+    return cls(*bounds, **kwargs)
+
+
+def _build_prior(desc: dict):
+    cls, args = _lookup(PRIORS, desc.get("class"), "prior")
+    return cls(**{arg: _number(desc[arg], f"prior {arg}") for arg, _ in args})
+
+
+def _build_extras(desc: dict) -> dict:
+    out = {}
+    for key, value in desc.items():
+        if key.endswith("_constraint"):
+            out[key] = _build_constraint(value)
+        elif key.endswith("_prior"):
+            out[key] = _build_prior(value)
+    return out
+
+
+def _ints(value: Any, where: str) -> tuple[int, ...]:
+    if not isinstance(value, list) or not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+        raise ValueError(f"saved spec: {where} must be a list of ints, got {value!r}")
+    return tuple(value)
+
+
+def build_kernel(desc: dict):
+    cls, extra = _lookup(KERNELS, desc.get("class"), "kernel")
+    name = desc["class"]
+    if name in ("AdditiveKernel", "ProductKernel"):
+        return cls(*[build_kernel(k) for k in desc["kernels"]])
+    kwargs: dict[str, Any] = {**_build_extras(desc), **{arg: desc[arg] for arg in extra}}
+    if desc.get("ard_num_dims") is not None:
+        kwargs["ard_num_dims"] = int(desc["ard_num_dims"])
+    kwargs["batch_shape"] = torch.Size(_ints(desc.get("batch_shape", []), "batch_shape"))
+    if desc.get("active_dims") is not None:
+        kwargs["active_dims"] = _ints(desc["active_dims"], "active_dims")
+    if name == "ScaleKernel":
+        return cls(build_kernel(desc["base_kernel"]), **kwargs)
+    return cls(**kwargs)
+
+
+def build_mean(desc: dict):
+    cls = _lookup(MEANS, desc.get("class"), "mean")
+    batch = torch.Size(_ints(desc.get("batch_shape", []), "batch_shape"))
+    name = desc["class"]
+    if name == "LinearMean":
+        return cls(int(desc["input_size"]), batch_shape=batch, bias=bool(desc["bias"]))
+    if name == "GaussianBumpMean":
+        return cls(_number(desc["centres"], "centres"), float(desc["width"]), tuple(batch))
+    return cls(batch_shape=batch, **_build_extras(desc))
+
+
+def build_likelihood(desc: dict):
+    cls = _lookup(LIKELIHOODS, desc.get("class"), "likelihood")
+    batch = torch.Size(_ints(desc.get("batch_shape", []), "batch_shape"))
+    return cls(batch_shape=batch, **_build_extras(desc))
+
+
+_DTYPES = {"float64": torch.float64, "float32": torch.float32}
+
+
+def build_spec(desc: dict, initial_values: dict[str, torch.Tensor] | None = None) -> GPSpec:
+    """The ``GPSpec`` a description names, with ``initial_values`` (constrained) as its template."""
+    if not isinstance(desc, dict) or not {"kernel", "mean", "likelihood"} <= set(desc):
+        raise ValueError("saved spec must be a mapping with 'kernel', 'mean' and 'likelihood'")
+    dtype = _DTYPES.get(desc.get("dtype", "float64"))
+    if dtype is None:
+        raise ValueError(f"saved spec: dtype must be one of {sorted(_DTYPES)}, got {desc.get('dtype')!r}")
+    return GPSpec(
+        build_kernel(desc["kernel"]),
+        build_mean(desc["mean"]),
+        build_likelihood(desc["likelihood"]),
+        initial_values=initial_values,
+        fixed=list(desc.get("fixed", [])),
+        dtype=dtype,
+    )
+
+
+def check_round_trip(spec: GPSpec) -> dict:
+    """``describe_spec(spec)``, after checking that building it gives back the same spec."""
+    desc = describe_spec(spec)
+    rebuilt = build_spec(desc, dict(spec.initial_state()))
+    if describe_spec(rebuilt) != desc or rebuilt.event_shapes != spec.event_shapes:
+        raise TypeError(
+            f"cannot save {spec!r}: its modules carry settings the saved description does not "
+            "capture (a custom constraint transform or an unusual constructor argument)"
+        )
+    if not rebuilt.initial_state().allclose(spec.initial_state(), rtol=0.0):
+        raise TypeError(f"cannot save {spec!r}: its initial values do not survive being rebuilt")
+    return desc
