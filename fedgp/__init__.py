@@ -10,9 +10,10 @@ Spec + federation + strategy + engine, one ``fit``, a result that predicts per c
 
 from importlib import metadata as _metadata
 
-from fedgp import aggregators, attacks, clustering, data, models, strategies
+from fedgp import aggregators, attacks, clustering, data, models, stopping, strategies
 from fedgp.fit import FitResult, fit
 from fedgp.models import GPSpec, HyperState
+from fedgp.stopping import ConvergenceWarning
 
 #: The name on PyPI: ``fedgp`` there is an unrelated package, so fedgp is installed as this.
 DISTRIBUTION = "fedgp-gpytorch"
@@ -28,10 +29,12 @@ __all__ = [
     "FitResult",
     "GPSpec",
     "HyperState",
+    "ConvergenceWarning",
     "data",
     "models",
     "strategies",
     "aggregators",
     "attacks",
     "clustering",
+    "stopping",
 ]
