@@ -14,8 +14,10 @@ What the rules look at, after each round ``t``:
   the row's hyper-parameter values); the rule holds when the *largest* row's change is below
   ``tol``: every cluster (every client) must have settled, not only the big ones.
 * :class:`NLLPlateau` — the history's ``train_nll`` (rounds where it is NaN are skipped): it holds
-  when the best value of the last ``patience`` rounds is not below the best before them by more
-  than ``min_delta`` (nats per point), as Keras' ``EarlyStopping``.
+  when the mean of the last ``patience`` rounds is not below the mean of the ``patience`` rounds
+  before them by more than ``min_delta`` (nats per point). Means, not the best value as in Keras'
+  ``EarlyStopping``: a minibatch NLL is noisy, and its best value is a lucky draw that later rounds
+  rarely beat, which stopped a still-improving FGPR run early.
 * :class:`AnyOf` — the first of its rules that holds. ``stop="auto"`` is :func:`auto_rule`.
 
 Rules are frozen dataclasses: their ``repr`` goes into a checkpoint's fingerprint, and the states
@@ -66,7 +68,10 @@ def _check_positive(owner: str, name: str, value, integer: bool = False) -> None
 
 
 class StopRule(ABC):
-    """A stopping rule: :meth:`check` says why the run may stop after the latest round, or ``None``."""
+    """A stopping rule: :meth:`check` says why the run may stop after the latest round, or ``None``.
+
+    Your own rule subclasses this; make it a frozen dataclass, so that its ``repr`` (part of a
+    checkpoint's fingerprint) is the same in the run that resumes."""
 
     @property
     @abstractmethod
@@ -117,8 +122,9 @@ class StateChange(StopRule):
 
 @dataclass(frozen=True)
 class NLLPlateau(StopRule):
-    """Stop when the training NLL has not improved on its best by more than ``min_delta`` for
-    ``patience`` rounds (rounds without a finite ``train_nll`` do not count)."""
+    """Stop when the mean training NLL of the last ``patience`` rounds is not below that of the
+    ``patience`` rounds before by more than ``min_delta`` (rounds without a finite ``train_nll``
+    do not count)."""
 
     patience: int = 20
     min_delta: float = 1e-4
@@ -140,14 +146,15 @@ class NLLPlateau(StopRule):
 
     def check(self, states, nll):
         finite = [v for v in nll if v is not None and math.isfinite(v)]
-        if len(finite) <= self.patience:
+        p = self.patience
+        if len(finite) < 2 * p:
             return None
-        before, recent = min(finite[: -self.patience]), min(finite[-self.patience :])
+        before, recent = sum(finite[-2 * p : -p]) / p, sum(finite[-p:]) / p
         if recent < before - self.min_delta:
             return None
         return (
-            f"NLLPlateau: train_nll {recent:.6g} in the last {self.patience} rounds is not below the "
-            f"earlier best {before:.6g} by more than min_delta {self.min_delta:g}"
+            f"NLLPlateau: mean train_nll {recent:.6g} of the last {p} rounds is not below the "
+            f"{before:.6g} of the {p} before by more than min_delta {self.min_delta:g}"
         )
 
 
@@ -190,8 +197,9 @@ class AnyOf(StopRule):
 
 
 def auto_rule() -> AnyOf:
-    """``stop="auto"``: a state change below 1e-4 over 10 rounds, or no NLL gain above 1e-4 nats
-    per point in 20 rounds. Both scale-free enough for standardised data (``fit``'s default)."""
+    """``stop="auto"``: a state change below 1e-4 over 10 rounds, or no gain above 1e-4 nats per
+    point between the mean NLLs of two 20-round windows. Sized for standardised data (``fit``'s
+    default transforms)."""
     return AnyOf(StateChange(tol=1e-4, window=10), NLLPlateau(patience=20, min_delta=1e-4))
 
 
