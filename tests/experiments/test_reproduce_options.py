@@ -145,3 +145,16 @@ def test_a_bad_function_is_named(name, error, message):
 def test_a_function_needs_two_levels():
     with pytest.raises(ValueError, match="one: 2 or more fidelity levels needed, got 1"):
         MultiFidelityFunction("one", [[0.0, 1.0]], (np.sin,), (10,))
+
+
+def test_caches_written_before_the_partition_seed_still_resume(tmp_path):
+    from dataclasses import asdict, replace
+
+    from fedgp.experiments.common import TaskCache
+
+    settings = Table3Settings.quick()
+    old = {k: v for k, v in asdict(replace(settings, engine=None)).items() if k != "partition_seed"}
+    (tmp_path / "settings.txt").write_text(repr(sorted(old.items())) + " seed=0")  # an older stamp
+    TaskCache(tmp_path, settings, 0)  # accepted: the default partition seed is the old behaviour
+    with pytest.raises(ValueError, match="holds results of different settings or seed"):
+        TaskCache(tmp_path, replace(settings, partition_seed=3), 0)
