@@ -10,10 +10,11 @@ Spec + federation + strategy + engine, one ``fit``, a result that predicts per c
 
 from importlib import metadata as _metadata
 
-from fedgp import aggregators, attacks, clustering, data, export, models, strategies
+from fedgp import aggregators, attacks, clustering, data, export, models, stopping, strategies
 from fedgp.export.saved import load_result as load
 from fedgp.fit import FitResult, fit
 from fedgp.models import GPSpec, HyperState
+from fedgp.stopping import ConvergenceWarning
 
 #: The name on PyPI: ``fedgp`` there is an unrelated package, so fedgp is installed as this.
 DISTRIBUTION = "fedgp-gpytorch"
@@ -30,6 +31,7 @@ __all__ = [
     "load",
     "GPSpec",
     "HyperState",
+    "ConvergenceWarning",
     "data",
     "models",
     "strategies",
@@ -37,4 +39,5 @@ __all__ = [
     "attacks",
     "clustering",
     "export",
+    "stopping",
 ]

@@ -17,6 +17,33 @@ def _demo(args: argparse.Namespace) -> int:
     return 0
 
 
+#: ``fedgp reproduce`` options for held-out settings: flag -> the keyword of the experiment's
+#: ``reproduce`` function that takes it (an experiment without that keyword refuses the flag).
+SETTING_OPTIONS = {
+    "--subset": "subset",
+    "--sensors": "sensors",
+    "--outputs": "outputs",
+    "--partition-seed": "partition_seed",
+    "--function": "function",
+}
+
+
+def _setting_options(name: str, reproduce, args: argparse.Namespace) -> dict:
+    """The held-out-setting options given on the command line, checked against what ``name`` takes."""
+    import inspect
+
+    accepted = inspect.signature(reproduce).parameters
+    given = {flag: key for flag, key in SETTING_OPTIONS.items() if getattr(args, key) is not None}
+    refused = [flag for flag, key in given.items() if key not in accepted]
+    if refused:
+        own = [flag for flag, key in SETTING_OPTIONS.items() if key in accepted]
+        raise SystemExit(
+            f"fedgp reproduce {name}: {', '.join(refused)} is not an option of {name}; "
+            + (f"its options are {', '.join(own)}" if own else f"{name} has no setting options")
+        )
+    return {key: getattr(args, key) for key in given.values()}
+
+
 def _reproduce(args: argparse.Namespace) -> int:
     from pathlib import Path
 
@@ -24,12 +51,14 @@ def _reproduce(args: argparse.Namespace) -> int:
     from fedgp.experiments.settings import quick_mode
 
     reproduce = get_reproduction(args.name)
+    options = _setting_options(args.name, reproduce, args)
     written = reproduce(
         repeats=args.repeats,
         out_dir=Path(args.out),
         seed=args.seed,
         quick=args.quick or quick_mode(),
         progress=False if args.no_progress else None,
+        **options,
     )
     for path in written:
         print(f"wrote {path}")
@@ -76,6 +105,27 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--seed", type=int, default=0, help="master seed")
     rep.add_argument("--quick", action="store_true", help="a few repeats and rounds (also FEDGP_QUICK=1)")
     rep.add_argument("--no-progress", action="store_true", help="no progress bars")
+    held = rep.add_argument_group(
+        "held-out settings (the paper's when left out; results get their own file names)"
+    )
+    held.add_argument("--subset", default=None, help="table2: C-MAPSS subset, e.g. FD003 (paper: FD001)")
+    held.add_argument("--sensors", nargs="+", default=None, help="table2: sensors, e.g. s3 s4 (paper: s2 s7)")
+    held.add_argument(
+        "--outputs", nargs="+", type=int, default=None, help="table3: SARCOS outputs 1-7, e.g. 2 4"
+    )
+    held.add_argument(
+        "--partition-seed",
+        type=int,
+        default=None,
+        help="table3: seed of the device partitions, apart from --seed (default: derived from --seed)",
+    )
+    held.add_argument(
+        "--function",
+        nargs="+",
+        default=None,
+        help="table1: multi-fidelity functions by name (e.g. forrester) or as module:attribute of "
+        "your own fedgp.data.multifidelity.MultiFidelityFunction",
+    )
     rep.set_defaults(func=_reproduce)
 
     dl = sub.add_parser("download", help="fetch and verify a dataset's files (see datasets/registry.json)")

@@ -49,6 +49,7 @@ from fedgp.models.spec import GPSpec
 from fedgp.models.state import HyperState
 from fedgp.rng import generator
 from fedgp.rounds import RoundFailedError, exchange
+from fedgp.stopping import ConvergenceWarning, StopRule, resolve_stop, state_rows
 from fedgp.strategies.base import RoundPlan, ServerContext, Strategy
 from fedgp.strategies.fgpr import FGPR
 from fedgp.transforms import (
@@ -429,6 +430,26 @@ def _failure_summary(failures: dict, ids) -> str:
     return " | ".join(f"{ids[p]!r}: {reason}" for p, reason in failures.items())
 
 
+def _report_stop(frame: pd.DataFrame, rule: StopRule, reason: str | None, done: int) -> None:
+    """Record why the run ended; warn when it spent its budget without meeting ``rule``."""
+    frame.attrs["stopped"] = reason is not None
+    if reason is not None:
+        frame.attrs["stop_reason"] = f"round {done}: {reason}"
+        return
+    frame.attrs["stop_reason"] = f"round budget: all {done} rounds ran without meeting {rule!r}"
+    no_nll = rule.uses_nll and not any(
+        math.isfinite(v) for v in frame.get("train_nll", pd.Series(dtype=float)).astype(float)
+    )
+    hint = " (this strategy reports no train_nll, so NLLPlateau cannot hold)" if no_nll else ""
+    warnings.warn(
+        f"fit did not converge: the {done}-round budget ended before the stopping rule {rule!r} "
+        f"held{hint}. Raise rounds (or resume from a checkpoint with more rounds), raise the "
+        "strategy's lr or local_steps, or loosen the rule; result.history shows the last rounds",
+        ConvergenceWarning,
+        stacklevel=3,
+    )
+
+
 def fit(
     spec: GPSpec,
     federation: Federation | None,
@@ -450,11 +471,13 @@ def fit(
     attack: Attack | None = None,
     outcome_transform: Standardize | str | None = "auto",
     input_transform: Normalize | str | None = "auto",
+    stop: StopRule | str | None = None,
 ) -> FitResult:
     """Train ``strategy`` (default :class:`~fedgp.strategies.FGPR`) on ``federation``.
 
     Args:
-        rounds: communication rounds R (total, including rounds restored from a checkpoint).
+        rounds: communication rounds R (total, including rounds restored from a checkpoint); with a
+            ``stop`` rule, the budget.
         engine: ``"auto"`` (default: ``"batched"`` where its tensor path applies to the spec, else
             ``"sequential"``), ``"sequential"`` (the reference, one GPyTorch model per client) or
             ``"batched"`` (all clients' steps as one tensor program; the same results to rounding,
@@ -488,6 +511,13 @@ def fit(
             the origin, which a shift would change): then none, and the history says why. The
             hyper-parameters (``result.state``) are in the transformed units; ``result.transforms``
             says what was applied.
+        stop: a stopping rule (:mod:`fedgp.stopping`: ``StateChange(tol, window)``,
+            ``NLLPlateau(patience, min_delta)``, ``AnyOf(...)``), ``"auto"`` (either of the two with
+            their defaults), or ``None`` (default: every one of ``rounds`` rounds, as in the
+            papers' protocols). With a rule the run ends at the first round where it holds;
+            ``history.attrs["stop_reason"]`` says why the run ended and ``history.attrs["stopped"]``
+            whether the rule was met; a run that ends at the round budget first raises a
+            :class:`~fedgp.stopping.ConvergenceWarning`.
     """
     if not isinstance(spec, GPSpec):
         raise TypeError(
@@ -502,6 +532,7 @@ def fit(
         )
     if rounds < 1:
         raise ValueError("rounds must be >= 1")
+    rule = resolve_stop(stop)
     if checkpoint_every is not None and checkpoint_path is None:
         raise ValueError("checkpoint_every needs checkpoint_path")
     if not (isinstance(simulate_failures, (int, float)) and 0.0 <= simulate_failures < 1.0):
@@ -543,6 +574,8 @@ def fit(
             "simulate_failures": float(simulate_failures),
             "attack": None if bound is None else (repr(attack), list(bound.ids)),
         }
+        if rule is not None:  # absent without a rule: checkpoints written before rules still resume
+            fit_options["stop"] = rule
         fingerprint = run_fingerprint(
             spec, strategy, registry, federation, runner.name, seed, fit_options, transform
         )
@@ -554,12 +587,18 @@ def fit(
                 f"checkpoint {resume_from} was written with a different " + "; different ".join(mismatch)
             )
         start, server, history = ckpt.completed_rounds, ckpt.server_state, list(ckpt.history)
+        memory = ckpt.stopping or {}
     else:
         start, server, history = 0, strategy.initialize(ctx, generator(seed, "init")), []
+        memory = {}
     failures: list[dict] = []
+    # The rule's memory: the latest states (as matrices) and, once met, why the run stopped.
+    recent: list[torch.Tensor] = list(memory.get("states", []))
+    reason: str | None = memory.get("reason")
 
     def checkpoint(done: int) -> None:
-        save_checkpoint(checkpoint_path, Checkpoint(done, server, history, fingerprint))
+        stopping = None if rule is None else {"states": recent, "reason": reason}
+        save_checkpoint(checkpoint_path, Checkpoint(done, server, history, fingerprint, stopping=stopping))
 
     bar = tqdm(
         range(start, rounds),
@@ -570,6 +609,8 @@ def fit(
         leave=False,
     )
     for rnd in bar:
+        if reason is not None:  # resumed from a checkpoint of a run that had already stopped
+            break
         plan = strategy.configure(rnd, server, ctx, generator(seed, "configure", rnd))
         tamper = None if bound is None else bound.tamper(rnd, plan)
         done = exchange(runner, "train", rnd, plan, registry.ids, min_replies, options, tamper, transform)
@@ -583,7 +624,13 @@ def fit(
             bytes_up=done.bytes_up,
         )
         failures.extend({"round": rnd + 1, "client": registry.ids[p], "reason": r} for p, r in failed.items())
-        if eval_every and ((rnd + 1) % eval_every == 0 or rnd + 1 == rounds):
+        if rule is not None:
+            if rule.memory:
+                recent = [*recent, state_rows(strategy.global_state(server))][-rule.memory :]
+            nll = [r.get("train_nll", math.nan) for r in history] + [metrics.get("train_nll", math.nan)]
+            reason = rule.check(recent, nll)
+        last = rnd + 1 == rounds or reason is not None
+        if eval_every and ((rnd + 1) % eval_every == 0 or last):
             row.update(_summarise(evaluate_clients(strategy, server, ctx, runner, registry, transform)))
         row.update(strategy.describe(server))
         history.append(row)
@@ -591,11 +638,13 @@ def fit(
             callback(rnd + 1, server)
         if "train_nll" in metrics and not math.isnan(metrics["train_nll"]):
             bar.set_postfix(train_nll=f"{metrics['train_nll']:.4f}", refresh=False)
-        if checkpoint_every and ((rnd + 1) % checkpoint_every == 0 or rnd + 1 == rounds):
+        if checkpoint_every and ((rnd + 1) % checkpoint_every == 0 or last):
             checkpoint(rnd + 1)
     bar.close()
     frame = pd.DataFrame(history)
     frame.attrs["transforms"] = transform.describe()  # what every round's data were in
+    if rule is not None:
+        _report_stop(frame, rule, reason, len(history))
     return FitResult(
         spec,
         strategy,

@@ -46,6 +46,14 @@ __all__ = [
 LEVEL_NAMES = {2: ("low", "high"), 3: ("low", "medium", "high")}
 
 
+def level_names(count: int) -> tuple[str, ...]:
+    """Names of ``count`` fidelity levels, lowest first: low/high, low/medium/high, then
+    low, level1, ..., level{count-2}, high (the client ids of a multi-fidelity federation)."""
+    if count in LEVEL_NAMES:
+        return LEVEL_NAMES[count]
+    return ("low", *(f"level{i}" for i in range(1, count - 1)), "high")
+
+
 def _check_x(X, d: int, name: str) -> np.ndarray:
     X = np.asarray(X, dtype=np.float64)
     if X.ndim == 1 and d == 1:
@@ -182,12 +190,12 @@ class MultiFidelityFunction:
         bounds = np.asarray(self.bounds, dtype=np.float64)
         if bounds.ndim != 2 or bounds.shape[1] != 2 or not (bounds[:, 0] < bounds[:, 1]).all():
             raise ValueError(f"{self.name}: bounds must be (d, 2) with lower < upper, got {bounds}")
-        if len(self.levels) not in LEVEL_NAMES:
-            raise ValueError(f"{self.name}: 2 or 3 fidelity levels supported, got {len(self.levels)}")
+        if len(self.levels) < 2:
+            raise ValueError(f"{self.name}: 2 or more fidelity levels needed, got {len(self.levels)}")
         if len(self.paper_sizes) != len(self.levels):
             raise ValueError(f"{self.name}: paper_sizes needs one size per level")
         object.__setattr__(self, "bounds", bounds)
-        object.__setattr__(self, "level_names", LEVEL_NAMES[len(self.levels)])
+        object.__setattr__(self, "level_names", level_names(len(self.levels)))
 
     @property
     def d(self) -> int:

@@ -67,6 +67,9 @@ class Checkpoint:
     history: list[dict[str, Any]]
     fingerprint: dict[str, str] = field(default_factory=dict)
     version: int = FORMAT_VERSION
+    #: A stopping rule's memory (:mod:`fedgp.stopping`): the latest states and, once the rule was
+    #: met, its reason; ``None`` for runs without a rule (and files written before rules existed).
+    stopping: Any = None
 
 
 def register_state_type(cls: type) -> type:
@@ -179,6 +182,8 @@ def _payload(checkpoint: Checkpoint) -> bytes:
         "history": _encode(checkpoint.history, tensors, "history"),
         "fingerprint": {str(k): str(v) for k, v in checkpoint.fingerprint.items()},
     }
+    if checkpoint.stopping is not None:
+        manifest["stopping"] = _encode(checkpoint.stopping, tensors, "stopping")
     return _st_save(tensors, metadata={"fedgp": json.dumps(manifest)})  # key order kept: it is data
 
 
@@ -256,6 +261,7 @@ def load_checkpoint(path: str | os.PathLike) -> Checkpoint:
             server_state=_decode(manifest["server_state"], tensors),
             history=_decode(manifest["history"], tensors),
             fingerprint=dict(manifest["fingerprint"]),
+            stopping=_decode(manifest.get("stopping"), tensors),
         )
     except CheckpointError as err:
         raise CheckpointError(f"{path}: {err}") from None

@@ -58,6 +58,10 @@ def prepare_output(out_dir: str | os.PathLike) -> Path:
     return out
 
 
+#: Settings fields that later versions added with a default of ``None`` (the earlier behaviour).
+_ADDED_LATER = {"partition_seed"}
+
+
 class TaskCache:
     """Finished tasks of a long run, kept as CSV pairs so that an interrupted run resumes.
 
@@ -71,7 +75,10 @@ class TaskCache:
             return
         self.folder.mkdir(parents=True, exist_ok=True)
         stamp = self.folder / "settings.txt"
-        text = repr(sorted(asdict(replace(settings, engine=None)).items())) + f" seed={seed}"
+        fields = asdict(replace(settings, engine=None))
+        # Settings added after runs were cached count only when set, so those caches still resume.
+        fields = {k: v for k, v in fields.items() if not (k in _ADDED_LATER and v is None)}
+        text = repr(sorted(fields.items())) + f" seed={seed}"
         if stamp.exists() and stamp.read_text() != text:
             raise ValueError(
                 f"{self.folder} holds results of different settings or seed; use another cache_dir"

@@ -24,8 +24,9 @@ from __future__ import annotations
 
 import os
 import warnings
+from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import pandas as pd
@@ -124,6 +125,9 @@ class Table3Settings:
     local_max_iter: int = 50
     central_subset: int = 600
     central_max_iter: int = 100
+    #: Seed of the device partitions and train/test splits, apart from the training seed; ``None``:
+    #: derived from the master seed, as the committed results were.
+    partition_seed: int | None = None
 
     @classmethod
     def quick(cls) -> Table3Settings:
@@ -180,7 +184,8 @@ def _task(
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # the reduced-protocol notice; it is in every row
         data = _sarcos(root, settings.protocol)
-    split_seed = int(generator(seed, "table3-split", repeat).integers(2**31 - 1))
+    partition_seed = seed if settings.partition_seed is None else settings.partition_seed
+    split_seed = int(generator(partition_seed, "table3-split", repeat).integers(2**31 - 1))
     fit_seed = int(generator(seed, "table3-fit", repeat).integers(2**31 - 1))
     spec = gp_spec(21, settings.kernel, ard=True)
     feds = {
@@ -332,17 +337,36 @@ def reproduce(
     quick: bool = False,
     progress: bool | None = None,
     n_jobs: int | None = None,
+    outputs: Sequence[int] | None = None,
+    partition_seed: int | None = None,
 ) -> list[Path]:
     """``fedgp reproduce table3``: writes table3.csv, table3_per_repeat.csv, table3_details.csv and
     table3.md into ``out_dir``. ``FEDGP_JOBS`` sets the number of worker processes (default 1);
-    with ``FEDGP_CACHE`` set, finished tasks are kept in ``$FEDGP_CACHE/table3`` and a run resumes."""
+    with ``FEDGP_CACHE`` set, finished tasks are kept in ``$FEDGP_CACHE/table3`` and a run resumes.
+
+    ``outputs`` (``--outputs 2 4``): the torques to run (default all seven; quick: output 1).
+    ``partition_seed`` (``--partition-seed N``): draw the device partitions and splits from ``N``
+    while training draws from ``seed``. With either, the files are named
+    ``table3_outputs<...>_pseed<N>*`` so the committed tables are never overwritten."""
     settings = Table3Settings.quick() if quick else Table3Settings()
+    name = "table3"
+    if outputs is not None:
+        bad = [o for o in outputs if isinstance(o, bool) or not isinstance(o, int) or not 1 <= o <= 7]
+        if bad or not outputs:
+            raise ValueError(f"outputs: SARCOS has torques 1..7; got {list(outputs)!r}")
+        settings = replace(settings, outputs=tuple(dict.fromkeys(outputs)))
+        name += f"_outputs{'-'.join(map(str, settings.outputs))}"
+    if partition_seed is not None:
+        if isinstance(partition_seed, bool) or not isinstance(partition_seed, int) or partition_seed < 0:
+            raise ValueError(f"partition_seed must be an int >= 0, got {partition_seed!r}")
+        settings = replace(settings, partition_seed=partition_seed)
+        name += f"_pseed{partition_seed}"
     repeats = (1 if quick else 30) if repeats is None else repeats
     n_jobs = int(os.environ.get("FEDGP_JOBS", "1")) if n_jobs is None else n_jobs
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     cache = os.environ.get("FEDGP_CACHE")
-    cache = None if quick or not cache else Path(cache) / "table3"
+    cache = None if quick or not cache else Path(cache) / name
     run = run_table3(repeats, seed, settings, progress=progress, cache_dir=cache, n_jobs=n_jobs)
     protocol = ", ".join(sorted(run.rows["protocol"].unique()))
     header = (
@@ -354,4 +378,8 @@ def reproduce(
         "partition). The reduced protocol uses only the 4,449-row test file: its numbers are not "
         "comparable with the paper's in level, only in spirit.\n\n"
     )
-    return run.write(out, "table3", header)
+    if partition_seed is not None:
+        header += (
+            f"Device partitions and splits drawn from seed {partition_seed}; training from seed {seed}.\n\n"
+        )
+    return run.write(out, name, header)

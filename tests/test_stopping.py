@@ -1,0 +1,202 @@
+"""Stopping rules in ``fit``: early stop at the converged state, the warning, validation, clusters."""
+
+import math
+import warnings
+from dataclasses import replace
+
+import numpy as np
+import pytest
+import torch
+
+import fedgp
+from fedgp.data import Federation, gp_federation
+from fedgp.models import HyperState
+from fedgp.stopping import AnyOf, ConvergenceWarning, NLLPlateau, StateChange, auto_rule, state_rows
+from fedgp.strategies import FGPR, IFCA
+from fedgp.strategies.gradient_clustering import FederatedClustering
+from fedgp.strategies.local import SGD
+
+# Full-batch SGD with a constant step: deterministic, and it converges geometrically to the
+# federated optimum, so the state after the stop is the state of a much longer run.
+CONVERGING = FGPR(optimizer=SGD(lr=1.0, schedule="constant"), batch_size=None, local_steps=5)
+
+
+@pytest.fixture(scope="module")
+def draws():
+    return gp_federation(num_clients=3, n=30, d=1, seed=0)
+
+
+@pytest.fixture(scope="module")
+def full_run(draws):
+    return fedgp.fit(draws.spec, draws.federation, CONVERGING, rounds=150, progress=False)
+
+
+def test_the_rule_stops_a_converged_run_early_at_the_full_runs_state(draws, full_run):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ConvergenceWarning)
+        early = fedgp.fit(
+            draws.spec, draws.federation, CONVERGING, rounds=150, progress=False, stop=StateChange(1e-9, 5)
+        )
+    assert len(early.history) < 100  # it stopped well before the budget
+    assert early.history.attrs["stopped"] is True
+    assert early.history.attrs["stop_reason"].startswith(f"round {len(early.history)}: StateChange")
+    for name in full_run.state:
+        torch.testing.assert_close(early.state[name], full_run.state[name], rtol=0, atol=1e-6)
+    # Every round up to the stop is the full run's round: the rule only ends the loop.
+    assert early.history["train_nll"].tolist() == full_run.history["train_nll"][: len(early.history)].tolist()
+
+
+def test_nll_plateau_stops_where_train_nll_stops_improving(draws, full_run):
+    rule = NLLPlateau(patience=5, min_delta=1e-6)
+    early = fedgp.fit(draws.spec, draws.federation, CONVERGING, rounds=150, progress=False, stop=rule)
+    stopped = len(early.history)
+    nll = full_run.history["train_nll"].tolist()
+
+    # It holds at the stop round and at no earlier round (the same test, written out).
+    def plateau(t):
+        return t >= 10 and np.mean(nll[t - 5 : t]) >= np.mean(nll[t - 10 : t - 5]) - 1e-6
+
+    assert plateau(stopped) and not any(plateau(t) for t in range(1, stopped))
+    assert "NLLPlateau" in early.history.attrs["stop_reason"]
+
+
+def test_a_lucky_minibatch_nll_does_not_end_a_run_that_still_improves():
+    nll = [1.0 - 0.001 * t for t in range(40)]
+    nll[5] = 0.5  # one noisy low value that later rounds never reach
+    assert NLLPlateau(patience=10, min_delta=1e-4).check([], nll) is None
+    assert NLLPlateau(patience=10, min_delta=0.02).check([], nll) is not None  # a 0.01 gain is too small
+
+
+def test_a_too_short_run_warns_that_it_did_not_converge(draws):
+    with pytest.warns(ConvergenceWarning, match="did not converge.*5-round budget.*Raise rounds"):
+        short = fedgp.fit(draws.spec, draws.federation, CONVERGING, rounds=5, progress=False, stop="auto")
+    assert short.history.attrs["stopped"] is False
+    assert short.history.attrs["stop_reason"].startswith("round budget: all 5 rounds")
+    assert issubclass(ConvergenceWarning, UserWarning) and fedgp.ConvergenceWarning is ConvergenceWarning
+
+
+def test_no_rule_runs_every_round_without_a_warning(draws):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        result = fedgp.fit(draws.spec, draws.federation, CONVERGING, rounds=3, progress=False)
+    assert len(result.history) == 3 and "stop_reason" not in result.history.attrs
+
+
+def test_a_stopped_run_resumes_to_the_same_round_and_state(draws, tmp_path):
+    rule = StateChange(1e-9, 5)
+    unbroken = fedgp.fit(draws.spec, draws.federation, CONVERGING, rounds=150, progress=False, stop=rule)
+    path = tmp_path / "run.ckpt"
+    # Interrupted at round 30 (the budget), then resumed with the full budget.
+    with pytest.warns(ConvergenceWarning):
+        fedgp.fit(draws.spec, draws.federation, CONVERGING, rounds=30, progress=False, stop=rule,
+                  checkpoint_every=10, checkpoint_path=path)  # fmt: skip
+    resumed = fedgp.fit(draws.spec, draws.federation, CONVERGING, rounds=150, progress=False, stop=rule,
+                        resume_from=path, checkpoint_every=10, checkpoint_path=path)  # fmt: skip
+    assert len(resumed.history) == len(unbroken.history)
+    assert resumed.history.attrs["stop_reason"] == unbroken.history.attrs["stop_reason"]
+    for name in unbroken.state:
+        assert torch.equal(resumed.state[name], unbroken.state[name])
+    # The checkpoint of a stopped run stays stopped; a different rule is a different run.
+    again = fedgp.fit(draws.spec, draws.federation, CONVERGING, rounds=150, progress=False, stop=rule,
+                      resume_from=path)  # fmt: skip
+    assert len(again.history) == len(unbroken.history)
+    with pytest.raises(fedgp.engines.checkpoint.CheckpointError, match="fit.stop"):
+        fedgp.fit(draws.spec, draws.federation, CONVERGING, rounds=150, progress=False,
+                  stop=StateChange(1e-8, 5), resume_from=path)  # fmt: skip
+
+
+def test_state_change_looks_at_every_cluster():
+    """Two rows (clusters): one settled, one still moving. The rule must wait for the second."""
+    events = {"a": (2,)}
+    settled = torch.tensor([1.0, 2.0])
+    states = [state_rows(HyperState({"a": torch.stack([settled, settled * (1 + 0.1 * t)])}, events))
+              for t in range(4)]  # fmt: skip
+    rule = StateChange(tol=1e-3, window=3)
+    assert rule.check(states[:3], []) is None  # not enough rounds yet
+    assert rule.check(states, []) is None
+    assert float(rule.change(states)[0]) == 0.0 and float(rule.change(states)[1]) > 0.2
+    still = [state_rows(HyperState({"a": torch.stack([settled, settled])}, events))] * 4
+    assert "StateChange" in rule.check(still, [])
+
+
+def _population(lengthscale, seed, tag):
+    theta = {
+        "covar_module.outputscale": 1.0,
+        "likelihood.noise_covar.noise": 0.01,
+        "covar_module.base_kernel.lengthscale": [[lengthscale]],
+    }
+    draws = gp_federation(num_clients=3, n=40, d=1, seed=seed, theta=theta)
+    return draws.spec, [replace(c, id=f"{tag}{c.id}") for c in draws.federation]
+
+
+def test_a_clustered_run_stops_only_when_every_cluster_has_settled():
+    """Here the smooth cluster converges far more slowly than the rough one."""
+    spec, rough = _population(0.05, 1, "rough")
+    _, smooth = _population(0.5, 2, "smooth")
+    federation = Federation(rough + smooth)
+    strategy = IFCA(
+        num_clusters=2, local_steps=5, batch_size=None, optimizer=SGD(lr=0.5, schedule="constant")
+    )
+    rule = StateChange(tol=1e-3, window=3)
+    states = []
+
+    def record(rnd, server):
+        states.append(state_rows(strategy.global_state(server)))
+
+    result = fedgp.fit(spec, federation, strategy, rounds=300, progress=False, stop=rule, callback=record)
+    done = len(result.history)
+    assert result.history.attrs["stopped"] and done < 300
+    series = torch.stack(states)  # (round, cluster, value)
+    assert series.shape[1] == 2  # one row per cluster
+    change = (series[3:] - series[:-3]).norm(dim=2) / series[:-3].norm(dim=2)  # row t: after round t + 4
+    assert bool((change[-1] < 1e-3).all()) and not bool((change[:-1] < 1e-3).all(dim=1).any())
+    # One cluster had settled long before: a rule that looked at it alone would have stopped early.
+    first_settled = int(torch.nonzero((change < 1e-3).any(dim=1))[0]) + 4
+    assert first_settled < done - 20
+
+
+def test_personal_strategies_are_checked_on_every_clients_state(draws):
+    strategy = FederatedClustering(iterations=1)
+    rule = StateChange(tol=1e-12, window=1)
+    with pytest.warns(ConvergenceWarning):
+        result = fedgp.fit(draws.spec, draws.federation, strategy, rounds=2, progress=False, stop=rule)
+    assert result.state.batch_shape == (3,) and len(result.history) == 2
+
+
+@pytest.mark.parametrize(
+    "make, error, message",
+    [
+        (lambda: StateChange(tol=0), ValueError, r"StateChange: tol must be a positive finite number, got 0"),
+        (lambda: StateChange(tol=math.nan), ValueError, r"StateChange: tol must be"),
+        (lambda: StateChange(window=0), ValueError, r"StateChange: window must be a positive integer"),
+        (lambda: StateChange(window=2.5), ValueError, r"StateChange: window must be a positive integer"),
+        (lambda: NLLPlateau(patience=0), ValueError, r"NLLPlateau: patience must be a positive integer"),
+        (lambda: NLLPlateau(min_delta=-1), ValueError, r"NLLPlateau: min_delta must be a finite number >= 0"),
+        (lambda: NLLPlateau(min_delta="x"), ValueError, r"NLLPlateau: min_delta must be a number"),
+        (lambda: AnyOf(), ValueError, r"AnyOf needs at least one rule"),
+        (
+            lambda: AnyOf(StateChange(), "auto"),
+            TypeError,
+            r"AnyOf: every rule must be a fedgp.stopping.StopRule",
+        ),
+    ],
+)
+def test_rule_settings_are_checked(make, error, message):
+    with pytest.raises(error, match=message):
+        make()
+
+
+def test_fit_rejects_an_unknown_stop(draws):
+    with pytest.raises(ValueError, match=r"stop must be None .* 'auto', or a fedgp.stopping rule.*got 'yes'"):
+        fedgp.fit(draws.spec, draws.federation, CONVERGING, rounds=2, progress=False, stop="yes")
+
+
+def test_auto_is_either_rule():
+    rule = auto_rule()
+    assert isinstance(rule, AnyOf) and rule.memory == 11 and rule.uses_nll
+    assert [type(r) for r in rule.rules] == [StateChange, NLLPlateau]
+    flat = [torch.ones(1, 2)] * 11
+    assert rule.check(flat, [1.0] * 3).startswith("StateChange")
+    assert rule.check(flat[:2], [1.0] * 39) is None  # two windows of 20 needed
+    assert rule.check(flat[:2], [1.0] * 40).startswith("NLLPlateau")
+    assert rule.check(flat[:2], [float(-t) for t in range(30)]) is None
