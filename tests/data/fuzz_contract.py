@@ -133,8 +133,10 @@ def _id_problem(cid) -> bool:
 
 # -- one client ------------------------------------------------------------------------------------
 @st.composite
-def client_arrays(draw, cid, n=None, d=None, allow_bad=True):
-    """Arrays and keyword arguments for one ``ClientData``, with the problems the contract sees."""
+def client_arrays(draw, cid, n=None, d=None, allow_bad=True, training=True):
+    """Arrays and keyword arguments for one ``ClientData``, with the problems the contract sees
+    (``training``: in a federation, which needs 2 points per client; a lone ``ClientData`` with 0
+    or 1 points is a valid cold-start client)."""
     n = draw(st.integers(0, 6)) if n is None else n
     d = draw(st.integers(0 if allow_bad else 1, 3)) if d is None else d
     x_dtype = draw(st.sampled_from(REAL * 3 + NON_REAL)) if allow_bad else draw(st.sampled_from(REAL))
@@ -157,7 +159,7 @@ def client_arrays(draw, cid, n=None, d=None, allow_bad=True):
     bad += shapes
     if not bad:
         if X.shape[0] < 2:
-            bad = ["X"]  # "X and y are empty" / "only a single point"
+            bad = ["X"] if training else []  # "client 0: 0 training point(s); training needs at least 2"
         elif len(np.unique(y.astype(np.float64))) == 1:
             bad = ["y"]
     kwargs = {"X": Xv, "y": yv, "id": cid}
@@ -167,8 +169,10 @@ def client_arrays(draw, cid, n=None, d=None, allow_bad=True):
 @st.composite
 def client_cases(draw):
     cid = draw(IDS)
-    kwargs, bad, arrays, sources = draw(client_arrays(cid))
+    kwargs, bad, arrays, sources = draw(client_arrays(cid))  # built into a Federation: training rules
     problems = [(cid, "id")] if _id_problem(cid) else [(cid, f) for f in bad]
+    if cid is None:  # the Federation it is built into names it by its position
+        problems += [(0, f) for f in bad]
     return Case("ClientData", kwargs, problems, [] if problems else [arrays], sources)
 
 
@@ -258,7 +262,7 @@ CASES = st.one_of(client_cases(), client_cases(), federation_cases(), partition_
 
 # -- the judge ----------------------------------------------------------------------------------------
 _FIELD_WORDS = {"id": r"\bid\b", "features": r"features", "partition": r"partition|mask|row index",
-                "X": r"\bX\b|single point", "y": r"\by\b"}  # fmt: skip
+                "X": r"\bX\b|single point|training point", "y": r"\by\b"}  # fmt: skip
 
 
 def _names_a_problem(message: str, bad: list[tuple[Any, str]]) -> bool:
