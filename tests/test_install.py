@@ -31,14 +31,18 @@ def test_pip_install_in_a_clean_venv_runs_the_readme_example(tmp_path):
     shutil.copytree(ROOT / "fedgp", src / "fedgp", ignore=shutil.ignore_patterns("__pycache__"))
     for name in ("pyproject.toml", "README.md", "LICENSE"):
         shutil.copy(ROOT / name, src / name)
+    # A clean process environment for everything below. An inherited PYTHONPATH holding the dev
+    # venv (Flower's Ray simulation backend writes sys.path into os.environ["PYTHONPATH"]; in
+    # `make test` this once made pip count gpytorch as installed and skip it) must not leak in.
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
+    env.update(OMP_NUM_THREADS="1", MPLBACKEND="Agg")
     venv = tmp_path / "venv"
-    _run([sys.executable, "-m", "venv", venv])
+    _run([sys.executable, "-m", "venv", venv], env=env)
     python = venv / "bin" / "python"
     # The pinned CPU torch and friends, as `make` installs them; no extras: the core must suffice.
-    log = _run([python, "-m", "pip", "install", "-c", ROOT / "constraints.txt", src], timeout=1800)
-    # Every core dependency must be there (one CI run once found gpytorch missing after a pip
-    # install that exited 0; this names what is missing, with pip's own account of the install).
-    listing = _run([python, "-m", "pip", "list", "--format=freeze"]).lower()
+    log = _run([python, "-m", "pip", "install", "-c", ROOT / "constraints.txt", src], timeout=1800, env=env)
+    # Every core dependency must be there, named with pip's own account of the install if not.
+    listing = _run([python, "-m", "pip", "list", "--format=freeze"], env=env).lower()
     wanted = [re.split(r"[<>=!~ \[]", req, maxsplit=1)[0].lower() for req in project["dependencies"]]
     missing = [name for name in wanted if f"{name}==" not in listing]
     assert not missing, f"pip install . left out {missing}:\n{log[-3000:]}\n{listing}"
@@ -54,8 +58,6 @@ def test_pip_install_in_a_clean_venv_runs_the_readme_example(tmp_path):
         + "print('LICENSE', dist.read_text('licenses/LICENSE').splitlines()[0])\n"
         + "print('MEAN', tuple(mean.shape), bool((var > 0).all()), len(result.history))\n"
     )
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
-    env.update(OMP_NUM_THREADS="1", MPLBACKEND="Agg")
     out = dict(
         line.split(" ", 1)
         for line in _run([python, "readme.py"], cwd=work, env=env).splitlines()

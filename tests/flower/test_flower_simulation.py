@@ -24,6 +24,12 @@ def test_flower_simulation_with_ray_backend_matches_sequential(tmp_path, monkeyp
     shutdown()  # a Ray instance of other tests would be reused with its settings
     monkeypatch.setenv("FLWR_TELEMETRY_ENABLED", "0")
     monkeypatch.setenv("FEDGP_FLOWER_OUT", str(tmp_path))
+    # Flower's Ray backend writes this process's sys.path into os.environ["PYTHONPATH"] and never
+    # restores it; monkeypatch puts the original back after the test.
+    if "PYTHONPATH" in os.environ:
+        monkeypatch.setenv("PYTHONPATH", os.environ["PYTHONPATH"])
+    else:
+        monkeypatch.delenv("PYTHONPATH", raising=False)
     run_simulation(
         server_app=app.serverapp,
         client_app=app.clientapp,
