@@ -45,7 +45,8 @@ __all__ = [
     "resolve_transforms",
     "summary_fields",
     "summarise",
-    "outcome_maps",
+    "outward_bounds",
+    "auto_reason",
 ]
 
 #: Names under which a transform travels in a task's shared record.
@@ -321,14 +322,3 @@ def learn(
             y_offset=torch.tensor(mean, dtype=torch.float64), y_scale=torch.tensor(sd, dtype=torch.float64)
         )
     return DataTransform(**fields)
-
-
-def outcome_maps(
-    transform: DataTransform, clients: Sequence[ClientData]
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(offsets, scales)`` of the outcome transform of each client, ``(K,)`` float64."""
-    pairs = [transform.outcome_map(c.y) for c in clients]
-    return (
-        torch.tensor([p[0] for p in pairs], dtype=torch.float64),
-        torch.tensor([p[1] for p in pairs], dtype=torch.float64),
-    )
