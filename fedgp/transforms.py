@@ -136,8 +136,8 @@ class DataTransform:
 
     def key(self) -> tuple:
         """Equal for equal transforms (engines re-transform their data only when this changes)."""
-        parts = tuple(None if v is None else tuple(v.reshape(-1).tolist()) for v in self.tensors().values())
-        return (tuple(self.tensors()), parts, self.y_local)
+        tensors = self.tensors()
+        return (tuple(tensors), tuple(tuple(v.reshape(-1).tolist()) for v in tensors.values()), self.y_local)
 
     # -- applied by a client ----------------------------------------------------------------------------
     def outcome_map(self, y: torch.Tensor) -> tuple[float, float]:

@@ -31,6 +31,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from fedgp.files import fsync_folder
+
 __all__ = [
     "DataFileError",
     "DataFileMissing",
@@ -413,7 +415,7 @@ def fetch(
                 reason="download",
             ) from err
         os.replace(tmp, dest)
-        _fsync_folder(dest.parent)
+        fsync_folder(dest.parent)
     except (urllib.error.URLError, OSError, http.client.HTTPException) as err:
         timed_out = isinstance(err, TimeoutError) or isinstance(getattr(err, "reason", None), TimeoutError)
         why = f"no answer within timeout={timeout:g} s (pass a larger timeout=)" if timed_out else str(err)
@@ -429,20 +431,6 @@ def fetch(
         if tmp.exists():
             tmp.unlink()
     return dest
-
-
-def _fsync_folder(folder: Path) -> None:
-    """Make a rename durable (POSIX); a no-op where folders cannot be opened (Windows)."""
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def locate(

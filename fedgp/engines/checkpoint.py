@@ -27,7 +27,6 @@ import json
 import os
 import struct
 import sys
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -37,6 +36,7 @@ import torch
 from safetensors.torch import load as _st_load
 from safetensors.torch import save as _st_save
 
+from fedgp.files import write_atomically
 from fedgp.models.state import HyperState
 
 __all__ = [
@@ -185,33 +185,6 @@ def _payload(checkpoint: Checkpoint) -> bytes:
     if checkpoint.stopping is not None:
         manifest["stopping"] = _encode(checkpoint.stopping, tensors, "stopping")
     return _st_save(tensors, metadata={"fedgp": json.dumps(manifest)})  # key order kept: it is data
-
-
-def write_atomically(path: Path, data: bytes) -> None:
-    """Write to a temporary file in the same folder, fsync it, rename it over ``path``, fsync the
-    folder: after a crash ``path`` holds the old bytes or the new ones."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-        tmp = None
-        try:  # make the rename itself durable (POSIX; not possible on every platform)
-            dir_fd = os.open(path.parent, os.O_RDONLY)
-        except OSError:
-            return
-        try:
-            os.fsync(dir_fd)
-        except OSError:
-            pass
-        finally:
-            os.close(dir_fd)
-    finally:
-        if tmp is not None and os.path.exists(tmp):
-            os.unlink(tmp)
 
 
 def save_checkpoint(path: str | os.PathLike, checkpoint: Checkpoint) -> None:

@@ -23,10 +23,11 @@ from typing import Any
 import pandas as pd
 import torch
 from safetensors import safe_open
-from safetensors.torch import save_file
+from safetensors.torch import save
 
 from fedgp.engines.base import Registry
 from fedgp.export.spec_io import build_spec, check_round_trip
+from fedgp.files import write_atomically
 from fedgp.messages.config import from_config
 from fedgp.models.state import HyperState
 from fedgp.strategies.base import Strategy
@@ -176,10 +177,7 @@ def save_result(result, path: str | os.PathLike) -> Path:
             getattr(registry, name).detach().cpu().to(torch.long).contiguous().clone()
         )
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    save_file(tensors, tmp, metadata={"fedgp": json.dumps(header, allow_nan=True)})
-    os.replace(tmp, path)
+    write_atomically(path, save(tensors, metadata={"fedgp": json.dumps(header, allow_nan=True)}))
     return path
 
 
