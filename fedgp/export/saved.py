@@ -5,8 +5,9 @@ The file holds what prediction needs and nothing of the clients' data: the spec'
 the registry (client ids, sizes, input dimensions: what the server learned at registration),
 the history and failures, the seed, and the data transforms (:mod:`fedgp.transforms`: the learned
 input bounds and outcome mean and sd that the state's units refer to). Tensors are safetensors
-entries; everything else is JSON in the file's metadata. Loading reads JSON and tensors only and
-instantiates only allow-listed classes, so a crafted file cannot run code.
+entries; everything else is JSON in the file's metadata. Loading reads JSON and tensors only; the
+spec and strategy are rebuilt from allow-lists and the server state by :mod:`fedgp.state_codec`
+(fedgp's own dataclasses, nothing imported), so a crafted file cannot run code.
 
 A loaded result predicts for any ``ClientData``: the client conditions its personal state (for
 clustered strategies: the best of the learned states on its own data) on its own points.
@@ -29,90 +30,16 @@ from fedgp.engines.base import Registry
 from fedgp.export.spec_io import build_spec, check_round_trip
 from fedgp.files import write_atomically
 from fedgp.messages.config import from_config
-from fedgp.models.state import HyperState
+from fedgp.state_codec import decode, encode
 from fedgp.strategies.base import Strategy
-from fedgp.strategies.clustered.init import InitDone, OneShotProgress
-from fedgp.strategies.clustered.moment_descent import MomentDescentProgress
-from fedgp.strategies.clustered.state import ClusteredState
-from fedgp.strategies.gradient_clustering.state import PersonalState
 from fedgp.transforms import DataTransform
 
 __all__ = ["save_result", "load_result", "FORMAT", "VERSION"]
 
-FORMAT, VERSION = "fedgp.FitResult", 1
-#: The server-state containers a file may name (strategies' own dataclasses of tensors and states).
-STATE_TYPES: dict[str, type] = {
-    cls.__name__: cls
-    for cls in (ClusteredState, PersonalState, InitDone, OneShotProgress, MomentDescentProgress)
-}
+FORMAT, VERSION = "fedgp.FitResult", 2
 
 
-class _Tensors:
-    """Collects the tensors of a tree under numbered keys, so the JSON only holds references."""
-
-    def __init__(self, prefix: str):
-        self.prefix, self.tensors = prefix, {}
-
-    def add(self, value: torch.Tensor) -> dict:
-        key = f"{self.prefix}{len(self.tensors)}"
-        self.tensors[key] = value.detach().cpu().contiguous().clone()  # safetensors refuses shared memory
-        return {"__tensor__": key}
-
-
-def _encode(value: Any, store: _Tensors, where: str) -> Any:
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return value
-    if isinstance(value, torch.Tensor):
-        return store.add(value)
-    if isinstance(value, HyperState):
-        return {
-            "__hyperstate__": {k: store.add(v) for k, v in value.items()},
-            "events": {k: list(s) for k, s in value.event_shapes.items()},
-        }
-    if dataclasses.is_dataclass(value) and STATE_TYPES.get(type(value).__name__) is type(value):
-        fields = {
-            f.name: _encode(getattr(value, f.name), store, f"{where}.{f.name}")
-            for f in dataclasses.fields(value)
-        }
-        return {"__state__": type(value).__name__, "fields": fields}
-    if isinstance(value, (list, tuple)):
-        items = [_encode(v, store, f"{where}[{i}]") for i, v in enumerate(value)]
-        return {"__tuple__": items} if isinstance(value, tuple) else items
-    if isinstance(value, dict) and all(isinstance(k, str) for k in value):
-        return {"__dict__": {k: _encode(v, store, f"{where}.{k}") for k, v in value.items()}}
-    raise TypeError(
-        f"cannot save the server state: {where} is a {type(value).__qualname__}; saved states hold "
-        f"tensors, HyperStates, plain values and {', '.join(STATE_TYPES)}"
-    )
-
-
-def _decode(value: Any, tensors: dict[str, torch.Tensor]) -> Any:
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return value
-    if isinstance(value, list):
-        return [_decode(v, tensors) for v in value]
-    if not isinstance(value, dict):
-        raise ValueError(f"saved state: unexpected {type(value).__name__}")
-    if "__tensor__" in value:
-        return _tensor(tensors, value["__tensor__"])
-    if "__hyperstate__" in value:
-        values = {k: _decode(v, tensors) for k, v in value["__hyperstate__"].items()}
-        return HyperState(values, {k: tuple(s) for k, s in value["events"].items()})
-    if "__state__" in value:
-        cls = STATE_TYPES.get(value["__state__"])
-        if cls is None:
-            raise ValueError(
-                f"saved state names type {value['__state__']!r}, which is not one of {sorted(STATE_TYPES)}"
-            )
-        return cls(**{k: _decode(v, tensors) for k, v in value["fields"].items()})
-    if "__tuple__" in value:
-        return tuple(_decode(v, tensors) for v in value["__tuple__"])
-    if "__dict__" in value:
-        return {k: _decode(v, tensors) for k, v in value["__dict__"].items()}
-    raise ValueError(f"saved state: unrecognised entry with keys {sorted(value)}")
-
-
-def _tensor(tensors: dict[str, torch.Tensor], key: Any) -> torch.Tensor:
+def _tensor(tensors: dict[str, torch.Tensor], key: str) -> torch.Tensor:
     if key not in tensors:
         raise ValueError(f"saved file refers to tensor {key!r}, which it does not hold")
     return tensors[key]
@@ -152,7 +79,7 @@ def save_result(result, path: str | os.PathLike) -> Path:
     """Write ``result`` (a :class:`~fedgp.fit.FitResult`) to ``path``; returns the path."""
     spec, registry = result.spec, result.registry
     desc = check_round_trip(spec)
-    server = _Tensors("server/")
+    server: dict[str, torch.Tensor] = {}
     tensors = {
         f"spec/initial/{k}": v.detach().cpu().contiguous().clone() for k, v in spec.initial_state().items()
     }
@@ -161,7 +88,7 @@ def save_result(result, path: str | os.PathLike) -> Path:
         "version": VERSION,
         "spec": desc,
         "strategy": result.strategy.to_config(),
-        "server_state": _encode(result.server_state, server, "server_state"),
+        "server_state": encode(result.server_state, server, "server_state", prefix="server/"),
         "registry": {"ids": _ids(list(registry.ids))},
         "seed": int(result.seed),
         "history": _frame(result.history),
@@ -170,7 +97,7 @@ def save_result(result, path: str | os.PathLike) -> Path:
         # The data transforms the state's units refer to, as they travel in a task (fedgp.transforms).
         "transforms": {"settings": result.transform.settings(), "note": result.transform.note},
     }
-    tensors.update(server.tensors)
+    tensors.update(server)
     tensors.update({k: v.detach().cpu().contiguous().clone() for k, v in result.transform.tensors().items()})
     for name in ("sizes", "n_test", "dims"):
         tensors[f"registry/{name}"] = (
@@ -221,7 +148,7 @@ def load_result(path: str | os.PathLike):
         spec,
         strategy,
         None,
-        _decode(header["server_state"], tensors),
+        decode(header["server_state"], tensors),
         history,
         int(header["seed"]),
         None,

@@ -186,22 +186,3 @@ def test_fingerprint_sees_fields_hidden_from_repr(draws):
     fb = run_fingerprint(draws.spec, b, registry, draws.federation, "sequential", 0, {})
     differ = [k for k in fa if fa[k] != fb[k]]
     assert differ == ["strategy.initializer.states"]
-
-
-@pytest.mark.parametrize(
-    "name",
-    [
-        "os:system",
-        "fedgp.fit:os",
-        "fedgp.fit:np.ndarray",
-        "fedgp.engines.checkpoint:dataclass",
-        "fedgp.nope:X",
-    ],
-)
-def test_only_fedgp_dataclasses_can_be_named(name):
-    with pytest.raises(CheckpointError, match="not an imported fedgp dataclass"):
-        ckpt_module._resolve_type(name)
-    assert (
-        ckpt_module._resolve_type("fedgp.strategies.clustered.state:ClusteredState").__name__
-        == "ClusteredState"
-    )

@@ -169,7 +169,7 @@ def test_crafted_files_cannot_name_other_classes(tmp_path):
         h["strategy"]["type"] = "subprocess:Popen"
 
     def state_type(h):
-        h["server_state"] = {"__state__": "Popen", "fields": {"args": "touch /tmp/pwned"}}
+        h["server_state"] = {"__dataclass__": "subprocess:Popen", "fields": {"args": "touch /tmp/pwned"}}
 
     cases = [
         (
@@ -178,7 +178,7 @@ def test_crafted_files_cannot_name_other_classes(tmp_path):
         ),
         (prior, "prior class 'builtins.eval', which is not on the allow-list"),
         (strategy_type, "unknown type 'subprocess:Popen'"),
-        (state_type, "type 'Popen', which is not one of"),
+        (state_type, "'subprocess:Popen', which is not an imported fedgp dataclass"),
     ]
     for edit, message in cases:
         with pytest.raises(ValueError, match=message):
@@ -186,3 +186,17 @@ def test_crafted_files_cannot_name_other_classes(tmp_path):
     (tmp_path / "pickle.st").write_bytes(b"\x80\x04\x95not a safetensors file")
     with pytest.raises(ValueError, match="is not a safetensors file"):
         fedgp.load(tmp_path / "pickle.st")
+
+
+def test_a_fresh_process_loads_a_state_saved_mid_initialisation(tmp_path):
+    """State types are rebuilt without importing anything: building the strategy imports them."""
+    import subprocess
+    import sys
+
+    spec, fed, strategy, _ = _strategies()["two_phase"]
+    result = fedgp.fit(spec, fed, strategy, rounds=1, progress=False, eval_every=0)
+    assert type(result.server_state.init).__name__ == "MomentDescentProgress"
+    path = result.save(tmp_path / "mid_init.safetensors")
+    code = f"import fedgp; print(type(fedgp.load({str(path)!r}).server_state.init).__name__)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "MomentDescentProgress"
