@@ -160,3 +160,19 @@ def test_a_malformed_readme_or_an_empty_folder_is_an_error(tmp_path):
         update_readme(f"{END}\n{BEGIN}\n", "x")
     with pytest.raises(FileNotFoundError, match="table1.csv"):
         collect(tmp_path)
+
+
+@pytest.mark.parametrize("name", ["table2", "table3"])
+def test_the_committed_table_markdown_carries_the_rule(name):
+    """table2.md / table3.md: their comparison, verdict column included, is what the committed
+    per-repeat rows give (the rest of each file is the run's header)."""
+    import importlib
+
+    table = importlib.import_module(f"fedgp.experiments.{name}").TABLE
+    per_repeat = pd.read_csv(RESULTS / f"{name}_per_repeat.csv")
+    expected = table.markdown_of_repeats(per_repeat)
+    assert (RESULTS / f"{name}.md").read_text().endswith(expected)
+    rows = {tuple(line.split(" | ")[:2]): line.rsplit(" | ", 1)[1] for line in expected.splitlines()[2:]}
+    if name == "table2":
+        assert rows[("| s2", "FGPR")] == "worse |" and rows[("| s7", "FGPR")] == "better |"
+        assert rows[("| s2", "LocalGP")] == "— |"  # no paper number, no verdict
