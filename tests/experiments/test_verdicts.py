@@ -176,3 +176,11 @@ def test_the_committed_table_markdown_carries_the_rule(name):
     if name == "table2":
         assert rows[("| s2", "FGPR")] == "worse |" and rows[("| s7", "FGPR")] == "better |"
         assert rows[("| s2", "LocalGP")] == "— |"  # no paper number, no verdict
+
+
+def test_the_committed_table1_markdown_carries_the_rule():
+    from fedgp.experiments.table1 import _md_table, compare_with_paper
+
+    text = (RESULTS / "table1.md").read_text()
+    assert _md_table(compare_with_paper(pd.read_csv(RESULTS / "table1.csv"))) in text
+    assert "paper + 1 std" not in text
