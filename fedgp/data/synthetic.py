@@ -122,7 +122,8 @@ def sin_personalisation(
     """Two clients on the same inputs: ``"sin"`` with y = sin x and ``"-sin"`` with y = −sin x.
 
     Training inputs are an even grid on ``domain`` (the authors' script); test inputs uniform.
-    The best single global function in squared error is f ≡ 0, whose RMSE is ≈ 0.71 on each client.
+    The best single global function in squared error is f ≡ 0: its RMSE is that of sin x over the
+    points scored (0.69 over all of [0, 10]; 0.60 on the 50 test points of ``seed=0``).
     """
     rng = np.random.default_rng(seed)
     x = np.linspace(*domain, n)

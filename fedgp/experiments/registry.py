@@ -27,6 +27,7 @@ REPRODUCTIONS: dict[str, str] = {
     "own-data": "fedgp.experiments.own_data:reproduce",
     "prior-map": "fedgp.experiments.prior_map:reproduce",
     "botorch-loop": "fedgp.experiments.botorch_loop:reproduce",
+    "verdicts": "fedgp.experiments.verdicts:reproduce",
 }
 
 

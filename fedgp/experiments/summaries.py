@@ -88,13 +88,23 @@ class PaperTable:
 
     def comparison(self, per_client: pd.DataFrame) -> pd.DataFrame:
         """Ours, with the std over repeats, beside the paper's numbers where the paper has them."""
-        ours = over_repeats_x10(self.per_repeat(per_client), self.keys, spread=True)
+        return self.comparison_of_repeats(self.per_repeat(per_client))
+
+    def comparison_of_repeats(self, per_repeat: pd.DataFrame) -> pd.DataFrame:
+        """:meth:`comparison` from :meth:`per_repeat`'s rows (the committed ``*_per_repeat.csv``)."""
+        ours = over_repeats_x10(per_repeat, self.keys, spread=True)
         paper = self.paper.rename(columns={c: f"paper_{c}" for c in self.paper.columns[2:]})
         paper = paper.assign(**self.paper_fixed)
         return self.order(ours.merge(paper, on=list(self.paper_on), how="left"))
 
     def markdown(self, per_client: pd.DataFrame) -> str:
-        """The comparison as a markdown table: ours (std over repeats) | the paper's."""
+        """The comparison as a markdown table: ours (std over repeats) | the paper's | the verdict
+        (:func:`fedgp.experiments.verdicts.verdict` on the RMSE)."""
+        return self.markdown_of_repeats(self.per_repeat(per_client))
+
+    def markdown_of_repeats(self, per_repeat: pd.DataFrame) -> str:
+        """:meth:`markdown` from :meth:`per_repeat`'s rows (the committed ``*_per_repeat.csv``)."""
+        from fedgp.experiments.verdicts import verdict
 
         def cell(mean, sd):
             return f"{mean:.2f}" + ("" if np.isnan(sd) else f" ({sd:.2f})")
@@ -106,16 +116,22 @@ class PaperTable:
         labels = " | ".join(self.keys)
         lines = [
             f"| {labels} | RMSE×10 ours | RMSE×10 paper | std RMSE×10 ours | std RMSE×10 paper "
-            "| NLL | 95% cov. | repeats |",
-            "|" + "---|" * (len(self.keys) + 7),
+            "| NLL | 95% cov. | repeats | verdict on RMSE |",
+            "|" + "---|" * (len(self.keys) + 8),
         ]
-        for _, r in self.comparison(per_client).iterrows():
+        for _, r in self.comparison_of_repeats(per_repeat).iterrows():
+            theirs = r["paper_rmse_mean_x10"]
+            judged = (
+                "—"
+                if np.isnan(theirs)
+                else verdict(r["rmse_mean_x10"], theirs, r["rmse_mean_x10_sd"], r["paper_rmse_mean_x10_sd"])
+            )
             lines.append(
                 "| "
                 + " | ".join(str(r[k]) for k in self.keys)
                 + f" | {cell(r['rmse_mean_x10'], r['rmse_mean_x10_sd'])} | {paper(r, 'rmse_mean_x10')} "
                 f"| {cell(r['rmse_std_x10'], r['rmse_std_x10_sd'])} | {paper(r, 'rmse_std_x10')} "
-                f"| {r['nll_mean']:.3f} | {r['coverage95_mean']:.3f} | {int(r['repeats'])} |"
+                f"| {r['nll_mean']:.3f} | {r['coverage95_mean']:.3f} | {int(r['repeats'])} | {judged} |"
             )
         return "\n".join(lines) + "\n"
 

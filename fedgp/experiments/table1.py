@@ -50,6 +50,7 @@ from fedgp.data.multifidelity import (
     MultiFidelityProblem,
     multifidelity_federation,
 )
+from fedgp.experiments.verdicts import verdict
 from fedgp.models.multifidelity import AR1, NARGP, mle_with_restarts, rbf_spec
 from fedgp.models.objective import FactorizationError
 from fedgp.models.posterior import Prediction, condition
@@ -471,7 +472,8 @@ def compare_with_paper(summary: pd.DataFrame) -> pd.DataFrame:
 
     Paper columns: FGPR, Separate, AR, Deep. Ours: every method in ``summary``; ``AR1`` sits next
     to the paper's AR and ``NARGP`` next to the paper's Deep (a different nonlinear model).
-    ``FGPR ≤ paper + 1 std``: our FGPR mean is at or below the paper's FGPR mean + 1 std.
+    ``<method> verdict``: :func:`fedgp.experiments.verdicts.verdict` on our mean against the paper's
+    (reproduced within the larger std, better/worse beyond it, "different protocol" at a 3× ratio).
     """
     mean = summary.pivot(index="function", columns="method", values="rmse_mean")
     std = summary.pivot(index="function", columns="method", values="rmse_std")
@@ -494,8 +496,11 @@ def compare_with_paper(summary: pd.DataFrame) -> pd.DataFrame:
                 row[f"paper {theirs}"] = f"{paper[f'{theirs}_mean']:.3f} ± {paper[f'{theirs}_std']:.3f}"
             if ours in mean.columns:
                 row[f"ours {ours}"] = f"{mean.loc[f, ours]:.3f} ± {std.loc[f, ours]:.3f}"
-        if "FGPR" in mean.columns:
-            row["FGPR ≤ paper + 1 std"] = bool(mean.loc[f, "FGPR"] <= paper["FGPR_mean"] + paper["FGPR_std"])
+        for theirs, ours in pairs:
+            if theirs is not None and ours in mean.columns:
+                row[f"{ours} verdict"] = verdict(
+                    mean.loc[f, ours], paper[f"{theirs}_mean"], std.loc[f, ours], paper[f"{theirs}_std"]
+                )
         rows.append(row)
     return pd.DataFrame(rows)
 

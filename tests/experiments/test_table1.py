@@ -80,20 +80,24 @@ def test_comparison_with_the_paper():
     assert PAPER_TABLE1.set_index("function").loc["currin", "FGPR_mean"] == 0.148
     summary = pd.DataFrame(
         [
-            ("currin", "FGPR", 0.20, 0.01),  # paper 0.148 + 0.056 = 0.204: within
+            ("currin", "FGPR", 0.20, 0.01),  # paper 0.148 ± 0.056: within
             ("currin", "SeparateMLE", 0.10, 0.01),
-            ("park", "FGPR", 0.015, 0.001),  # paper 0.012 + 0.002 = 0.014: not within
+            ("currin", "AR1", 0.025, 0.2),  # paper AR 0.295: 12× lower, whatever the spread
+            ("park", "FGPR", 0.015, 0.001),  # paper 0.012 ± 0.002: 0.003 above
             ("park", "SeparateMLE", 0.02, 0.001),
+            ("park", "AR1", 0.030, 0.001),  # paper AR 0.035 ± 0.001: 0.005 below
         ],
         columns=["function", "method", "rmse_mean", "rmse_std"],
     )
     table = compare_with_paper(summary).set_index("function")
     assert table.loc["currin", "paper FGPR"] == "0.148 ± 0.056"
     assert table.loc["currin", "ours FGPR"] == "0.200 ± 0.010"
-    assert table["FGPR ≤ paper + 1 std"].tolist() == [True, False]
+    assert table["FGPR verdict"].tolist() == ["reproduced", "worse"]
+    assert table["AR1 verdict"].tolist() == ["different protocol", "better"]
+    assert "SeparateMLE verdict" not in table  # the paper has no such column
     win = winners(summary).set_index("function")
     assert win["FGPR vs SeparateMLE"].tolist() == ["SeparateMLE", "FGPR"]
-    assert win["best"].tolist() == ["SeparateMLE", "FGPR"]
+    assert win["best"].tolist() == ["AR1", "FGPR"]
 
 
 def test_cli_reproduce_writes_the_promised_files(tmp_path, capsys):
