@@ -15,6 +15,7 @@ __all__ = ["REPRODUCTIONS", "get_reproduction"]
 
 REPRODUCTIONS: dict[str, str] = {
     "mixed-regression": "fedgp.experiments.mixed_regression:reproduce",
+    "two-phase-unbalanced": "fedgp.experiments.two_phase_unbalanced:reproduce",
     "ifca-synthetic": "fedgp.experiments.ifca_synthetic:reproduce",
     "clustered-gp": "fedgp.experiments.clustered_gp:reproduce",
     "table1": "fedgp.experiments.table1:reproduce",
