@@ -197,6 +197,8 @@ class MFDGP:
         noise_floor: the smallest noise variance of any level (the test functions are noise-free).
         start_iterations: L-BFGS iterations of each exact-GP fit that the training starts from
             (:meth:`_exact_start`).
+        device: where the training and prediction run (e.g. ``"cuda"``; default the CPU). The
+            exact-GP fits it starts from run on the CPU; predictions come back on the CPU.
         seed: seeds the Monte Carlo draws (problem ``b`` of :meth:`fit_batch` uses ``seed + b``
             unless ``seeds`` are given).
 
@@ -215,6 +217,7 @@ class MFDGP:
         noise_floor: float = 1e-6,
         start_iterations: int = 200,
         seed: int = 0,
+        device: str | torch.device | None = None,
     ) -> None:
         self.stages = tuple(emukit_stages(0.2) if stages is None else stages)
         if not self.stages or not all(isinstance(s, Stage) for s in self.stages):
@@ -229,6 +232,7 @@ class MFDGP:
         if start_iterations < 1:
             raise ValueError(f"MFDGP: start_iterations must be >= 1, got {start_iterations}")
         self.start_iterations = start_iterations
+        self.device = torch.device("cpu") if device is None else torch.device(device)
         self.samples, self.predict_samples = samples, predict_samples
         self.inducing_stride, self.noise_floor, self.seed = inducing_stride, noise_floor, seed
 
@@ -366,7 +370,8 @@ class MFDGP:
         self.seeds_ = seeds
         self.gens_ = [torch.Generator().manual_seed(s) for s in seeds]
         start = time.perf_counter()
-        net = self._build()
+        net = self._build().to(self.device)
+        self.stacked_ = [(X.to(self.device), y.to(self.device)) for X, y in self.stacked_]
         self.history_: list[float] = []
         elbo = []
         step = 0
@@ -396,7 +401,7 @@ class MFDGP:
             raise RuntimeError("MFDGP is not fitted yet; call fit(levels) first")
         if len(Xs) != self.batch_:
             raise ValueError(f"MFDGP.predict_batch: {self.batch_} problems were fitted, got {len(Xs)} inputs")
-        X = torch.stack([_as_inputs(x, self.d_) for x in Xs])
+        X = torch.stack([_as_inputs(x, self.d_) for x in Xs]).to(self.device)
         t = range(len(self.levels_[0]))[level]
         if chunk is None:  # about 2e7 kernel entries per call
             m = max(layer.variational_strategy.inducing_points.shape[-2] for layer in self.net_.layers)
@@ -411,7 +416,8 @@ class MFDGP:
                 mean, var = means[t], variances[t]
                 parts.append((mean.mean(0), var.mean(0) + mean.var(0, unbiased=False)))
         mean, var_f = (torch.cat(p, -1) for p in zip(*parts))
-        noise = self.net_.likelihoods[t].noise.detach()  # (batch, 1)
+        mean, var_f = mean.cpu(), var_f.cpu()
+        noise = self.net_.likelihoods[t].noise.detach().cpu()  # (batch, 1)
         return [Prediction(mean[b], var_f[b], var_f[b] + noise[b]) for b in range(self.batch_)]
 
     def predict(self, X, level: int = -1) -> Prediction:

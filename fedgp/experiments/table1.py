@@ -187,11 +187,16 @@ class Protocol:
 
     def mfdgp(self, seed: int = 0) -> MFDGP:
         """MF-DGP with this protocol's three stages (:func:`fedgp.baselines.mfdgp.emukit_stages`'
-        structure, shorter and at a larger lr) and sample counts."""
+        structure, shorter and at a larger lr) and sample counts, on ``FEDGP_DEVICE`` (default the
+        CPU; not part of the protocol: a GPU gives the same fits to rounding, and the same cache)."""
         free = ((False, False, False), (True, True, False), (True, True, True))
         stages = [Stage(n, lr, *f) for n, lr, f in zip(self.mfdgp_steps, self.mfdgp_lr, free)]
         return MFDGP(
-            stages, samples=self.mfdgp_samples, predict_samples=self.mfdgp_predict_samples, seed=seed
+            stages,
+            samples=self.mfdgp_samples,
+            predict_samples=self.mfdgp_predict_samples,
+            seed=seed,
+            device=os.environ.get("FEDGP_DEVICE") or None,
         )
 
     def batch_for(self, federation: Federation) -> int:
