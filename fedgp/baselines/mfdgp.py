@@ -193,7 +193,9 @@ class MFDGP:
         samples: Monte Carlo draws per point in the bound (emukit: 10).
         predict_samples: draws per point at prediction (emukit: 250).
         inducing_stride: layer ``t ≥ 1`` takes every ``inducing_stride``-th point of the level
-            below as an inducing input (emukit: 2); layer 0 takes every point of the lowest level.
+            below as an inducing input (emukit: 2).
+        low_inducing_stride: layer 0 takes every ``low_inducing_stride``-th point of the lowest
+            level (emukit: 1, every point; the cost of a step grows with the cube of that number).
         noise_floor: the smallest noise variance of any level (the test functions are noise-free).
         start_iterations: L-BFGS iterations of each exact-GP fit that the training starts from
             (:meth:`_exact_start`).
@@ -214,6 +216,7 @@ class MFDGP:
         samples: int = 10,
         predict_samples: int = 250,
         inducing_stride: int = 2,
+        low_inducing_stride: int = 1,
         noise_floor: float = 1e-6,
         start_iterations: int = 200,
         seed: int = 0,
@@ -225,8 +228,11 @@ class MFDGP:
         for name, value in (("samples", samples), ("predict_samples", predict_samples)):
             if value < 1:
                 raise ValueError(f"MFDGP: {name} must be >= 1, got {value}")
-        if inducing_stride < 1:
-            raise ValueError(f"MFDGP: inducing_stride must be >= 1, got {inducing_stride}")
+        if inducing_stride < 1 or low_inducing_stride < 1:
+            raise ValueError(
+                f"MFDGP: inducing strides must be >= 1, got {inducing_stride} and {low_inducing_stride}"
+            )
+        self.low_inducing_stride = low_inducing_stride
         if not noise_floor > 0:
             raise ValueError(f"MFDGP: noise_floor must be > 0, got {noise_floor}")
         if start_iterations < 1:
@@ -242,7 +248,7 @@ class MFDGP:
         d = self.d_
         Xs = [X for X, _ in self.stacked_]
         ys = [y for _, y in self.stacked_]
-        layers = [_FidelityLayer(Xs[0], _x_kernel(d, batch))]
+        layers = [_FidelityLayer(Xs[0][:, :: self.low_inducing_stride], _x_kernel(d, batch))]
         for t in range(1, len(Xs)):
             Z = torch.cat([Xs[t - 1], ys[t - 1].unsqueeze(-1)], -1)[:, :: self.inducing_stride]
             layers.append(_FidelityLayer(Z, _link_kernel(d, batch)))
