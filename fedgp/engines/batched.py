@@ -51,6 +51,7 @@ __all__ = ["BatchedEngine", "BatchedOps", "BatchedGP", "PerClientOps", "Unsuppor
 _NOISE = "likelihood.noise_covar.raw_noise"
 _LOG_2PI = math.log(2 * math.pi)
 _WARNED: set[str] = set()
+CPU_CHUNK_SIZE, GPU_CHUNK_SIZE = 512, 16_384  # default clients per batched program (BatchedEngine)
 
 
 class UnsupportedSpec(ValueError):
@@ -334,8 +335,10 @@ class BatchedEngine(InProcessEngine):
 
     Args:
         chunk_size: clients per batched program (bounds memory; cost is linear in clients). The
-            default keeps one ``(chunk, 32, 32)`` float64 tensor at 4 MiB, in cache: 512 was the
-            fastest of 256–1,024 for M = 32 in both precisions, by up to 20 % over 1,024.
+            default on the CPU keeps one ``(chunk, 32, 32)`` float64 tensor at 4 MiB, in cache: 512
+            was the fastest of 256–1,024 for M = 32 in both precisions, by up to 20 % over 1,024.
+            On a GPU the default is 16,384: a chunk of 512 leaves it waiting on kernel launches
+            (4.5× slower at K = 10,000 on an H200; results/benchmarks/gpu_batched.csv).
         memory_mb: budget for one full-data evaluation group (kernel matrices of whole clients).
         check: compare with GPyTorch on a random case at construction (recommended).
         minibatch_dtype: precision of the local minibatch steps only (e.g. ``torch.float32``, about
@@ -359,7 +362,7 @@ class BatchedEngine(InProcessEngine):
         spec: GPSpec,
         clients: Sequence[ClientData],
         seed: int = 0,
-        chunk_size: int = 512,
+        chunk_size: int | None = None,
         memory_mb: float = 256.0,
         check: bool = True,
         minibatch_dtype: torch.dtype | None = None,
@@ -367,9 +370,11 @@ class BatchedEngine(InProcessEngine):
         device: str | torch.device = "cpu",
         **options,
     ):
+        self.device = torch.device(device)
+        if chunk_size is None:
+            chunk_size = GPU_CHUNK_SIZE if self.device.type == "cuda" else CPU_CHUNK_SIZE
         if chunk_size < 1:
             raise ValueError("chunk_size must be >= 1")
-        self.device = torch.device(device)
         if self.device.type == "cuda" and not torch.cuda.is_available():
             raise ValueError(
                 f"device={str(device)!r}, but this PyTorch sees no CUDA GPU (torch.cuda.is_available() "

@@ -9,6 +9,7 @@ import torch
 import fedgp
 from fedgp import GPSpec
 from fedgp.data import gp_federation
+from fedgp.engines.batched import GPU_CHUNK_SIZE
 from fedgp.strategies import FGPR
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (none seen by torch)")
@@ -47,6 +48,7 @@ def fit_on(device, kernel, dtype, federation, engine="batched"):
 def test_gpu_tensor_path_matches_the_sequential_engine(draws, kernel, dtype):
     gpu = fit_on("cuda", kernel, dtype, draws.federation)
     assert gpu.engine.X.is_cuda and all(v.dtype == dtype for v in gpu.state.values())
+    assert gpu.engine.chunk_size == GPU_CHUNK_SIZE  # a GPU's default: large chunks
     reference = fit_on("cpu", kernel, torch.float64, draws.federation, engine="sequential")
     to64 = gpu.state.map(lambda v, e: v.double())
     assert to64.max_relative_difference(reference.state) < TOLERANCE[dtype]
