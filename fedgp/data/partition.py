@@ -78,6 +78,7 @@ class SizeSkewedPartitioner:
     seed: int = 0
 
     def sizes(self, n: int) -> np.ndarray:
+        """The clients' sizes for ``n`` rows: skewed draws, shrunk to fit ``n`` while keeping ``min_size``."""
         sizes = skewed_sizes(self.num_partitions, self.min_size, self.max_size, self.distribution, self.seed)
         if sizes.sum() > n:
             if self.min_size * self.num_partitions > n:

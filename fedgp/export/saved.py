@@ -36,6 +36,7 @@ from fedgp.transforms import DataTransform
 
 __all__ = ["save_result", "load_result", "FORMAT", "VERSION"]
 
+#: What a saved result's header says it is, and the version of its layout.
 FORMAT, VERSION = "fedgp.FitResult", 2
 
 

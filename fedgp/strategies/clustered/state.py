@@ -39,10 +39,12 @@ class ClusteredState:
 
     @property
     def best(self) -> int:
+        """The restart with the lowest training objective."""
         return int(torch.argmin(self.objective))
 
     @property
     def initialising(self) -> bool:
+        """Whether the initialiser is still running its rounds."""
         return self.init is not None
 
 
