@@ -136,8 +136,13 @@ class NaturalIdPartitioner:
             raise ValueError(f"ids must be 1-D, got shape {ids.shape}")
         _, first, inverse = np.unique(ids, return_index=True, return_inverse=True)
         order = np.argsort(first)
-        labels = [ids[first[k]].item() for k in order]
+        # numpy scalars become Python values; an object column (pandas strings) holds them already
+        labels = [_plain(ids[first[k]]) for k in order]
         return labels, [np.flatnonzero(inverse == k) for k in order]
+
+
+def _plain(value: Any) -> Any:
+    return value.item() if isinstance(value, np.generic) else value
 
 
 def _check_count(num_partitions: int, n: int) -> None:
