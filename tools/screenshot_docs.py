@@ -21,7 +21,10 @@ from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PAGES = {"home": "", "api-strategies": "api/strategies/"}
+#: name -> path under the site: the home page, a subpackage's API page (its summary tables), and a
+#: short one whose first screen shows classes with their signatures. (A ``#fragment`` leaves
+#: headless Chromium's screenshot blank, so pages are taken from their top.)
+PAGES = {"home": "", "api-strategies": "api/strategies/", "api-stopping": "api/stopping/"}
 CHROMIUM_FLAGS = [
     "--headless",
     "--no-sandbox",

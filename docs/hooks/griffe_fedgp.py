@@ -10,7 +10,9 @@ after it, so, before rendering:
   the last component only; a relative name (``.base``, ``check``) is resolved against the object's
   module and class;
 * the ``#:`` comment lines right above an attribute become its docstring when it has none;
-* a paragraph ending in ``::`` ends in ``:`` (the indented block after it is code in Markdown too).
+* a paragraph ending in ``::`` ends in ``:`` (the indented block after it is code in Markdown too);
+* the first paragraph (the summary, wrapped over lines in the source) becomes one line: the API
+  pages' summary tables show a docstring's first line only.
 """
 
 from __future__ import annotations
@@ -93,7 +95,16 @@ class FedgpDocstrings(griffe.Extension):
             if obj.docstring is not None:
                 value = ROLE.sub(lambda m, o=obj: _reference(m, o), obj.docstring.value)
                 value = re.sub(r"::\n", ":\n", value)
-                obj.docstring.value = value
+                obj.docstring.value = _one_line_summary(value)
+
+
+def _one_line_summary(value: str) -> str:
+    head, blank, rest = value.partition("\n\n")
+    lines = head.splitlines()
+    markers = ("- ", "* ", ">>>", "|", "Args:", "Parameters", "Returns", "Example")
+    if len(lines) < 2 or any(line.lstrip().startswith(markers) or line.startswith(" ") for line in lines[1:]):
+        return value
+    return " ".join(line.strip() for line in lines) + blank + rest
 
 
 def _walk(obj: griffe.Object):
