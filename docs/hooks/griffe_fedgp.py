@@ -11,8 +11,8 @@ after it, so, before rendering:
   module and class;
 * the ``#:`` comment lines right above an attribute become its docstring when it has none;
 * a paragraph ending in ``::`` ends in ``:`` (the indented block after it is code in Markdown too);
-* the first paragraph (the summary, wrapped over lines in the source) becomes one line: the API
-  pages' summary tables show a docstring's first line only.
+* the first sentence (wrapped over lines in the source) becomes the first line: the API pages'
+  summary tables show a docstring's first line only.
 """
 
 from __future__ import annotations
@@ -98,13 +98,24 @@ class FedgpDocstrings(griffe.Extension):
                 obj.docstring.value = _one_line_summary(value)
 
 
+SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z`(*])")
+ABBREVIATIONS = ("e.g.", "i.e.", "al.", "cf.", "vs.", "Fig.", "Eq.", "Alg.", "No.")
+
+
 def _one_line_summary(value: str) -> str:
+    """The first paragraph's first sentence on the first line, the rest of the paragraph after it
+    (Markdown joins the lines again, so the docstring reads as before)."""
     head, blank, rest = value.partition("\n\n")
     lines = head.splitlines()
     markers = ("- ", "* ", ">>>", "|", "Args:", "Parameters", "Returns", "Example")
     if len(lines) < 2 or any(line.lstrip().startswith(markers) or line.startswith(" ") for line in lines[1:]):
         return value
-    return " ".join(line.strip() for line in lines) + blank + rest
+    paragraph = " ".join(line.strip() for line in lines)
+    for match in SENTENCE_END.finditer(paragraph):
+        if not paragraph[: match.start()].endswith(ABBREVIATIONS):
+            paragraph = paragraph[: match.start()] + "\n" + paragraph[match.end() :]
+            break
+    return paragraph + blank + rest
 
 
 def _walk(obj: griffe.Object):

@@ -66,12 +66,31 @@ def _tree(dotted: str) -> ast.Module:
 
 
 def exported(dotted: str) -> list[str]:
-    """The literal ``__all__`` of a module (a module without one exports nothing here)."""
+    """The ``__all__`` of a module, from its source: literal names, and ``*sub.__all__`` of its own
+    submodules spliced in (a module without ``__all__`` exports nothing here)."""
     for node in _tree(dotted).body:
         targets = node.targets if isinstance(node, ast.Assign) else []
         if any(isinstance(t, ast.Name) and t.id == "__all__" for t in targets):
-            return [ast.literal_eval(e) for e in node.value.elts if isinstance(e, ast.Constant)]
+            names = []
+            for element in node.value.elts:
+                if isinstance(element, ast.Constant):
+                    names.append(element.value)
+                elif isinstance(element, ast.Starred) and isinstance(element.value, ast.Attribute):
+                    names += exported(f"{dotted}.{element.value.value.id}")
+            return names
     return []
+
+
+def is_submodule(package: str, name: str) -> bool:
+    folder = ROOT.joinpath(*package.split("."))
+    return (folder / f"{name}.py").is_file() or (folder / name / "__init__.py").is_file()
+
+
+def reexported(package: str) -> set[str]:
+    """The names a package's page shows at the package's level. A name that is also one of its
+    submodules (``fedgp.clustering.kmeans``) is the submodule to griffe, as ``fedgp.fit`` is: the
+    object is shown under the submodule instead."""
+    return {n for n in exported(package) if not is_submodule(package, n)}
 
 
 def summary(dotted: str) -> str:
@@ -108,16 +127,17 @@ def _block(dotted: str, members: list[str] | None, heading_level: int = 2) -> st
 
 
 def api_page(name: str) -> str:
-    """``api/<name>.md``: the subpackage, then its modules' names that it does not re-export."""
+    """``api/<name>.md``: the subpackage with its ``__all__``, then each public module below it with
+    the names of its ``__all__`` that no package above it (on this page) re-exports."""
     dotted = f"fedgp.{name}"
-    shown = set(exported(dotted))
-    parts = [_block(dotted, exported(dotted) or None, 1)]  # its root heading is the page's title
+    root = [n for n in exported(dotted) if n in reexported(dotted)]
+    parts = [_block(dotted, root if exported(dotted) else None, 1)]  # the root heading is the title
     for module in submodules(dotted):
-        rest = [n for n in exported(module) if n not in shown]
-        if not rest:
-            continue
-        shown.update(rest)
-        parts.append(_block(module, rest, 2))
+        above = [".".join(module.split(".")[:k]) for k in range(2, module.count(".") + 1)]
+        shown = set().union(*(reexported(package) for package in above))
+        members = [n for n in exported(module) if n not in shown and n in reexported(module)]
+        if members:
+            parts.append(_block(module, members, 2))
     return "\n".join(parts)
 
 

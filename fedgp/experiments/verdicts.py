@@ -45,8 +45,14 @@ __all__ = [
     "reproduce",
 ]
 
-#: The verdicts (:func:`verdict`): within the larger std; better; worse; 3× apart or more.
-REPRODUCED, BETTER, WORSE, DIFFERENT = "reproduced", "better", "worse", "different protocol"
+#: Verdict: within the larger of the two standard deviations (:func:`verdict`).
+REPRODUCED = "reproduced"
+#: Verdict: beyond it, in the quantity's better direction.
+BETTER = "better"
+#: Verdict: beyond it, in the quantity's worse direction.
+WORSE = "worse"
+#: Verdict: ours and the paper's :data:`PROTOCOL_RATIO` times apart or more, either way.
+DIFFERENT = "different protocol"
 #: Ours and the paper's this many times apart (either way) means a different protocol, not a result.
 PROTOCOL_RATIO = 3.0
 #: The marker comment that opens the generated block in ``results/README.md``.
