@@ -89,6 +89,9 @@ _SUBMODULES = (
     "transforms",
 )
 
+#: Subpackages that need an optional extra, named in the error when it is missing.
+_EXTRAS = {"flower": "flower"}
+
 __all__ = [
     "fit",
     "FitResult",
@@ -117,7 +120,14 @@ __all__ = [
 def __getattr__(name: str):
     """Import a subpackage, or the module defining a top-level object, on first use (PEP 562)."""
     if name in _SUBMODULES:
-        return importlib.import_module(f"{__name__}.{name}")  # the import binds it on fedgp too
+        try:
+            return importlib.import_module(f"{__name__}.{name}")  # the import binds it on fedgp too
+        except ModuleNotFoundError as err:
+            if err.name is None or err.name.split(".")[0] == __name__:
+                raise
+            missing, extra = err.name.split(".")[0], _EXTRAS.get(name)
+            fix = f"pip install 'fedgp-gpytorch[{extra}]'" if extra else f"install {missing}"
+            raise ModuleNotFoundError(f"fedgp.{name} needs {missing!r}: {fix}", name=missing) from err
     if name in _OBJECTS:
         module, attribute = _OBJECTS[name]
         value = getattr(importlib.import_module(module), attribute)

@@ -188,6 +188,18 @@ def test_fit_stays_the_function_whatever_is_imported_first():
     assert out.returncode == 0, out.stderr
 
 
+def test_a_missing_extra_is_named():
+    """Without Flower installed, ``fedgp.flower`` says which extra to install."""
+    code = (
+        "import sys; sys.modules['flwr'] = None\n"  # as if flwr were not installed
+        "import fedgp\n"
+        "try:\n    fedgp.flower\nexcept ModuleNotFoundError as err:\n    print(err)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=PACKAGE.parent)
+    assert out.returncode == 0, out.stderr
+    assert "fedgp.flower needs 'flwr'" in out.stdout and "fedgp-gpytorch[flower]" in out.stdout
+
+
 def test_unknown_attribute_is_an_attribute_error():
     with pytest.raises(AttributeError, match="no attribute 'nonexistent'"):
         fedgp.nonexistent  # noqa: B018
