@@ -146,18 +146,23 @@ def test_reproducing_tables_come_from_the_committed_csv(site):
 # -- the examples ---------------------------------------------------------------------------------
 
 SKIP = re.compile(r"<!-- docs-test: skip \((?P<reason>[^)]+)\) -->\s*$")
-FENCE = re.compile(r"^```python\n(.*?)^```", re.S | re.M)
+FENCE = re.compile(r"^```python\n(.*?)^```\n(?:\s*^```text\n(?P<output>.*?)^```)?", re.S | re.M)
 
 
 def code_blocks(page: Path) -> list[tuple[int, str, str | None]]:
     """``(line, code, skip reason or None)`` for each python block of a page."""
+    return [(line, code, skip) for line, code, skip, _ in _blocks(page)]
+
+
+def _blocks(page: Path) -> list[tuple[int, str, str | None, str | None]]:
+    """As :func:`code_blocks`, with the ``text`` block that shows the output, if one follows."""
     text = page.read_text(encoding="utf-8")
     blocks = []
     for match in FENCE.finditer(text):
         before = text[: match.start()].rstrip().splitlines()
         skip = SKIP.search(before[-1]) if before else None
         line = text[: match.start()].count("\n") + 2
-        blocks.append((line, match.group(1), skip.group("reason") if skip else None))
+        blocks.append((line, match.group(1), skip.group("reason") if skip else None, match.group("output")))
     return blocks
 
 
@@ -185,9 +190,17 @@ def test_pages_with_examples_are_found():
 
 @pytest.mark.parametrize("name", PAGES)
 def test_page_examples_run_as_written(name, tmp_path, monkeypatch, capsys):
+    """Each page's examples run in order in one namespace; where a ``text`` block after an example
+    shows what it prints, every line of it is printed."""
     pytest.importorskip("sklearn")  # "Your own data" loads scikit-learn's diabetes data
     monkeypatch.chdir(tmp_path)  # examples that write files write them here
     namespace: dict = {"__name__": "__docs__"}
-    for line, code, skip in code_blocks(DOCS / name):
-        if skip is None:
-            exec(compile(code, f"docs/{name}:{line}", "exec"), namespace)
+    for line, code, skip, output in _blocks(DOCS / name):
+        if skip is not None:
+            continue
+        capsys.readouterr()
+        exec(compile(code, f"docs/{name}:{line}", "exec"), namespace)
+        printed = {row.strip() for row in capsys.readouterr().out.splitlines()}
+        if output is not None:
+            shown = [row.strip() for row in output.splitlines() if row.strip()]
+            assert set(shown) <= printed, f"docs/{name}:{line} prints\n" + "\n".join(sorted(printed))
