@@ -73,6 +73,7 @@ __all__ = [
     "UnknownClientError",
 ]
 
+#: Engines by name for ``fit(engine=...)``; ``ray`` and ``flower`` need their extras (``EXTRA_ENGINES``).
 ENGINES: dict[str, Any] = {"sequential": SequentialEngine, "batched": BatchedEngine}
 #: Engines whose dependencies are optional extras, imported when first asked for.
 EXTRA_ENGINES = {"ray": "fedgp.engines.ray:RayEngine", "flower": "fedgp.flower.local:FlowerEngine"}
@@ -275,6 +276,8 @@ class FitResult:
 
     @property
     def context(self) -> ServerContext:
+        """What the server knows about this run (spec, clients' ids and sizes, seed), as the strategy saw
+        it."""
         return server_context(self.spec, self.registry, self.seed)
 
     def _resolve(self, client: int | ClientData | Any) -> tuple[Engine, Registry, int, int]:

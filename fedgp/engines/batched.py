@@ -188,11 +188,14 @@ class BatchedGP:
         return torch.func.functional_call(self.module, self._module_params(raw), (None,), {"rows": rows})
 
     def mean(self, raw: dict[str, torch.Tensor], X: torch.Tensor) -> torch.Tensor:
+        """The mean module evaluated with the parameters ``raw`` (batched over clients)."""
         if self.parameter_free_mean:  # no parameters (e.g. ZeroMean): skip functional_call's overhead
             return self.module.mean_module(X)
         return torch.func.functional_call(self.module, self._module_params(raw), (X,))
 
     def kernel(self, raw: dict[str, torch.Tensor], X1: torch.Tensor, X2: torch.Tensor, diag: bool = False):
+        """The kernel evaluated with the parameters ``raw`` between ``X1`` and ``X2`` (batched over
+        clients)."""
         return torch.func.functional_call(self.module, self._module_params(raw), (X1, X2), {"diag": diag})
 
     def noise_variance(self, raw: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -488,6 +491,8 @@ class BatchedOps:
 
     # -- ClientOps --------------------------------------------------------------------------------
     def nll(self, states: HyperState) -> torch.Tensor:
+        """Per-point exact NLL of each client's full data under each state, all clients at once (see
+        :class:`~fedgp.strategies.ClientOps`)."""
         flat, extra, per_client = self._rows(states)
         raw = dict(self.spec.to_raw(flat))
         out = {
@@ -497,6 +502,8 @@ class BatchedOps:
         return out["loss"].reshape(len(self.rows), *extra).to("cpu", torch.float64)
 
     def gradient(self, states: HyperState, batch_size: int | None = None) -> tuple[torch.Tensor, HyperState]:
+        """Per-point NLL and its gradient with respect to the raw trainable parameters, all clients at
+        once (see :class:`~fedgp.strategies.ClientOps`)."""
         flat, extra, per_client = self._rows(states)
         raw = dict(self.spec.to_raw(flat))
         B = len(self.rows)
@@ -538,6 +545,8 @@ class BatchedOps:
         return out["loss"].reshape(B, *extra).to("cpu", torch.float64), shaped
 
     def train(self, states: HyperState, local: LocalTraining) -> TrainResult:
+        """Run the local optimiser from each state, every client's minibatch steps as one batched program
+        (see :class:`~fedgp.strategies.ClientOps`)."""
         flat, extra, per_client = self._rows(states)
         B = len(self.rows)
         steps = local.num_steps(self.sizes)
@@ -700,13 +709,16 @@ class PerClientOps:
             yield ops, states.index(slice(i, i + 1))
 
     def nll(self, states: HyperState) -> torch.Tensor:
+        """Per-point exact NLL, client by client with GPyTorch (the fallback path)."""
         return torch.cat([ops.nll(s) for ops, s in self._each(states)])
 
     def gradient(self, states: HyperState, batch_size: int | None = None) -> tuple[torch.Tensor, HyperState]:
+        """Per-point NLL and gradient, client by client with GPyTorch (the fallback path)."""
         out = [ops.gradient(s, batch_size) for ops, s in self._each(states)]
         return torch.cat([loss for loss, _ in out]), HyperState.cat([g for _, g in out])
 
     def train(self, states: HyperState, local: LocalTraining) -> TrainResult:
+        """Local training, client by client with GPyTorch (the fallback path)."""
         out = [ops.train(s, local) for ops, s in self._each(states)]
         return TrainResult(
             HyperState.cat([r.states for r in out]),
@@ -717,6 +729,7 @@ class PerClientOps:
     def predict(
         self, states: HyperState, X_new: torch.Tensor | None = None, full_cov: bool = False
     ) -> list[Prediction]:
+        """Personalised predictions, client by client with GPyTorch (the fallback path)."""
         return [p for ops, s in self._each(states) for p in ops.predict(s, X_new, full_cov)]
 
 

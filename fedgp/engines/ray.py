@@ -174,8 +174,9 @@ class RayEngine(Engine):
         num_workers: actors (shards); default one per CPU of the cluster (local: of this machine).
         threads: torch threads per actor (1: one core each).
         timeout: seconds to wait for a shard's reply; a later shard fails its clients that round.
-        Other options (``chunk_size``, ``compiled``, ``minibatch_dtype`` ...) go to each shard's
-        :class:`~fedgp.engines.batched.BatchedEngine`.
+
+    Other options (``chunk_size``, ``compiled``, ``minibatch_dtype`` ...) go to each shard's
+    :class:`~fedgp.engines.batched.BatchedEngine`.
     """
 
     name = "ray"

@@ -159,6 +159,7 @@ def success_table(rows: pd.DataFrame, by: Sequence[str]) -> pd.DataFrame:
 
 
 def plot_success(table: pd.DataFrame, x: str, curve: str, ax=None, title: str = ""):
+    """Success probability (with its standard error) against ``x``, one line per value of ``curve``."""
     import matplotlib.pyplot as plt
 
     ax = plt.gca() if ax is None else ax

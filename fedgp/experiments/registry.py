@@ -13,6 +13,7 @@ from collections.abc import Callable
 
 __all__ = ["REPRODUCTIONS", "get_reproduction"]
 
+#: ``fedgp reproduce NAME`` -> ``"module:function"`` of its ``reproduce`` function.
 REPRODUCTIONS: dict[str, str] = {
     "mixed-regression": "fedgp.experiments.mixed_regression:reproduce",
     "ifca-synthetic": "fedgp.experiments.ifca_synthetic:reproduce",
@@ -32,6 +33,8 @@ REPRODUCTIONS: dict[str, str] = {
 
 
 def get_reproduction(name: str) -> Callable:
+    """The ``reproduce`` function registered under ``name`` (imported only now); an unknown name exits with
+    the list of known ones."""
     try:
         target = REPRODUCTIONS[name]
     except KeyError:

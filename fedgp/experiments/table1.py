@@ -98,6 +98,7 @@ PAPER_TABLE1 = pd.DataFrame(
     ],
 )
 
+#: The methods run for Table 1: FGPR and its baselines (Separate per fidelity, MLE variants, AR1, NARGP).
 METHODS: tuple[str, ...] = ("FGPR", "Separate", "SeparateMLE", "FGPR-MLE", "AR1", "NARGP")
 SUMMARY_COLUMNS = ["function", "method", "rmse_mean", "rmse_std", "nll_mean", "coverage95_mean", "repeats"]
 
@@ -130,9 +131,12 @@ class Protocol:
             raise ValueError(f"minibatch must be 'uniform' or 'nearest', got {self.minibatch!r}")
 
     def batch_for(self, federation: Federation) -> int:
+        """The minibatch size for a federation: the protocol's, else the smallest client's size."""
         return int(federation.sizes.min()) if self.batch_size is None else int(self.batch_size)
 
     def fgpr(self, federation: Federation, hf_weight: float | None = None) -> FGPR:
+        """The FGPR strategy of this protocol for a federation (``hf_weight``: the high-fidelity client's
+        weight p₁, else by size)."""
         kwargs = dict(
             local_epochs=self.local_epochs,
             batch_size=self.batch_for(federation),

@@ -50,6 +50,7 @@ __all__ = [
     "fgpr_repeat",
 ]
 
+#: The methods run for Table 2 (the paper's three, plus LocalGP).
 METHODS = ("FGPR", "Polynomial", "Neural", "LocalGP")
 
 #: Table 2 of the paper: mean over 30 repeats (and, in brackets there, the std over repeats) of the

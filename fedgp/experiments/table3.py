@@ -53,6 +53,7 @@ __all__ = [
     "reproduce",
 ]
 
+#: The methods run for Table 3 (the paper's FGPR and Ditto, plus FedAvg MLP, LocalGP and CentralGP).
 METHODS = ("FGPR", "Ditto", "FedAvgMLP", "LocalGP", "CentralGP")
 CSV_COLUMNS = [
     "output",
