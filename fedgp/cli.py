@@ -258,7 +258,10 @@ def _predict(args: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
     path = out / "predictions.csv"
     frame.to_csv(path, index=False)
-    print(f"fedgp predict: {n} rows of {len(asked)} owners ({len(missing)} from the shared prior alone)")
+    print(
+        f"fedgp predict: {n} row(s) of {len(asked)} owner(s), {len(missing)} of them from the shared "
+        "prior alone"
+    )
     print(f"wrote {path}")
     return 0
 
@@ -331,10 +334,7 @@ def _download(args: argparse.Namespace) -> int:
     return 0
 
 
-OUT_HELP = (
-    "output folder (default: a new folder fedgp-{command}-YYYYmmdd-HHMMSS under the current "
-    "directory; pass --out results to update the committed tables)"
-)
+OUT_HELP = "output folder (default: a new folder fedgp-{command}-YYYYmmdd-HHMMSS under the current directory)"
 
 
 def _quiet_option(parser: argparse.ArgumentParser) -> None:
@@ -461,7 +461,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     rep.add_argument("name", help=f"one of: {', '.join(REPRODUCTIONS)}")
     rep.add_argument("--repeats", type=int, default=None, help="repetitions (default: the paper's)")
-    rep.add_argument("--out", default=None, help=OUT_HELP.format(command="reproduce"))
+    rep.add_argument(
+        "--out",
+        default=None,
+        help=OUT_HELP.format(command="reproduce")
+        + "; --out results updates the committed tables of a repository checkout",
+    )
     rep.add_argument("--seed", type=int, default=0, help="master seed")
     rep.add_argument("--quick", action="store_true", help="a few repeats and rounds (also FEDGP_QUICK=1)")
     _quiet_option(rep)
