@@ -91,8 +91,9 @@ def _fit(args: argparse.Namespace) -> int:
             progress=_progress(args),
             stop=None if args.stop == "none" else args.stop,
         )
-    for warning in caught:  # one line each (a ConvergenceWarning says what to change)
-        print(f"fedgp fit: warning: {warning.message}", file=sys.stderr)
+    for warning in caught:  # fedgp's warnings, one line each (a ConvergenceWarning says what to change)
+        if issubclass(warning.category, UserWarning):
+            print(f"fedgp fit: warning: {warning.message}", file=sys.stderr)
     metrics = _owner_metrics(result, federation, held_out=bool(args.test_fraction))
     out.mkdir(parents=True, exist_ok=True)
     columns = {
@@ -429,6 +430,7 @@ def _add_predict(sub) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The ``fedgp`` argument parser: fit, predict, demo, reproduce, download."""
     parser = argparse.ArgumentParser(prog="fedgp", description="Federated Gaussian-process regression.")
     parser.add_argument("--version", action="version", version=f"fedgp {__import__('fedgp').__version__}")
     from fedgp.experiments.registry import quick_runtime
@@ -504,6 +506,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run ``fedgp`` with ``argv`` (default: the command line); returns the exit status, 2 for
+    refused input (printed as one line on stderr)."""
     from fedgp.data.table import TableError
 
     args = build_parser().parse_args(argv)

@@ -336,3 +336,11 @@ def test_progress_lines_without_a_terminal_and_quiet(data_csv, tmp_path, capsys,
     assert all("train_nll=" in line for line in lines)
     assert main([*argv, "--out", str(tmp_path / "b"), "--quiet"]) == 0
     assert capsys.readouterr().err == ""
+
+
+def test_a_fit_that_does_not_converge_says_so_in_one_line(data_csv, tmp_path, capsys):
+    assert fit_cli(data_csv, tmp_path / "m", "--stop", "auto") == 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("fedgp fit: warning: fit did not converge: the 3-round budget")
+    history = pd.read_csv(tmp_path / "m" / "history.csv")
+    assert len(history) == 3
