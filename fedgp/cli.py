@@ -295,20 +295,26 @@ def _setting_options(name: str, reproduce, args: argparse.Namespace) -> dict:
 
 
 def _reproduce(args: argparse.Namespace) -> int:
-
-    from fedgp.experiments.registry import get_reproduction
+    from fedgp.experiments.registry import get_reproduction, quick_runtime
     from fedgp.experiments.settings import quick_mode
 
     reproduce = get_reproduction(args.name)
     options = _setting_options(args.name, reproduce, args)
-    written = reproduce(
-        repeats=args.repeats,
-        out_dir=_out(args),
-        seed=args.seed,
-        quick=args.quick or quick_mode(),
-        progress=_progress(args),
-        **options,
-    )
+    quick = args.quick or quick_mode()
+    if not args.quiet:  # some experiments have no progress of their own: say what to expect
+        expect = quick_runtime(args.name) if quick else "the full protocol (results/README.md gives its time)"
+        print(f"fedgp reproduce {args.name}: started; {expect}", file=sys.stderr, flush=True)
+    try:
+        written = reproduce(
+            repeats=args.repeats,
+            out_dir=_out(args),
+            seed=args.seed,
+            quick=quick,
+            progress=_progress(args),
+            **options,
+        )
+    except FileNotFoundError as err:  # data files, or verdicts' input CSVs: the message names them
+        raise CommandError(str(err)) from None
     for path in written:
         print(f"wrote {path}")
     return 0

@@ -14,6 +14,7 @@ import fedgp.progress
 from fedgp.cli import _out, build_parser, default_out, main
 from fedgp.data import ClientData
 from fedgp.data.table import read_owner_table
+from fedgp.experiments.registry import QUICK_RUNTIMES, REPRODUCTIONS
 from fedgp.presets import make_spec
 from fedgp.strategies import FGPR
 
@@ -344,3 +345,36 @@ def test_a_fit_that_does_not_converge_says_so_in_one_line(data_csv, tmp_path, ca
     assert len(err) == 1 and err[0].startswith("fedgp fit: warning: fit did not converge: the 3-round budget")
     history = pd.read_csv(tmp_path / "m" / "history.csv")
     assert len(history) == 3
+
+
+def test_reproduce_says_what_to_expect_and_names_missing_inputs(tmp_path, capsys):
+    assert main(["reproduce", "verdicts", "--quick", "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err[0].startswith("fedgp reproduce verdicts: started; --quick: ")
+    assert err[1].startswith("fedgp reproduce: verdicts: none of table1.csv") and len(err) == 2
+    assert main(["reproduce", "verdicts", "--out", str(tmp_path), "--quiet"]) == 2
+    assert len(capsys.readouterr().err.splitlines()) == 1
+
+
+def test_every_reproduction_states_its_measured_quick_runtime(capsys):
+    """--help names every experiment with its quick-mode time, and the figures are the ones in the
+    committed measurement (benchmarks/cli_quick_times.py, results/benchmarks/cli_quick_times.csv)."""
+    assert set(QUICK_RUNTIMES) == set(REPRODUCTIONS) | {"demo"}
+    measured = pd.read_csv(REPO / "results" / "benchmarks" / "cli_quick_times.csv").set_index("name")
+    assert (measured["returncode"] == 0).all()
+    for name, (cpu_min, wall_min, load) in QUICK_RUNTIMES.items():
+        row = measured.loc[name]
+        measured_here = [row["cpu_s"] / 60, row["wall_s"] / 60, max(row["load1_before"], row["load1_after"])]
+        assert [cpu_min, wall_min, load] == pytest.approx(measured_here, abs=0.051), name  # to 0.1
+    with pytest.raises(SystemExit):
+        main(["reproduce", "--help"])
+    text = re.sub(r"\s+", " ", capsys.readouterr().out)
+    for name, (cpu_min, wall_min, _) in QUICK_RUNTIMES.items():
+        if name != "demo":
+            assert re.search(
+                rf"{re.escape(name)} .*?--quick: {cpu_min:g} min CPU, {wall_min:g} min wall", text
+            ), name
+    with pytest.raises(SystemExit):
+        main(["demo", "--help"])
+    cpu_min, wall_min, _ = QUICK_RUNTIMES["demo"]
+    assert f"{cpu_min:g} min CPU, {wall_min:g} min wall" in re.sub(r"\s+", " ", capsys.readouterr().out)

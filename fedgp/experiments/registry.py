@@ -54,7 +54,23 @@ DESCRIPTIONS: dict[str, str] = {
 #: name -> (CPU minutes, wall minutes, the higher 1-minute load average before/after). Measured on
 #: a 2-vCPU VM shared with other jobs, with OMP_NUM_THREADS=1: on a quiet machine expect the wall
 #: time near the CPU time (each run computes on one core), on a loaded one longer.
-QUICK_RUNTIMES: dict[str, tuple[float, float, float]] = {}
+QUICK_RUNTIMES: dict[str, tuple[float, float, float]] = {
+    "mixed-regression": (1.7, 3.6, 5.4),
+    "ifca-synthetic": (0.3, 1.2, 5.6),
+    "clustered-gp": (0.4, 1.2, 5.9),
+    "table1": (0.5, 1.2, 5.9),
+    "table2": (3.9, 12.1, 6.1),
+    "table3": (2.5, 7.3, 7.1),
+    "failures": (0.4, 1.7, 7.8),
+    "werner-synthetic": (0.1, 0.7, 8.1),
+    "werner-gp": (3.9, 13.6, 8.1),
+    "robust-fgpr": (1.2, 3.2, 8.1),
+    "own-data": (0.5, 1.4, 10.2),
+    "prior-map": (0.5, 1.6, 10.2),
+    "botorch-loop": (0.4, 1.3, 9.4),
+    "verdicts": (0.1, 0.2, 9.5),
+    "demo": (0.2, 0.7, 9.7),
+}
 
 
 def quick_runtime(name: str) -> str:

@@ -113,7 +113,8 @@ class Table2Settings:
 
     @classmethod
     def quick(cls) -> Table2Settings:
-        """A few rounds and degrees: exercises every code path in seconds (CI, notebooks)."""
+        """A few rounds and degrees: every code path, not the paper's numbers (CI, notebooks); the
+        run time of ``fedgp reproduce table2 --quick`` is in ``fedgp reproduce --help``."""
         return cls(
             rounds=5,
             degrees=(2, 10),

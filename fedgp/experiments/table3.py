@@ -131,7 +131,8 @@ class Table3Settings:
 
     @classmethod
     def quick(cls) -> Table3Settings:
-        """One or two outputs, few rounds and small fits: every code path in seconds."""
+        """One or two outputs, few rounds and small fits: every code path, not the paper's numbers;
+        the run time of ``fedgp reproduce table3 --quick`` is in ``fedgp reproduce --help``."""
         return cls(
             outputs=(1,),
             rounds=10,
