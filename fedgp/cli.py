@@ -355,6 +355,21 @@ def _quiet_option(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _count(minimum: int):
+    """An argparse type: an integer >= ``minimum``, refused by argparse (exit status 2) otherwise."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+        if value is None or value < minimum:
+            raise argparse.ArgumentTypeError(f"must be an integer >= {minimum}, got {text!r}")
+        return value
+
+    return parse
+
+
 def _add_fit(sub) -> None:
     from fedgp.presets import KERNELS, MEANS, STRATEGIES
 
@@ -383,7 +398,7 @@ def _add_fit(sub) -> None:
     fit.add_argument("--strategy", default="fgpr", choices=list(STRATEGIES), help="fgpr (default) or ifca")
     fit.add_argument("--clusters", type=int, default=None, help="ifca: number of clusters (default 2)")
     fit.add_argument(
-        "--rounds", type=int, default=100, help="communication rounds, or the budget with --stop"
+        "--rounds", type=_count(1), default=100, help="communication rounds, or the budget with --stop"
     )
     fit.add_argument("--stop", default="none", choices=["none", "auto"], help="auto: stop when converged")
     fit.add_argument("--local-steps", type=int, default=None, help="local Adam steps per round (default 5)")
@@ -392,7 +407,7 @@ def _add_fit(sub) -> None:
     fit.add_argument(
         "--engine", default="auto", choices=["auto", "sequential", "batched"], help="default auto"
     )
-    fit.add_argument("--seed", type=int, default=0, help="master seed (training and the test split)")
+    fit.add_argument("--seed", type=_count(0), default=0, help="master seed (training and the test split)")
     fit.add_argument(
         "--test-fraction",
         type=float,

@@ -378,3 +378,11 @@ def test_every_reproduction_states_its_measured_quick_runtime(capsys):
         main(["demo", "--help"])
     cpu_min, wall_min, _ = QUICK_RUNTIMES["demo"]
     assert f"{cpu_min:g} min CPU, {wall_min:g} min wall" in re.sub(r"\s+", " ", capsys.readouterr().out)
+
+
+@pytest.mark.parametrize("argv", [["--rounds", "0"], ["--seed", "-1"], ["--rounds", "ten"]])
+def test_bad_numbers_are_refused_by_the_parser(data_csv, tmp_path, capsys, argv):
+    with pytest.raises(SystemExit) as caught:
+        main(["fit", str(data_csv), "--target", "y", "--group", "owner", *argv, "--out", str(tmp_path / "m")])
+    assert caught.value.code == 2
+    assert f"argument {argv[0]}: must be an integer" in capsys.readouterr().err
