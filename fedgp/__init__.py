@@ -34,6 +34,7 @@ if TYPE_CHECKING:  # what static tools (type checkers, IDEs, the API docs) see
         messages,
         models,
         plotting,
+        sklearn,
         stopping,
         strategies,
         transforms,
@@ -63,8 +64,9 @@ _OBJECTS = {
 
 #: Every public module, each an attribute of ``fedgp`` on first use. ``fedgp.fit`` is the function
 #: (its module is ``sys.modules["fedgp.fit"]``), so the module ``fit`` is not listed. ``__all__``
-#: (what ``from fedgp import *`` imports) leaves out ``flower``, which needs the ``flower`` extra,
-#: and the plumbing the layers share (checks, cli, files, rng, rounds, state_codec).
+#: (what ``from fedgp import *`` imports) leaves out ``flower`` and ``sklearn``, which need the
+#: extras of those names, and the plumbing the layers share (checks, cli, files, presets, progress,
+#: rng, rounds, state_codec).
 _SUBMODULES = (
     "aggregators",
     "attacks",
@@ -81,8 +83,11 @@ _SUBMODULES = (
     "messages",
     "models",
     "plotting",
+    "presets",
+    "progress",
     "rng",
     "rounds",
+    "sklearn",
     "state_codec",
     "stopping",
     "strategies",
@@ -90,7 +95,7 @@ _SUBMODULES = (
 )
 
 #: Subpackages that need an optional extra, named in the error when it is missing.
-_EXTRAS = {"flower": "flower"}
+_EXTRAS = {"flower": "flower", "sklearn": "sklearn"}
 
 __all__ = [
     "fit",

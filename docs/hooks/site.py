@@ -45,9 +45,10 @@ PAGES = (
     "experiments",
     "plotting",
     "messages",
+    "sklearn",
 )
 #: Infrastructure the layers share, documented together on ``api/plumbing.md``.
-PLUMBING = ("rounds", "rng", "state_codec", "checks", "files", "cli")
+PLUMBING = ("rounds", "rng", "state_codec", "checks", "files", "cli", "presets", "progress")
 #: Modules kept only so that old imports work (their names are documented where they live now).
 SHIMS = {"fedgp.strategies.aggregators"}
 

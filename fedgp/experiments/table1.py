@@ -39,7 +39,6 @@ import gpytorch
 import numpy as np
 import pandas as pd
 import torch
-from tqdm import tqdm
 
 import fedgp
 from fedgp.data.client import Federation
@@ -54,6 +53,7 @@ from fedgp.experiments.verdicts import verdict
 from fedgp.models.multifidelity import AR1, NARGP, mle_with_restarts, rbf_spec
 from fedgp.models.objective import FactorizationError
 from fedgp.models.posterior import Prediction, condition
+from fedgp.progress import progress_bar
 from fedgp.strategies.base import RoundPlan
 from fedgp.strategies.fgpr import FGPR
 
@@ -340,13 +340,13 @@ def _one_thread() -> None:
 
 def _map(fn: Callable, jobs: list[tuple], progress: bool | None, desc: str) -> list:
     """``[fn(*job) for job in jobs]``, in ``workers()`` processes when more than one, in job order."""
-    bar = dict(total=len(jobs), desc=desc, disable=None if progress is None else not progress)
+    bar = dict(total=len(jobs), desc=desc, progress=progress, leave=True)
     n = min(workers(), len(jobs))
     if n <= 1:
-        return [fn(*job) for job in tqdm(jobs, **bar)]
+        return [fn(*job) for job in progress_bar(jobs, **bar)]
     context = multiprocessing.get_context("spawn")
     with concurrent.futures.ProcessPoolExecutor(n, mp_context=context, initializer=_one_thread) as pool:
-        return list(tqdm(pool.map(fn, *zip(*jobs)), **bar))
+        return list(progress_bar(pool.map(fn, *zip(*jobs)), **bar))
 
 
 def _run_job(function, seed, methods, sizes, batch, protocol) -> pd.DataFrame:
