@@ -19,7 +19,10 @@ from pathlib import Path
 __all__ = ["main", "build_parser", "default_out", "CommandError", "MODEL_FILE", "COLUMNS_FILE"]
 
 #: What ``fedgp fit`` writes into its folder, and ``fedgp predict`` reads back.
-MODEL_FILE, COLUMNS_FILE = "model.safetensors", "columns.json"
+#: The saved model in a ``fedgp fit`` output folder (``fedgp.load`` reads it).
+MODEL_FILE = "model.safetensors"
+#: The feature, target and owner columns ``fedgp fit`` trained on, which ``fedgp predict`` reads.
+COLUMNS_FILE = "columns.json"
 #: The exit status of a command whose input was refused (argparse uses it for usage errors too).
 INPUT_ERROR = 2
 
