@@ -34,7 +34,6 @@ if TYPE_CHECKING:  # what static tools (type checkers, IDEs, the API docs) see
         messages,
         models,
         plotting,
-        sklearn,
         stopping,
         strategies,
         transforms,
