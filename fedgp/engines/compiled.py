@@ -338,21 +338,34 @@ def _pool(workers: int) -> ThreadPoolExecutor:
     return _POOL
 
 
-def run_tiles(fn, n_tiles: int, *args, threads: int | None = None) -> None:
-    """``fn(*args, t0, t1)`` over contiguous ranges of ``range(n_tiles)``, on ``threads`` threads
+def run_tiles(fn, n_tiles: int, *args, threads: int | None = None, pieces_per_thread: int = 8) -> None:
+    """``fn(*args, t0, t1)`` over contiguous pieces of ``range(n_tiles)``, on ``threads`` threads
     (default ``torch.get_num_threads()``: the pool size the user gave torch bounds ours too).
 
-    ``fn`` must be a compiled function that releases the GIL; the calling thread runs one range
-    itself. Ranges are fixed by ``n_tiles`` and ``threads`` only, and a tile's numbers do not depend
-    on which thread runs it."""
+    ``fn`` must be a compiled function that releases the GIL; the calling thread works too. Each
+    thread takes the next piece when it is done with one, so a thread slowed down by other
+    processes holds the others up by one piece at most. A tile's numbers do not depend on which
+    thread runs it, or with which other tiles."""
     threads = max(1, min(torch.get_num_threads() if threads is None else threads, n_tiles))
     with slp_vectorize():
         if threads == 1:
             fn(*args, 0, n_tiles)
             return
-        bounds = [n_tiles * i // threads for i in range(threads + 1)]
-        futures = [_pool(threads - 1).submit(fn, *args, bounds[i], bounds[i + 1]) for i in range(1, threads)]
-        fn(*args, bounds[0], bounds[1])
+        count = min(n_tiles, threads * pieces_per_thread)
+        bounds = [n_tiles * i // count for i in range(count + 1)]
+        queue = iter(range(count))
+        lock = threading.Lock()
+
+        def work():
+            while True:
+                with lock:
+                    i = next(queue, None)
+                if i is None:
+                    return
+                fn(*args, bounds[i], bounds[i + 1])
+
+        futures = [_pool(threads - 1).submit(work) for _ in range(threads - 1)]
+        work()
         for future in futures:
             future.result()
 
