@@ -231,8 +231,20 @@ def main() -> None:
         default=1000,
         help="run loop/sequential on at most this many clients (throughput is per client)",
     )
+    parser.add_argument(
+        "--engines",
+        nargs="+",
+        default=["loop", "sequential", "batched_tensor", "batched_stepwise", "batched", "batched_f32"],
+        help="the throughput rows to run (default: all)",
+    )
     parser.add_argument("--target", action="store_true", help="also run K = 10,000, R = 100 (batched)")
     parser.add_argument("--target-repeats", type=int, default=3)
+    parser.add_argument(
+        "--target-runs",
+        nargs="+",
+        default=["batched:2", "batched:1", "batched_stepwise:2"],
+        help="engine:threads of the target runs",
+    )
     parser.add_argument(
         "--quick",
         action="store_true",
@@ -255,10 +267,9 @@ def main() -> None:
     rows = []
     for K in args.clients:
         slow_rounds = 1
-        plan = [("loop", 1, slow_rounds), ("sequential", 1, slow_rounds)]
-        for engine in ("batched_tensor", "batched_stepwise", "batched") + (
-            () if args.quick else ("batched_f32",)
-        ):
+        plan = [(e, 1, slow_rounds) for e in ("loop", "sequential") if e in args.engines]
+        batched = ("batched_tensor", "batched_stepwise", "batched") + (() if args.quick else ("batched_f32",))
+        for engine in (e for e in batched if e in args.engines):
             plan += [(engine, 1, args.rounds), (engine, 2, args.rounds)]
         for engine, threads, rounds in plan:
             config = {"K": K, "engine": engine, "threads": threads, "rounds": rounds}
@@ -274,7 +285,8 @@ def main() -> None:
             )
     if args.target:
         K_target, R_target = (2000, 10) if args.quick else (10000, 100)
-        for engine, threads in (("batched", 2), ("batched", 1), ("batched_stepwise", 2)):
+        for engine, threads in (run.split(":") for run in args.target_runs):
+            threads = int(threads)
             config = {
                 "K": K_target,
                 "engine": engine,
@@ -292,6 +304,8 @@ def main() -> None:
     table = pd.DataFrame(rows)
     loop = table[table.engine == "loop"].set_index("K")["client_steps_per_s"]
     table["ratio_vs_loop"] = table["client_steps_per_s"] / table["K"].map(loop)
+    if len(loop):  # target rows (a K without a loop row of its own): against the loop's median
+        table["ratio_vs_loop"] = table["ratio_vs_loop"].fillna(table["client_steps_per_s"] / loop.median())
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     columns = ["K", "engine", "threads", "client_steps_per_s", "ratio_vs_loop", "peak_rss_mb", "wall_s"]
