@@ -8,10 +8,12 @@ the spec's own GPyTorch mean and kernel modules are evaluated with a batch of pa
 Cholesky written out below — GPyTorch's batch mode needs one model per parameter batch shape and
 routes through ``linear_operator`` objects whose overhead is what we are removing.
 
-For RBF and Matérn kernels on the CPU, when numba is installed, each minibatch step of a chunk is
-one compiled function instead (:mod:`fedgp.engines.compiled`: Gram matrix, Cholesky, inverse, NLL
-and gradients vectorised across clients, 2–3× faster); the tensor path below remains for other
-kernels, for matrices that need jitter, and as the reference the compiled step is tested against.
+For RBF and Matérn kernels on the CPU, when numba is installed, a whole local round of a chunk is
+one compiled call instead (:mod:`fedgp.engines.fused`: minibatch draws, parameter transforms and
+the optimiser too), and where that does not apply (priors, float32 minibatches, ...) each minibatch
+step is one compiled function (:mod:`fedgp.engines.compiled`: Gram matrix, Cholesky, inverse, NLL
+and gradients vectorised across clients); the tensor path below remains for other kernels, for
+matrices that need jitter, for GPUs, and as the reference the compiled paths are tested against.
 
 It computes exactly what the sequential engine computes (same minibatches, same optimiser,
 float64): tests hold the two engines to 1e-8. Unequal client sizes are handled by padding with
