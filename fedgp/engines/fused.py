@@ -282,6 +282,9 @@ class _Kernels:
                             for i in range(M):
                                 acc += al[i, b]
                             g[mi, b] = -acc / nf[b]
+                    k = 1.0 + s  # Adam's step count (the steps a lane takes are its first ones)
+                    bias1 = 1.0 - b1**k
+                    bias2_sqrt = np.sqrt(1.0 - b2**k)
                     for b in range(T):
                         if s >= lane_steps[b]:
                             continue
@@ -289,7 +292,6 @@ class _Kernels:
                         if out[1, b] != 0.0 and info[r] == 0:
                             info[r] = s + 1
                         total[b] += out[0, b]
-                        k = 1.0 + s
                         for p in range(P):
                             if not trainable[p]:
                                 continue
@@ -299,8 +301,6 @@ class _Kernels:
                             if opt == 0:  # Adam, as fedgp.strategies.local.Adam (torch.optim.Adam's order)
                                 m_1[p, b] = m_1[p, b] + (1.0 - b1) * (grad - m_1[p, b])
                                 m_2[p, b] = m_2[p, b] * b2 + (1.0 - b2) * grad * grad
-                                bias1 = 1.0 - b1**k
-                                bias2_sqrt = np.sqrt(1.0 - b2**k)
                                 denom = np.sqrt(m_2[p, b]) / bias2_sqrt + eps
                                 th[p, b] = th[p, b] - (lr / bias1) * m_1[p, b] / denom
                             else:  # SGD: η = β / t on the global step t = round · E_k + s, or constant
