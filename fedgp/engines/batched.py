@@ -8,10 +8,12 @@ the spec's own GPyTorch mean and kernel modules are evaluated with a batch of pa
 Cholesky written out below — GPyTorch's batch mode needs one model per parameter batch shape and
 routes through ``linear_operator`` objects whose overhead is what we are removing.
 
-For RBF and Matérn kernels on the CPU, when numba is installed, each minibatch step of a chunk is
-one compiled function instead (:mod:`fedgp.engines.compiled`: Gram matrix, Cholesky, inverse, NLL
-and gradients vectorised across clients, 2–3× faster); the tensor path below remains for other
-kernels, for matrices that need jitter, and as the reference the compiled step is tested against.
+For RBF and Matérn kernels on the CPU, when numba is installed, a whole local round of a chunk is
+one compiled call instead (:mod:`fedgp.engines.fused`: minibatch draws, parameter transforms and
+the optimiser too), and where that does not apply (priors, float32 minibatches, ...) each minibatch
+step is one compiled function (:mod:`fedgp.engines.compiled`: Gram matrix, Cholesky, inverse, NLL
+and gradients vectorised across clients); the tensor path below remains for other kernels, for
+matrices that need jitter, for GPUs, and as the reference the compiled paths are tested against.
 
 It computes exactly what the sequential engine computes (same minibatches, same optimiser,
 float64): tests hold the two engines to 1e-8. Unequal client sizes are handled by padding with
@@ -37,6 +39,7 @@ import torch
 
 from fedgp.data.client import ClientData
 from fedgp.engines import compiled as compiled_step
+from fedgp.engines import fused as fused_round
 from fedgp.engines.base import InProcessEngine
 from fedgp.engines.minibatch import draw_minibatches
 from fedgp.models.objective import CHOLESKY_JITTER, CHOLESKY_MAX_TRIES, FactorizationError
@@ -350,6 +353,11 @@ class BatchedEngine(InProcessEngine):
         compiled: the compiled minibatch step of :mod:`fedgp.engines.compiled` (RBF/Matérn
             kernels, needs numba): ``None`` uses it where it applies, ``False`` never, ``True`` insists.
             It computes the same numbers as the tensor path (to rounding), 2–3× faster.
+        fused: a whole local round per chunk in one compiled call (:mod:`fedgp.engines.fused`:
+            minibatch draws, transforms and optimiser compiled too): ``None`` where it applies (and
+            ``compiled`` is not ``False``), ``False`` never (the step-by-step path), ``True`` insists
+            (a ``ValueError`` says why a spec cannot; a round it cannot run falls back, e.g.
+            minibatches over 64 points).
         device: where the tensor path runs (e.g. ``"cuda"``): the clients' data are copied there
             once at construction (``ClientData`` stays float64 on the CPU), states are moved there per
             chunk and replies come back to the CPU. The compiled step is CPU-only, so on a GPU the
@@ -371,6 +379,7 @@ class BatchedEngine(InProcessEngine):
         minibatch_dtype: torch.dtype | None = None,
         compiled: bool | None = None,
         device: str | torch.device = "cpu",
+        fused: bool | None = None,
         **options,
     ):
         self.device = torch.device(device)
@@ -392,9 +401,31 @@ class BatchedEngine(InProcessEngine):
         self.gp = _batched_gp(spec, compiled, check, clients[0].n_features if clients else 1)
         if self.gp is not None:
             self.gp.module.to(self.device)  # the modules' buffers (priors' parameters, active_dims)
+        self.fused = self._fused_layout(fused)
         self.sizes = torch.tensor([c.n for c in clients], dtype=torch.long)
         self.offsets = torch.cumsum(self.sizes, 0) - self.sizes
         self.data_changed()
+
+    def _fused_layout(self, fused: bool | None) -> fused_round.FusedLayout | None:
+        """The fused round's layout where it applies (see ``fused``), else ``None``."""
+        if fused is False:
+            return None
+        if self.gp is None:
+            why = "the spec runs client by client with GPyTorch"
+        elif not self.gp.compiled:
+            why = "the compiled step is off (compiled=False, or no numba)"
+        elif self.device.type != "cpu":
+            why = f"it runs on the CPU only, not {self.device}"
+        elif self.minibatch_dtype != torch.float64:
+            why = "minibatch_dtype is not float64"
+        else:
+            found = fused_round.layout(self.spec)
+            if not isinstance(found, str):
+                return found
+            why = found
+        if fused:
+            raise ValueError(f"fused=True: the fused local round cannot run here: {why}")
+        return None
 
     def data_changed(self) -> None:
         """Stack every client's training data end to end (and once more in the minibatch precision).
@@ -544,23 +575,71 @@ class BatchedOps:
         )
         return out["loss"].reshape(B, *extra).to("cpu", torch.float64), shaped
 
-    def train(self, states: HyperState, local: LocalTraining) -> TrainResult:
-        """Run the local optimiser from each state, every client's minibatch steps as one batched program
-        (see :class:`~fedgp.strategies.ClientOps`)."""
-        flat, extra, per_client = self._rows(states)
-        B = len(self.rows)
-        steps = local.num_steps(self.sizes)
-        batch = local.batch_sizes(self.sizes)
+    def _minibatch_indices(self, local: LocalTraining, steps: torch.Tensor, batch: torch.Tensor):
+        """``(B, S, M)`` minibatch indices, drawn per group of equal M_k so every client gets exactly
+        the draws the sequential engine gives it; shorter minibatches are padded with -1 to M."""
         S, M = int(steps.max()), int(batch.max())
-        # Minibatch indices, drawn per group of equal M_k so every client gets exactly the draws
-        # the sequential engine gives it; shorter minibatches are padded (masked) to M.
-        idx = torch.full((B, S, M), -1, dtype=torch.long)
+        idx = torch.full((len(self.rows), S, M), -1, dtype=torch.long)
         for m in batch.unique().tolist():
             pos = (batch == m).nonzero().flatten()
             X_pad = self.engine.padded(self.rows[pos])[0] if local.minibatch == "nearest" else None
             idx[pos, :, :m] = draw_minibatches(
                 self.engine.seed, self.round, self.indices[pos], self.sizes[pos], S, m, local.minibatch, X_pad
             )
+        return idx
+
+    def train(self, states: HyperState, local: LocalTraining) -> TrainResult:
+        """Run the local optimiser from each state, every client's minibatch steps as one batched program
+        (see :class:`~fedgp.strategies.ClientOps`)."""
+        flat, extra, per_client = self._rows(states)
+        steps = local.num_steps(self.sizes)
+        batch = local.batch_sizes(self.sizes)
+        layout = self.engine.fused
+        if (
+            layout is not None
+            and fused_round.unsupported(local, batch, self.engine.X.shape[1], layout) is None
+        ):
+            result = self._train_fused(layout, flat, extra, per_client, steps, batch, local)
+            if result is not None:
+                return result
+        return self._train_stepwise(flat, extra, per_client, steps, batch, local)
+
+    def _train_fused(self, layout, flat, extra, per_client, steps, batch, local) -> TrainResult | None:
+        """The whole round in one compiled call (:mod:`fedgp.engines.fused`); ``None`` when a
+        Cholesky failed on the way (the step-by-step path then retries with jitter or names it)."""
+        B = len(self.rows)
+        raw = self.spec.to_raw(flat)
+        rows = B * per_client
+        theta = torch.cat([raw[k].reshape(rows, -1) for k in layout.names], 1)
+        given = self._minibatch_indices(local, steps, batch) if local.minibatch == "nearest" else None
+        theta, loss, info = fused_round.local_round(
+            layout,
+            self.engine.X,
+            self.engine.y,
+            self.engine.offsets[self.rows],
+            self.sizes,
+            fused_round.minibatch_keys(self.engine.seed, self.round, self.indices),
+            steps,
+            batch,
+            given,
+            torch.arange(B).repeat_interleave(per_client),
+            theta,
+            local,
+            self.round,
+        )
+        if info.any():
+            return None
+        pieces = theta.split(list(layout.widths), 1)
+        trained = {k: piece.reshape(rows, *flat[k].shape[1:]) for k, piece in zip(layout.names, pieces)}
+        new = self.spec.from_raw(HyperState(trained, self.spec.event_shapes))
+        new = new.map(lambda v, e: v.reshape(B, *extra, *v.shape[1:]))
+        return TrainResult(new, loss.reshape(B, *extra), steps)
+
+    def _train_stepwise(self, flat, extra, per_client, steps, batch, local) -> TrainResult:
+        """One batched (compiled or tensor) minibatch step at a time, optimiser in torch."""
+        B = len(self.rows)
+        S = int(steps.max())
+        idx = self._minibatch_indices(local, steps, batch)
         device = self.engine.device
         mask = (idx >= 0).repeat_interleave(per_client, 0).to(device)  # (rows, S, M)
         flat_idx = self.engine.offsets[self.rows].view(B, 1, 1) + idx.clamp_min(0)
