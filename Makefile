@@ -13,7 +13,7 @@ endif
 
 export MPLBACKEND ?= Agg
 
-.PHONY: demo test lint install clean
+.PHONY: demo test lint docs install clean
 
 install: $(STAMP)
 
@@ -29,9 +29,13 @@ test: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q
 
+# The documentation site into site/ (MkDocs; warnings are errors; tests/test_docs.py builds it too).
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
+
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check fedgp tests benchmarks
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache
+	rm -rf $(VENV) .pytest_cache .ruff_cache site .cache

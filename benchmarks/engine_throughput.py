@@ -1,7 +1,7 @@
 """Engine throughput: a plain per-client GPyTorch loop vs fedgp's sequential and batched engines.
 
-    .venv/bin/python benchmarks/engine_throughput.py                 # K = 100, 1,000, 10,000
-    .venv/bin/python benchmarks/engine_throughput.py --target        # + K = 10,000, R = 100 in one run
+    .venv/bin/python benchmarks/engine_throughput.py --target        # the whole table (≈ 25 min quiet)
+    .venv/bin/python benchmarks/engine_throughput.py --quick         # a few minutes, to try it
     .venv/bin/python benchmarks/engine_throughput.py --clients 100 1000 --repeats 3
 
 FGPR with M = 32, d = 5, E = 5 local Adam steps, ScaleKernel(RBF-ARD), float64, 100 points per
@@ -12,18 +12,23 @@ the table reports medians. Engines:
   tutorial: one ``ExactGP`` per client, ``set_train_data`` per minibatch step, a fresh
   ``torch.optim.Adam`` per client and round, FedAvg of the state dicts;
 * ``sequential``: fedgp's reference engine;
-* ``batched``: the batched engine as installed by ``make`` (the compiled step of
-  ``fedgp.engines.compiled``, numba), ``batched_tensor`` the same engine with ``compiled=False``
-  (the tensor path: fused Gram, batched LAPACK Cholesky), ``batched_f32`` the compiled step with
-  float32 minibatches.
+* ``batched``: the batched engine as installed by ``make``: a whole local round per chunk in one
+  compiled call (``fedgp.engines.fused``, numba); ``batched_stepwise`` the same engine with
+  ``fused=False``: one compiled minibatch step at a time (``fedgp.engines.compiled``) with the
+  minibatch draws, transforms and Adam in torch (the batched engine before the fused round);
+  ``batched_tensor`` with ``compiled=False`` (the tensor path: fused Gram, batched LAPACK
+  Cholesky); ``batched_f32`` float32 minibatches (the step-by-step path: the fused round is float64).
 
 Throughput rows time a fit after an untimed one-round fit of the same engine on 64 clients (so
 imports, numba's cache load and first-call costs are excluded for every engine alike); the
-``--target`` rows time the whole ``fit`` in a fresh process, start-up included.
+``--target`` rows (K = 10,000, R = 100: 5 million client-steps) time the whole ``fit`` in a fresh
+process, start-up included. ``loop`` and ``sequential`` run on at most ``--loop-clients`` clients
+(their throughput per client does not depend on K).
 
 Writes results/benchmarks/engine_throughput.csv (K, engine, threads, client_steps_per_s,
-ratio_vs_loop, peak_rss_mb, wall_s) and prints the table, the thread counts, and the achieved
-GFLOP/s of the batched path against a batched-matmul roofline measured on the same machine.
+ratio_vs_loop, peak_rss_mb, wall_s) and .txt (this printout), with the thread counts, the 1 → 2
+thread scaling, and the achieved GFLOP/s of the batched paths against batched-matmul and GEMM
+rooflines measured on the same machine. The machine's load average is printed at the start and end.
 """
 
 from __future__ import annotations
@@ -40,6 +45,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # measure this checkout's fedgp (also in the worker processes)
 M, D, E, N_PER_CLIENT = 32, 5, 5, 100
 
 
@@ -107,6 +113,7 @@ def worker(config: dict) -> dict:
         options = {"minibatch_dtype": torch.float32} if config["engine"] == "batched_f32" else {}
         if config["engine"].startswith("batched"):
             options["compiled"] = config["engine"] != "batched_tensor"
+            options["fused"] = None if config["engine"] == "batched" else False
         fedgp.fit(
             fedgp.data.gp_spec(D, "rbf"),
             federation,
@@ -194,6 +201,22 @@ def matmul_roofline(threads: int) -> dict:
     return out
 
 
+class _Tee:
+    """Print and keep the lines (the .txt beside the CSV)."""
+
+    def __init__(self):
+        self.lines: list[str] = []
+
+    def __call__(self, text: str = "") -> None:
+        print(text, flush=True)
+        self.lines.append(text)
+
+
+def _load() -> str:
+    one, five, fifteen = os.getloadavg()
+    return f"load average {one:.2f}, {five:.2f}, {fifteen:.2f} on {os.cpu_count()} CPUs"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -205,76 +228,111 @@ def main() -> None:
     parser.add_argument(
         "--loop-clients",
         type=int,
-        default=None,
+        default=1000,
         help="run loop/sequential on at most this many clients (throughput is per client)",
     )
-    parser.add_argument("--target", action="store_true", help="also run K = 10,000, R = 100 (batched) once")
+    parser.add_argument(
+        "--engines",
+        nargs="+",
+        default=["loop", "sequential", "batched_tensor", "batched_stepwise", "batched", "batched_f32"],
+        help="the throughput rows to run (default: all)",
+    )
+    parser.add_argument("--target", action="store_true", help="also run K = 10,000, R = 100 (batched)")
+    parser.add_argument("--target-repeats", type=int, default=3)
+    parser.add_argument(
+        "--target-runs",
+        nargs="+",
+        default=["batched:2", "batched:1", "batched_stepwise:2"],
+        help="engine:threads of the target runs",
+    )
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="K = 100 and 1,000, one repeat, loop/sequential on 100 clients, target K = 2,000 R = 10",
+    )
     parser.add_argument("--out", default=str(ROOT / "results" / "benchmarks" / "engine_throughput.csv"))
     args = parser.parse_args()
     if args.worker:
         print(json.dumps(worker(json.loads(args.worker))))
         return
+    if args.quick:
+        args.clients, args.repeats, args.loop_clients, args.rounds = [100, 1000], 1, 100, 2
+        args.target, args.target_repeats = True, 1
 
     import pandas as pd
 
+    say = _Tee()
+    say(f"start: {time.strftime('%Y-%m-%d %H:%M:%S')}, {_load()}")
+    say(f"command: {' '.join(sys.argv)}")
     rows = []
     for K in args.clients:
         slow_rounds = 1
-        for engine, threads, rounds in (
-            ("loop", 1, slow_rounds),
-            ("sequential", 1, slow_rounds),
-            ("batched_tensor", 1, args.rounds),
-            ("batched_tensor", 2, args.rounds),
-            ("batched", 1, args.rounds),
-            ("batched", 2, args.rounds),
-            ("batched_f32", 1, args.rounds),
-            ("batched_f32", 2, args.rounds),
-        ):
+        plan = [(e, 1, slow_rounds) for e in ("loop", "sequential") if e in args.engines]
+        batched = ("batched_tensor", "batched_stepwise", "batched") + (() if args.quick else ("batched_f32",))
+        for engine in (e for e in batched if e in args.engines):
+            plan += [(engine, 1, args.rounds), (engine, 2, args.rounds)]
+        for engine, threads, rounds in plan:
             config = {"K": K, "engine": engine, "threads": threads, "rounds": rounds}
             if engine in ("loop", "sequential") and args.loop_clients:
                 config["loop_clients"] = min(K, args.loop_clients)
             result = measure(config, args.repeats)
             rows.append({"K": K, "engine": engine, "threads": threads, **result})
-            print(
-                f"K={K:>6} {engine:>11} threads={threads}: "
+            say(
+                f"K={K:>6} {engine:>16} threads={threads}: "
                 f"{result['client_steps_per_s']:>10.0f} client-steps/s "
                 f"(ran {result['K_run']} clients, median wall {result['wall_s']:.2f} s, peak RSS "
-                f"{result['peak_rss_mb']:.0f} MB)",
-                flush=True,
+                f"{result['peak_rss_mb']:.0f} MB)"
             )
     if args.target:
-        for engine in ("batched_tensor", "batched", "batched_f32"):
-            config = {"K": 10000, "engine": engine, "threads": 2, "rounds": 100, "warmup": False}
-            result = measure(config, 1)
-            rows.append({"K": 10000, "engine": f"{engine}_R100", "threads": 2, **result})
-            print(
-                f"target K=10000 R=100 {engine}: wall {result['wall_s']:.1f} s, peak RSS "
-                f"{result['peak_rss_mb']:.0f} MB",
-                flush=True,
+        K_target, R_target = (2000, 10) if args.quick else (10000, 100)
+        for engine, threads in (run.split(":") for run in args.target_runs):
+            threads = int(threads)
+            config = {
+                "K": K_target,
+                "engine": engine,
+                "threads": threads,
+                "rounds": R_target,
+                "warmup": False,
+            }
+            result = measure(config, args.target_repeats)
+            rows.append({"K": K_target, "engine": f"{engine}_R{R_target}", "threads": threads, **result})
+            say(
+                f"target K={K_target} R={R_target} {engine}, {threads} thread(s): median wall "
+                f"{result['wall_s']:.1f} s of {args.target_repeats} (whole fit in a fresh process), peak RSS "
+                f"{result['peak_rss_mb']:.0f} MB"
             )
     table = pd.DataFrame(rows)
     loop = table[table.engine == "loop"].set_index("K")["client_steps_per_s"]
     table["ratio_vs_loop"] = table["client_steps_per_s"] / table["K"].map(loop)
+    if len(loop):  # target rows (a K without a loop row of its own): against the loop's median
+        table["ratio_vs_loop"] = table["ratio_vs_loop"].fillna(table["client_steps_per_s"] / loop.median())
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     columns = ["K", "engine", "threads", "client_steps_per_s", "ratio_vs_loop", "peak_rss_mb", "wall_s"]
     table[columns].to_csv(out, index=False, float_format="%.4g")
-    print(
+    say(
         f"\nmachine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, "
         "torch threads as listed"
     )
-    print(table[columns + ["K_run"]].to_string(index=False, float_format=lambda v: f"{v:.4g}"))
-    batched = table[table.engine.isin(["batched", "batched_tensor"])]
+    say(table[columns + ["K_run"]].to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+    batched = table[table.engine.isin(["batched", "batched_stepwise", "batched_tensor"])]
+    say("\n1 -> 2 threads (client-steps/s ratio):")
+    for (K, engine), group in batched.groupby(["K", "engine"]):
+        per = group.set_index("threads")["client_steps_per_s"]
+        if 1 in per and 2 in per:
+            say(f"  K={K:>6} {engine:>16}: {per[2] / per[1]:.2f}x")
     best = batched.groupby(["engine", "threads"])["client_steps_per_s"].max()
     roof = {t: matmul_roofline(t) for t in (1, 2)}
     flops = flops_per_client_step()
     for (engine, t), steps in best.items():
-        print(
+        say(
             f"{engine}, {t} thread(s): {steps * flops / 1e9:.2f} GFLOP/s achieved "
             f"({flops / 1e3:.0f} kFLOP per client-step) vs measured roofline "
             f"bmm(32x32) {roof[t]['bmm_32']:.1f} GFLOP/s, gemm(2048) {roof[t]['gemm_2048']:.1f} GFLOP/s"
         )
-    print(f"wrote {out}")
+    say(f"end: {time.strftime('%Y-%m-%d %H:%M:%S')}, {_load()}")
+    say(f"wrote {out} and {out.with_suffix('.txt')}")
+    out.with_suffix(".txt").write_text("\n".join(say.lines) + "\n")
 
 
 if __name__ == "__main__":

@@ -1,14 +1,17 @@
-"""The batched engine on a GPU against the CPU, float64 and float32, in one run (issue 16).
+"""The batched engine's tensor path on a GPU against the CPU engine, float64 and float32 (issue 18).
 
-    .venv/bin/python benchmarks/gpu_batched.py                    # K = 10,000, R = 10
-    .venv/bin/python benchmarks/gpu_batched.py --clients 200 --rounds 2 --repeats 1 \
-        --device cpu --out /tmp/dry.csv                           # a dry run without a GPU
+    python benchmarks/gpu_batched.py                               # K = 10,000 and 100,000, R = 10
+    python benchmarks/gpu_batched.py --clients 200 --rounds 2 --repeats 1 --chunk-sizes 64 \
+        --device cpu --out /tmp/dry.csv                            # a dry run without a GPU
 
-FGPR (M = 32, d = 5, E = 5 Adam steps, RBF-ARD, 64 points per client), evaluation off, as in the
-README's Performance table. For each precision: ``fit(..., device=DEVICE)`` (the tensor path) and
-the CPU batched engine (compiled step where numba is installed), medians of ``--repeats`` after an
-untimed warm-up; client-steps per second, the ratio, and the largest relative difference of the
-final states. Writes results/benchmarks/gpu_batched.csv with the device's name.
+FGPR (M = 32, d = 5, E = 5 Adam steps, RBF-ARD, 64 points per client), evaluation and transforms
+off, as in the README's Performance table. For each precision and number of clients K:
+``fit(..., engine="batched", device=DEVICE)`` (the tensor path) for each ``--chunk-sizes`` (clients
+per batched program: a GPU wants far more than the CPU's 512), and, for K up to ``--cpu-max-clients``,
+the CPU batched engine (the compiled step where numba is installed) as the baseline. Each is timed
+as the median of ``--repeats`` fits after an untimed warm-up; rows give client-steps per second,
+the GPU's peak memory, and the largest relative difference of the final state from the CPU's.
+Rows are appended to the CSV as they are measured, so a run cut short keeps what it finished.
 """
 
 from __future__ import annotations
@@ -26,67 +29,91 @@ from fedgp.data import gp_federation
 from fedgp.strategies import FGPR
 
 OUT = Path(__file__).resolve().parents[1] / "results" / "benchmarks" / "gpu_batched.csv"
+E = 5  # local Adam steps per round
+
+
+def timed_fit(spec, federation, rounds: int, where: str, chunk_size: int, repeats: int):
+    """The median wall time of ``repeats`` fits after a warm-up, and the warm-up's result."""
+
+    def fit():
+        result = fedgp.fit(
+            spec,
+            federation,
+            FGPR(local_steps=E, batch_size=32),
+            rounds=rounds,
+            engine="batched",
+            device=where,
+            engine_options={"chunk_size": chunk_size},
+            eval_every=0,
+            outcome_transform=None,  # the engine alone, as the CPU benchmarks measure it
+            input_transform=None,
+            progress=False,
+        )
+        if where.startswith("cuda"):
+            torch.cuda.synchronize()
+        return result
+
+    result = fit()  # warm-up: kernels compiled, data copied
+    times = []
+    for _ in range(repeats):
+        began = time.perf_counter()
+        fit()
+        times.append(time.perf_counter() - began)
+    return statistics.median(times), result
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--clients", type=int, default=10_000)
+    parser.add_argument("--clients", type=int, nargs="+", default=[10_000, 100_000])
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--chunk-sizes", type=int, nargs="+", default=[512, 4096, 16384])
+    parser.add_argument("--cpu-max-clients", type=int, default=10_000)
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--out", type=Path, default=OUT)
     args = parser.parse_args()
-    K, R, E = args.clients, args.rounds, 5
-    draws = gp_federation(num_clients=K, n=64, d=5, seed=0)
-    strategy = FGPR(local_steps=E, batch_size=32)
     name = torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu"
-    rows = []
-    for dtype in (torch.float64, torch.float32):
-        spec = fedgp.GPSpec(kernel=draws.spec.kernel, dtype=dtype)
-        runs = {}
-        for where in ("cpu", args.device):
-
-            def fit(where=where, spec=spec):
-                result = fedgp.fit(
-                    spec,
-                    draws.federation,
-                    strategy,
-                    rounds=R,
-                    engine="batched",
-                    device=where,
-                    eval_every=0,
-                    outcome_transform=None,  # the engine alone, as the CPU benchmarks measure it
-                    input_transform=None,
-                )
-                if where.startswith("cuda"):
-                    torch.cuda.synchronize()
-                return result
-
-            runs[where] = fit()  # warm-up: kernels compiled, data copied
-            times = []
-            for _ in range(args.repeats):
-                began = time.perf_counter()
-                fit()
-                times.append(time.perf_counter() - began)
-            runs[where, "s"] = statistics.median(times)
-        diff = runs[args.device].state.max_relative_difference(runs["cpu"].state)
-        for where in ("cpu", args.device):
-            rows.append(
-                {
-                    "dtype": str(dtype).removeprefix("torch."),
-                    "device": where,
-                    "device_name": name if where == args.device else "cpu",
-                    "clients": K,
-                    "rounds": R,
-                    "seconds": runs[where, "s"],
-                    "client_steps_per_s": K * R * E / runs[where, "s"],
-                    "max_rel_diff_vs_cpu": diff if where == args.device else 0.0,
-                }
-            )
-    frame = pd.DataFrame(rows)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    frame.to_csv(args.out, index=False)
-    print(frame.to_string(index=False))
+    args.out.unlink(missing_ok=True)
+    R = args.rounds
+
+    def record(row: dict) -> None:
+        pd.DataFrame([row]).to_csv(args.out, mode="a", header=not args.out.exists(), index=False)
+        print(
+            ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()),
+            flush=True,
+        )
+
+    for K in args.clients:
+        began = time.perf_counter()
+        draws = gp_federation(num_clients=K, n=64, d=5, seed=0)
+        print(f"K = {K}: data drawn in {time.perf_counter() - began:.1f} s", flush=True)
+        for dtype in (torch.float64, torch.float32):
+            spec = fedgp.GPSpec(kernel=draws.spec.kernel, dtype=dtype)
+            base = dict(dtype=str(dtype).removeprefix("torch."), clients=K, rounds=R)
+            cpu_state = None
+            if K <= args.cpu_max_clients:
+                seconds, result = timed_fit(spec, draws.federation, R, "cpu", 512, args.repeats)
+                cpu_state = result.state
+                record(
+                    base
+                    | dict(device="cpu", device_name="cpu", chunk_size=512, seconds=seconds)
+                    | dict(client_steps_per_s=K * R * E / seconds, peak_gpu_mib=0.0, max_rel_diff_vs_cpu=0.0)
+                )
+            for chunk in args.chunk_sizes:
+                if args.device.startswith("cuda"):
+                    torch.cuda.reset_peak_memory_stats()
+                seconds, result = timed_fit(spec, draws.federation, R, args.device, chunk, args.repeats)
+                peak = torch.cuda.max_memory_allocated() / 2**20 if args.device.startswith("cuda") else 0.0
+                diff = float("nan") if cpu_state is None else result.state.max_relative_difference(cpu_state)
+                record(
+                    base
+                    | dict(device=args.device, device_name=name, chunk_size=chunk, seconds=seconds)
+                    | dict(
+                        client_steps_per_s=K * R * E / seconds, peak_gpu_mib=peak, max_rel_diff_vs_cpu=diff
+                    )
+                )
+    print(pd.read_csv(args.out).to_string(index=False))
 
 
 if __name__ == "__main__":

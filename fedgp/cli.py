@@ -1,11 +1,55 @@
-"""The ``fedgp`` command line."""
+"""The ``fedgp`` command line: fit and predict on CSV files, the demo, the paper reproductions.
+
+Every command writes into ``--out``, by default a new folder under the current directory named
+after the command and the time (``fedgp-fit-20261126-154501/``), never ``results/``. A mistake in
+the input (a missing column, a cell that is not a number, an unknown owner, ...) is printed as one
+line naming the file, column, line or owner, with exit status 2; progress goes to stderr (a bar
+on a terminal, a line every tenth of the rounds otherwise) and ``--quiet`` turns it off.
+"""
 
 from __future__ import annotations
 
 import argparse
+import datetime
+import json
 import sys
+import warnings
+from pathlib import Path
 
-__all__ = ["main"]
+__all__ = ["main", "build_parser", "default_out", "CommandError", "MODEL_FILE", "COLUMNS_FILE"]
+
+#: What ``fedgp fit`` writes into its folder, and ``fedgp predict`` reads back.
+#: The saved model in a ``fedgp fit`` output folder (``fedgp.load`` reads it).
+MODEL_FILE = "model.safetensors"
+#: The feature, target and owner columns ``fedgp fit`` trained on, which ``fedgp predict`` reads.
+COLUMNS_FILE = "columns.json"
+#: The exit status of a command whose input was refused (argparse uses it for usage errors too).
+INPUT_ERROR = 2
+
+
+class CommandError(Exception):
+    """A mistake in a command's input: printed as one line naming what to fix, exit status 2."""
+
+
+def default_out(command: str, now: datetime.datetime | None = None) -> Path:
+    """A new folder under the current directory named after ``command`` and the time, e.g.
+    ``fedgp-fit-20261126-154501``: never ``results/``, whose committed tables a run would overwrite."""
+    stamp = (now or datetime.datetime.now()).strftime("%Y%m%d-%H%M%S")
+    base = Path.cwd() / f"fedgp-{command}-{stamp}"
+    path, n = base, 1
+    while path.exists():  # two runs in the same second get their own folders
+        n += 1
+        path = base.with_name(f"{base.name}-{n}")
+    return path
+
+
+def _out(args: argparse.Namespace) -> Path:
+    return Path(args.out) if args.out is not None else default_out(args.command)
+
+
+def _progress(args: argparse.Namespace) -> bool:
+    """``--quiet``: nothing; else a bar on a terminal and a line every few rounds without one."""
+    return not args.quiet
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -13,7 +57,216 @@ def _demo(args: argparse.Namespace) -> int:
     from fedgp.experiments.settings import quick_mode
 
     rounds = args.rounds if args.rounds is not None else (10 if args.quick or quick_mode() else None)
-    run_demo(args.out, rounds=rounds, progress=False if args.no_progress else None)
+    run_demo(_out(args), rounds=rounds, progress=_progress(args))
+    return 0
+
+
+def _fit(args: argparse.Namespace) -> int:
+    import fedgp
+    from fedgp.data.table import read_owner_table
+    from fedgp.presets import make_spec, make_strategy
+
+    table = read_owner_table(args.data, group=args.group, target=args.target, features=args.features)
+    federation = table.federation(args.test_fraction, args.seed)
+    try:
+        strategy = make_strategy(
+            args.strategy,
+            num_clusters=args.clusters,
+            local_steps=args.local_steps,
+            batch_size=args.batch_size,
+            lr=args.lr,
+        )
+    except ValueError as err:
+        raise CommandError(str(err)) from None
+    spec = make_spec(args.kernel, args.mean, d=len(table.features), ard=args.ard)
+    out = _out(args)
+    if (out / MODEL_FILE).exists():
+        raise CommandError(f"{out} already holds a model ({MODEL_FILE}); choose another --out or remove it")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = fedgp.fit(
+            spec,
+            federation,
+            strategy,
+            rounds=args.rounds,
+            engine=args.engine,
+            seed=args.seed,
+            progress=_progress(args),
+            stop=None if args.stop == "none" else args.stop,
+        )
+    for warning in caught:  # fedgp's warnings, one line each (a ConvergenceWarning says what to change)
+        if issubclass(warning.category, UserWarning):
+            print(f"fedgp fit: warning: {warning.message}", file=sys.stderr)
+    metrics = _owner_metrics(result, federation, held_out=bool(args.test_fraction))
+    out.mkdir(parents=True, exist_ok=True)
+    columns = {
+        "format": "fedgp.cli.columns",
+        "version": 1,
+        "group": table.group,
+        "target": table.target,
+        "features": list(table.features),
+        "owners": [str(o) for o in federation.ids],
+        "data": str(args.data),
+        "test_fraction": args.test_fraction,
+        "seed": args.seed,
+    }
+    written = [result.save(out / MODEL_FILE), out / "history.csv", out / "metrics.csv", out / COLUMNS_FILE]
+    result.history.to_csv(written[1], index=False)
+    metrics.to_csv(written[2], index=False)
+    written[3].write_text(json.dumps(columns, indent=2) + "\n")
+    n_train = int(federation.sizes.sum())
+    n_test = int(metrics["n_test"].sum())
+    print(
+        f"fedgp fit: {len(federation)} owners, {n_train} rows to train on"
+        + (f", {n_test} held out" if n_test else "")
+        + f"; {len(table.features)} features ({', '.join(table.features)}), target {table.target!r}"
+    )
+    how = result.history.attrs.get("stop_reason", f"{len(result.history)} rounds")
+    transforms = "; ".join(f"{k} {v}" for k, v in result.transforms.items())
+    print(f"{type(strategy).__name__} on the {result.engine.name} engine: {how}; transforms: {transforms}")
+    with _pd().option_context("display.width", 120, "display.max_rows", 20):
+        print(f"per-owner metrics ({metrics['split'].iloc[0]}, original units):")
+        print(metrics.drop(columns="split").to_string(index=False, float_format="{:.4g}".format))
+    for path in written:
+        print(f"wrote {path}")
+    return 0
+
+
+def _pd():
+    import pandas as pd
+
+    return pd
+
+
+def _owner_metrics(result, federation, held_out: bool):
+    """Per-owner RMSE, NLL and 95 % coverage in the original units: on each owner's held-out rows
+    (``result.evaluate()``) with a test split; else in-sample, each owner's posterior at its own
+    training rows (optimistic: those rows are what it conditions on), and the table says which."""
+    pd = _pd()
+    sizes = dict(zip(federation.ids, federation.sizes.tolist()))
+    if held_out:
+        table = result.evaluate().rename(columns={"client": "owner"})
+        table.insert(1, "n_train", [sizes[o] for o in table["owner"]])
+        return table.assign(split="held-out")
+    rows = []
+    for position, client in enumerate(federation):
+        pred = result.posterior(client.X, client=position)
+        rows.append(
+            {
+                "owner": client.id,
+                "n_train": client.n,
+                "n_test": 0,
+                "rmse": pred.rmse(client.y),
+                "nll": pred.nll(client.y),
+                "coverage95": pred.coverage(client.y),
+            }
+        )
+    return pd.DataFrame(rows).assign(split="in-sample (training rows)")
+
+
+def _read_columns(folder: Path) -> dict:
+    """The column description ``fedgp fit`` wrote beside its model (JSON; checked, nothing run)."""
+    path = folder / COLUMNS_FILE
+    if not folder.is_dir():
+        raise CommandError(f"{folder}: no such folder (give the folder fedgp fit wrote, its --out)")
+    if not path.is_file() or not (folder / MODEL_FILE).is_file():
+        raise CommandError(
+            f"{folder}: not a folder written by fedgp fit (no {COLUMNS_FILE} and {MODEL_FILE})"
+        )
+    try:
+        columns = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise CommandError(f"{path}: not JSON ({err})") from None
+    ok = (
+        isinstance(columns, dict)
+        and columns.get("format") == "fedgp.cli.columns"
+        and isinstance(columns.get("features"), list)
+        and all(isinstance(f, str) for f in columns["features"])
+        and all(isinstance(columns.get(k), str) for k in ("group", "target"))
+    )
+    if not ok:
+        raise CommandError(f"{path}: not a column description written by fedgp fit")
+    return columns
+
+
+def _predict(args: argparse.Namespace) -> int:
+    import numpy as np
+
+    import fedgp
+    from fedgp.data import ClientData
+    from fedgp.data.table import read_owner_table
+
+    if not 0.0 < args.level < 1.0:
+        raise CommandError(f"--level must be in (0, 1), got {args.level}")
+    folder = Path(args.model)
+    columns = _read_columns(folder)
+    group = args.group or columns["group"]
+    try:
+        model = fedgp.load(folder / MODEL_FILE)
+    except ValueError as err:
+        raise CommandError(str(err)) from None
+    features = columns["features"]
+    new = read_owner_table(args.new, group=group, features=features)
+    data = None
+    if args.data is not None:
+        data = read_owner_table(args.data, group=group, target=columns["target"], features=features)
+    held = {} if data is None else data.rows()
+    asked = new.rows()
+    missing = [o for o in asked if o not in held]
+    if missing and args.unknown == "error":
+        lines = ", ".join(f"{o!r} (line {int(new.lines[asked[o][0]])})" for o in missing[:10])
+        more = f" and {len(missing) - 10} more" if len(missing) > 10 else ""
+        verb = "has" if len(missing) == 1 else "have"
+        where = (
+            f"{verb} no rows in {args.data}" if data is not None else f"{verb} no data: no --data was given"
+        )
+        raise CommandError(
+            f"{args.new}: {'owner' if len(missing) == 1 else 'owners'} {lines}{more} {where}. "
+            "A saved model holds no owner's data, so a "
+            "personalised prediction conditions on the owner's own rows: pass the owners' training "
+            "table with --data, or --unknown prior to predict for such owners from the shared prior "
+            f"alone. The model was trained on owners {', '.join(map(repr, model.registry.ids[:10]))}"
+            + (", ..." if len(model.registry.ids) > 10 else "")
+        )
+    trained = set(model.registry.ids)
+    n, d = len(new.X), len(features)
+    mean, var_y, var_f = np.empty(n), np.empty(n), np.empty(n)
+    for owner, rows in asked.items():
+        if owner in held:
+            client = data.client(owner)
+            if owner not in trained and not args.quiet:
+                print(
+                    f"fedgp predict: owner {owner!r} was not among the model's training owners: "
+                    f"predicted as a new owner from its {client.n} row(s) in {args.data}",
+                    file=sys.stderr,
+                )
+        else:  # --unknown prior: no rows to condition on (a cold start)
+            client = ClientData(np.empty((0, d)), np.empty(0), id=owner)
+        pred = model.posterior(new.X[rows], client)
+        mean[rows] = pred.mean.numpy()
+        var_y[rows] = pred.variance_y.numpy()
+        var_f[rows] = pred.variance_f.numpy()
+    from scipy.stats import norm
+
+    z = float(norm.ppf(0.5 + args.level / 2))
+    sd = np.sqrt(var_y)
+    pct = f"{100 * args.level:g}"
+    frame = new.frame.assign(
+        mean=mean,
+        sd=sd,
+        **{f"lower{pct}": mean - z * sd, f"upper{pct}": mean + z * sd},
+        sd_f=np.sqrt(var_f),
+        conditioned_on=[len(held[o]) if o in held else 0 for o in new.owners],
+    )
+    out = _out(args)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "predictions.csv"
+    frame.to_csv(path, index=False)
+    print(
+        f"fedgp predict: {n} row(s) of {len(asked)} owner(s), {len(missing)} of them from the shared "
+        "prior alone"
+    )
+    print(f"wrote {path}")
     return 0
 
 
@@ -46,21 +299,26 @@ def _setting_options(name: str, reproduce, args: argparse.Namespace) -> dict:
 
 
 def _reproduce(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
-    from fedgp.experiments.registry import get_reproduction
+    from fedgp.experiments.registry import get_reproduction, quick_runtime
     from fedgp.experiments.settings import quick_mode
 
     reproduce = get_reproduction(args.name)
     options = _setting_options(args.name, reproduce, args)
-    written = reproduce(
-        repeats=args.repeats,
-        out_dir=Path(args.out),
-        seed=args.seed,
-        quick=args.quick or quick_mode(),
-        progress=False if args.no_progress else None,
-        **options,
-    )
+    quick = args.quick or quick_mode()
+    if not args.quiet:  # some experiments have no progress of their own: say what to expect
+        expect = quick_runtime(args.name) if quick else "the full protocol (results/README.md gives its time)"
+        print(f"fedgp reproduce {args.name}: started; {expect}", file=sys.stderr, flush=True)
+    try:
+        written = reproduce(
+            repeats=args.repeats,
+            out_dir=_out(args),
+            seed=args.seed,
+            quick=quick,
+            progress=_progress(args),
+            **options,
+        )
+    except FileNotFoundError as err:  # data files, or verdicts' input CSVs: the message names them
+        raise CommandError(str(err)) from None
     for path in written:
         print(f"wrote {path}")
     return 0
@@ -78,7 +336,7 @@ def _download(args: argparse.Namespace) -> int:
         for name in names:
             path = locate(
                 args.dataset, name, args.root, download=True, registry=registry,
-                progress=False if args.no_progress else None, timeout=args.timeout,
+                progress=False if args.quiet else None, timeout=args.timeout,
             )  # fmt: skip
             print(f"verified {path}")
     except (DataFileError, KeyError) as err:
@@ -87,25 +345,158 @@ def _download(args: argparse.Namespace) -> int:
     return 0
 
 
+OUT_HELP = "output folder (default: a new folder fedgp-{command}-YYYYmmdd-HHMMSS under the current directory)"
+
+
+def _quiet_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--quiet",
+        "--no-progress",
+        dest="quiet",
+        action="store_true",
+        help="no progress output (default: a bar on a terminal, a line every few rounds on stderr "
+        "when it is not a terminal, e.g. in a log file)",
+    )
+
+
+def _count(minimum: int):
+    """An argparse type: an integer >= ``minimum``, refused by argparse (exit status 2) otherwise."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+        if value is None or value < minimum:
+            raise argparse.ArgumentTypeError(f"must be an integer >= {minimum}, got {text!r}")
+        return value
+
+    return parse
+
+
+def _add_fit(sub) -> None:
+    from fedgp.presets import KERNELS, MEANS, STRATEGIES
+
+    fit = sub.add_parser(
+        "fit",
+        help="train on a CSV table whose owner column says which client holds each row",
+        description="Train a federated GP on DATA.csv, one client per owner (the --group column), with "
+        "fedgp.fit and its default transforms (the target standardised and the features scaled to the "
+        "unit cube, from federated sums: predictions come back in the data's units). Writes into --out: "
+        f"{MODEL_FILE} (fedgp.load reads it; no owner's data is in it), {COLUMNS_FILE} (the columns, for "
+        "fedgp predict), history.csv (one row per round) and metrics.csv (per owner: RMSE, NLL, 95% "
+        "coverage on the held-out rows with --test-fraction; without it, in-sample on the training "
+        "rows, which is optimistic, and the table's split column says so).",
+    )
+    fit.add_argument("data", metavar="DATA.csv", help="the table: features, target and owner columns")
+    fit.add_argument("--target", required=True, help="the column to predict")
+    fit.add_argument("--group", required=True, help="the owner column: rows with one label are one client")
+    fit.add_argument("--features", nargs="+", default=None, help="input columns (default: all the others)")
+    fit.add_argument("--kernel", default="rbf", choices=list(KERNELS), help="ScaleKernel(...) (default rbf)")
+    fit.add_argument(
+        "--ard", action=argparse.BooleanOptionalAction, default=True, help="a lengthscale per feature"
+    )
+    fit.add_argument(
+        "--mean", default="constant", choices=list(MEANS), help="mean function (default constant)"
+    )
+    fit.add_argument("--strategy", default="fgpr", choices=list(STRATEGIES), help="fgpr (default) or ifca")
+    fit.add_argument("--clusters", type=int, default=None, help="ifca: number of clusters (default 2)")
+    fit.add_argument(
+        "--rounds", type=_count(1), default=100, help="communication rounds, or the budget with --stop"
+    )
+    fit.add_argument("--stop", default="none", choices=["none", "auto"], help="auto: stop when converged")
+    fit.add_argument("--local-steps", type=int, default=None, help="local Adam steps per round (default 5)")
+    fit.add_argument("--batch-size", type=int, default=None, help="minibatch size (default 32)")
+    fit.add_argument("--lr", type=float, default=None, help="learning rate (default 0.05)")
+    fit.add_argument(
+        "--engine", default="auto", choices=["auto", "sequential", "batched"], help="default auto"
+    )
+    fit.add_argument("--seed", type=_count(0), default=0, help="master seed (training and the test split)")
+    fit.add_argument(
+        "--test-fraction",
+        type=float,
+        default=None,
+        help="hold out this share of each owner's rows for metrics",
+    )
+    fit.add_argument("--out", default=None, help=OUT_HELP.format(command="fit"))
+    _quiet_option(fit)
+    fit.set_defaults(func=_fit)
+
+
+def _add_predict(sub) -> None:
+    pred = sub.add_parser(
+        "predict",
+        help="predict each row of a CSV table with its owner's posterior",
+        description="Predict NEW.csv's rows with the model fedgp fit wrote to MODEL: each row from its "
+        "owner's posterior, the shared prior conditioned on that owner's own rows. The saved model holds "
+        "no owner's data (by design), so the owners' rows come from --data (the training table, which "
+        "the owners hold); an owner of NEW.csv with no rows there is an error, or with --unknown prior "
+        "is predicted from the shared prior alone. An owner with rows in --data that the model was not "
+        "trained on is a new owner, conditioned on its rows. Writes predictions.csv: NEW.csv's columns "
+        "plus mean, sd (of a new observation), the central --level interval (lower95, upper95), sd_f "
+        "(of the latent function) and conditioned_on (the owner's rows used).",
+    )
+    pred.add_argument("model", metavar="MODEL", help="the folder fedgp fit wrote (its --out)")
+    pred.add_argument("new", metavar="NEW.csv", help="rows to predict: the feature and owner columns")
+    pred.add_argument(
+        "--group", default=None, help="the owner column (default: the one the model was fitted with)"
+    )
+    pred.add_argument("--data", default=None, metavar="DATA.csv", help="the owners' rows to condition on")
+    pred.add_argument(
+        "--unknown",
+        default="error",
+        choices=["error", "prior"],
+        help="an owner without rows: error (default) or prior",
+    )
+    pred.add_argument("--level", type=float, default=0.95, help="interval probability (default 0.95)")
+    pred.add_argument("--out", default=None, help=OUT_HELP.format(command="predict"))
+    _quiet_option(pred)
+    pred.set_defaults(func=_predict)
+
+
 def build_parser() -> argparse.ArgumentParser:
+    """The ``fedgp`` argument parser: fit, predict, demo, reproduce, download."""
     parser = argparse.ArgumentParser(prog="fedgp", description="Federated Gaussian-process regression.")
     parser.add_argument("--version", action="version", version=f"fedgp {__import__('fedgp').__version__}")
-    sub = parser.add_subparsers(dest="command", required=True)
-    demo = sub.add_parser("demo", help="personalisation demo and a small FGPR study (table + PNG)")
-    demo.add_argument("--out", default="results/demo", help="folder for demo.png and CSVs")
-    demo.add_argument("--rounds", type=int, default=None, help="rounds for both parts (default 60 / 100)")
-    demo.add_argument("--quick", action="store_true", help="10 rounds (also: FEDGP_QUICK=1)")
-    demo.add_argument("--no-progress", action="store_true", help="no progress bars")
-    demo.set_defaults(func=_demo)
-    from fedgp.experiments.registry import REPRODUCTIONS
+    from fedgp.experiments.registry import quick_runtime
 
-    rep = sub.add_parser("reproduce", help="reproduce a paper table: writes CSV and markdown")
-    rep.add_argument("name", help=f"one of: {', '.join(sorted(REPRODUCTIONS)) or 'none yet'}")
+    sub = parser.add_subparsers(dest="command", required=True)
+    _add_fit(sub)
+    _add_predict(sub)
+    demo = sub.add_parser("demo", help="personalisation demo and a small FGPR study (table + PNG)")
+    demo.add_argument("--out", default=None, help=OUT_HELP.format(command="demo"))
+    demo.add_argument("--rounds", type=int, default=None, help="rounds for both parts (default 60 / 100)")
+    demo.add_argument(
+        "--quick", action="store_true", help=f"10 rounds (also: FEDGP_QUICK=1); {quick_runtime('demo')}"
+    )
+    _quiet_option(demo)
+    demo.set_defaults(func=_demo)
+    from fedgp.experiments.registry import DESCRIPTIONS, REPRODUCTIONS, quick_runtime
+
+    listing = "\n".join(
+        f"  {name:<17} {DESCRIPTIONS[name]}\n  {'':<17} {quick_runtime(name)}" for name in REPRODUCTIONS
+    )
+    rep = sub.add_parser(
+        "reproduce",
+        help="reproduce a paper table: writes CSV and markdown",
+        description="Run one of the paper reproductions and write its CSV and markdown into --out. "
+        "The full protocols take from minutes to hours (results/README.md gives each command and its "
+        "time); --quick runs a few repeats and rounds, and its time on this project's machine is "
+        "listed below. Progress goes to stderr (--quiet: none).",
+        epilog=f"experiments (--quick measured by benchmarks/cli_quick_times.py):\n{listing}",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    rep.add_argument("name", help=f"one of: {', '.join(REPRODUCTIONS)}")
     rep.add_argument("--repeats", type=int, default=None, help="repetitions (default: the paper's)")
-    rep.add_argument("--out", default="results", help="folder for the CSV and markdown files")
+    rep.add_argument(
+        "--out",
+        default=None,
+        help=OUT_HELP.format(command="reproduce")
+        + "; --out results updates the committed tables of a repository checkout",
+    )
     rep.add_argument("--seed", type=int, default=0, help="master seed")
     rep.add_argument("--quick", action="store_true", help="a few repeats and rounds (also FEDGP_QUICK=1)")
-    rep.add_argument("--no-progress", action="store_true", help="no progress bars")
+    _quiet_option(rep)
     held = rep.add_argument_group(
         "held-out settings (the paper's when left out; results get their own file names)"
     )
@@ -141,14 +532,22 @@ def build_parser() -> argparse.ArgumentParser:
     dl.add_argument("files", nargs="*", help="file names (default: all of the dataset's files)")
     dl.add_argument("--root", default=None, help="data root (default: FEDGP_DATA, else datasets/)")
     dl.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for the server (default 60)")
-    dl.add_argument("--no-progress", action="store_true", help="no progress bars")
+    _quiet_option(dl)
     dl.set_defaults(func=_download)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run ``fedgp`` with ``argv`` (default: the command line); returns the exit status, 2 for
+    refused input (printed as one line on stderr)."""
+    from fedgp.data.table import TableError
+
     args = build_parser().parse_args(argv)
-    return args.func(args)
+    try:
+        return args.func(args)
+    except (CommandError, TableError) as err:
+        print(f"fedgp {args.command}: {err}", file=sys.stderr)
+        return INPUT_ERROR
 
 
 if __name__ == "__main__":  # pragma: no cover

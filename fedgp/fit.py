@@ -27,7 +27,6 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import torch
-from tqdm import tqdm
 
 from fedgp.attacks.base import Attack
 from fedgp.data.client import ClientData, Federation, _as_float_tensor, _check_finite, check_trainable
@@ -47,6 +46,7 @@ from fedgp.messages import Record, read_state
 from fedgp.models.posterior import Prediction
 from fedgp.models.spec import GPSpec
 from fedgp.models.state import HyperState
+from fedgp.progress import progress_bar
 from fedgp.rng import generator
 from fedgp.rounds import RoundFailedError, exchange
 from fedgp.stopping import ConvergenceWarning, StopRule, resolve_stop, state_rows
@@ -73,6 +73,7 @@ __all__ = [
     "UnknownClientError",
 ]
 
+#: Engines by name for ``fit(engine=...)``; ``ray`` and ``flower`` need their extras (``EXTRA_ENGINES``).
 ENGINES: dict[str, Any] = {"sequential": SequentialEngine, "batched": BatchedEngine}
 #: Engines whose dependencies are optional extras, imported when first asked for.
 EXTRA_ENGINES = {"ray": "fedgp.engines.ray:RayEngine", "flower": "fedgp.flower.local:FlowerEngine"}
@@ -275,6 +276,8 @@ class FitResult:
 
     @property
     def context(self) -> ServerContext:
+        """What the server knows about this run (spec, clients' ids and sizes, seed), as the strategy saw
+        it."""
         return server_context(self.spec, self.registry, self.seed)
 
     def _resolve(self, client: int | ClientData | Any) -> tuple[Engine, Registry, int, int]:
@@ -484,7 +487,9 @@ def fit(
             much faster for many clients), ``"ray"``, ``"flower"``, with ``engine_options``; or an
             :class:`~fedgp.engines.base.Engine` instance (then ``federation`` may be ``None``).
         seed: master seed; every random draw derives from it, per round and client.
-        progress: tqdm bar over rounds; ``None`` shows it only on a terminal.
+        progress: ``None`` (default): a tqdm bar over rounds on a terminal, nothing otherwise;
+            ``True``: the bar on a terminal, else a line on stderr every tenth of the rounds (for
+            logs); ``False``: nothing (:mod:`fedgp.progress`).
         eval_every: every how many rounds the clients report test metrics (default 1 if some have
             test splits, else never). Each evaluation conditions every client on its own data.
         device: run the batched engine's tensor path there (e.g. ``"cuda"``); the same as
@@ -600,13 +605,8 @@ def fit(
         stopping = None if rule is None else {"states": recent, "reason": reason}
         save_checkpoint(checkpoint_path, Checkpoint(done, server, history, fingerprint, stopping=stopping))
 
-    bar = tqdm(
-        range(start, rounds),
-        desc=type(strategy).__name__,
-        initial=start,
-        total=rounds,
-        disable=None if progress is None else not progress,
-        leave=False,
+    bar = progress_bar(
+        range(start, rounds), progress=progress, desc=type(strategy).__name__, initial=start, total=rounds
     )
     for rnd in bar:
         if reason is not None:  # resumed from a checkpoint of a run that had already stopped

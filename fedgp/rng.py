@@ -32,11 +32,19 @@ __all__ = [
     "stream_id",
     "uniform_minibatches",
     "nearest_neighbour_minibatches",
+    "client_keys",
+    "GOLDEN",
+    "MIX1",
+    "MIX2",
 ]
 
-_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
-_M1 = np.uint64(0xBF58476D1CE4E5B9)
-_M2 = np.uint64(0x94D049BB133111EB)
+#: SplitMix64's increment (also read by compiled code that draws the same numbers).
+GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+#: SplitMix64's first mixing multiplier.
+MIX1 = np.uint64(0xBF58476D1CE4E5B9)
+#: SplitMix64's second mixing multiplier.
+MIX2 = np.uint64(0x94D049BB133111EB)
+_GOLDEN, _M1, _M2 = GOLDEN, MIX1, MIX2
 
 
 def stream_id(name: str) -> int:
@@ -63,6 +71,14 @@ def _key(parts: Sequence[int | np.ndarray]) -> np.ndarray:
     return key
 
 
+def client_keys(seed: int, stream: str, round: int, clients) -> np.ndarray:
+    """``(len(clients),)`` uint64 keys: the i-th number of client c's stream is
+    ``_mix(key[c] + i · GOLDEN)``, i = 1, 2, ... (what :func:`client_uniform` draws from)."""
+    clients = np.asarray(clients.cpu() if isinstance(clients, torch.Tensor) else clients)
+    with np.errstate(over="ignore"):
+        return _key([seed, stream_id(stream), round, clients.reshape(-1)])
+
+
 def client_uniform(
     seed: int, stream: str, round: int, clients: Sequence[int] | np.ndarray | torch.Tensor, shape
 ) -> torch.Tensor:
@@ -73,8 +89,8 @@ def client_uniform(
     """
     shape = tuple(np.atleast_1d(shape).tolist()) if not isinstance(shape, tuple) else shape
     clients = np.asarray(clients.cpu() if isinstance(clients, torch.Tensor) else clients)
+    base = client_keys(seed, stream, round, clients).reshape(-1, 1)  # (B, 1)
     with np.errstate(over="ignore"):
-        base = _key([seed, stream_id(stream), round, clients.reshape(-1, 1)])  # (B, 1)
         count = int(np.prod(shape, dtype=np.int64))
         counters = np.arange(1, count + 1, dtype=np.uint64).reshape(1, -1)
         bits = _mix(base + counters * _GOLDEN)

@@ -85,6 +85,7 @@ class StopRule(ABC):
 
     @property
     def uses_nll(self) -> bool:
+        """Whether :meth:`check` reads the training NLL (then every round computes it)."""
         return False
 
 
@@ -142,6 +143,7 @@ class NLLPlateau(StopRule):
 
     @property
     def uses_nll(self) -> bool:
+        """Yes: the rule reads the training NLL."""
         return True
 
     def check(self, states, nll):
@@ -186,6 +188,7 @@ class AnyOf(StopRule):
 
     @property
     def uses_nll(self) -> bool:
+        """Whether any of the rules reads the training NLL."""
         return any(rule.uses_nll for rule in self.rules)
 
     def check(self, states, nll):

@@ -65,6 +65,7 @@ class Standardize:
     local: bool = False
 
     def describe(self) -> str:
+        """A short description for ``result.transforms``."""
         return "standardize (each client's own mean and sd)" if self.local else "standardize (federated)"
 
 
@@ -93,6 +94,7 @@ class Normalize:
         object.__setattr__(self, "bounds", bounds)
 
     def describe(self) -> str:
+        """A short description for ``result.transforms``."""
         return "normalize (known bounds)" if self.bounds is not None else "normalize (federated min/max)"
 
 
@@ -114,10 +116,12 @@ class DataTransform:
 
     @property
     def is_identity(self) -> bool:
+        """Whether the transform changes nothing."""
         return self.x_offset is None and self.y_offset is None and not self.y_local
 
     # -- travelling in a task ------------------------------------------------------------------------
     def tensors(self) -> dict[str, torch.Tensor]:
+        """The transform's tensors as they travel in every later task."""
         out = {}
         for name in ("x_offset", "x_scale", "y_offset", "y_scale"):
             value = getattr(self, name)
@@ -126,6 +130,7 @@ class DataTransform:
         return out
 
     def settings(self) -> dict[str, bool]:
+        """The transform's plain settings as they travel in every later task."""
         return {PREFIX + "y_local": True} if self.y_local else {}
 
     @classmethod
@@ -151,6 +156,7 @@ class DataTransform:
         return float(self.y_offset), float(self.y_scale)
 
     def inputs(self, X: torch.Tensor) -> torch.Tensor:
+        """Inputs in the transformed units."""
         if self.x_offset is None:
             return X
         return (X - self.x_offset.to(X)) / self.x_scale.to(X)

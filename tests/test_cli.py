@@ -1,6 +1,25 @@
-import pandas as pd
+"""The ``fedgp`` command: fit/predict on CSV files made here, their errors, --out, progress, --help."""
 
-from fedgp.cli import main
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+import fedgp
+import fedgp.progress
+from fedgp.cli import _out, build_parser, default_out, main
+from fedgp.data import ClientData
+from fedgp.data.table import read_owner_table
+from fedgp.experiments.registry import QUICK_RUNTIMES, REPRODUCTIONS
+from fedgp.presets import make_spec
+from fedgp.strategies import FGPR
+
+REPO = Path(__file__).resolve().parents[1]
+ROUNDS = ["--rounds", "3"]
 
 
 def test_demo_writes_png_and_tables(tmp_path, capsys):
@@ -11,3 +30,359 @@ def test_demo_writes_png_and_tables(tmp_path, capsys):
     table = pd.read_csv(tmp_path / "personalisation.csv")
     assert list(table["client"]) == ["sin", "-sin"]
     assert len(pd.read_csv(tmp_path / "convergence_curve.csv")) == 3
+
+
+def owners_frame(sizes=(10, 12, 9), seed=0) -> pd.DataFrame:
+    """Three owners with their own offsets, two features on different scales, a target far from 0."""
+    rng = np.random.default_rng(seed)
+    parts = []
+    for owner, (n, shift) in zip(["north", "south", "007"], zip(sizes, (0.0, 5.0, -5.0))):
+        x1, x2 = rng.uniform(0, 10, n), rng.uniform(-100, 100, n)
+        y = 50 + 4 * np.sin(x1) + 0.02 * x2 + shift + rng.normal(0, 0.3, n)
+        parts.append(pd.DataFrame({"x1": x1, "x2": x2, "owner": owner, "y": y}))
+    return pd.concat(parts, ignore_index=True)
+
+
+@pytest.fixture
+def data_csv(tmp_path) -> Path:
+    path = tmp_path / "data.csv"
+    owners_frame().to_csv(path, index=False)
+    return path
+
+
+def fit_cli(data_csv, out, *extra):
+    return main(
+        [
+            "fit",
+            str(data_csv),
+            "--target",
+            "y",
+            "--group",
+            "owner",
+            *ROUNDS,
+            "--quiet",
+            "--out",
+            str(out),
+            *extra,
+        ]
+    )
+
+
+def test_fit_writes_model_history_metrics_and_columns(data_csv, tmp_path, capsys):
+    out = tmp_path / "model"
+    assert fit_cli(data_csv, out, "--kernel", "matern52") == 0
+    printed = capsys.readouterr()
+    assert "3 owners, 31 rows to train on" in printed.out and printed.err == ""  # --quiet: nothing
+    assert {p.name for p in out.iterdir()} == {
+        "model.safetensors",
+        "history.csv",
+        "metrics.csv",
+        "columns.json",
+    }
+    assert len(pd.read_csv(out / "history.csv")) == 3
+    metrics = pd.read_csv(out / "metrics.csv", dtype={"owner": str})
+    assert metrics["owner"].tolist() == ["north", "south", "007"]  # labels are text: 007 stays 007
+    assert (
+        metrics["n_train"].tolist() == [10, 12, 9] and (metrics["split"] == "in-sample (training rows)").all()
+    )
+    columns = json.loads((out / "columns.json").read_text())
+    assert (columns["features"], columns["target"], columns["group"]) == (["x1", "x2"], "y", "owner")
+    model = fedgp.load(out / "model.safetensors")
+    assert model.registry.ids == ["north", "south", "007"]
+    kernel = model.spec.kernel.base_kernel
+    assert type(kernel).__name__ == "MaternKernel" and kernel.nu == 2.5 and kernel.ard_num_dims == 2
+
+
+def test_fit_is_fedgp_fit_and_predict_is_the_owners_posterior(data_csv, tmp_path, capsys):
+    """The CLI's model is fedgp.fit's on the same owners, and predict conditions each row's owner on
+    its rows of --data: the in-process result's personalised prediction, to 1e-10."""
+    assert fit_cli(data_csv, tmp_path / "m") == 0
+    table = read_owner_table(data_csv, group="owner", target="y")
+    spec = make_spec("rbf", "constant", d=2, ard=True)
+    result = fedgp.fit(spec, table.federation(), FGPR(), rounds=3, seed=0, progress=False)
+    saved = fedgp.load(tmp_path / "m" / "model.safetensors")
+    for name, value in result.state.items():
+        torch.testing.assert_close(saved.state[name], value, rtol=1e-10, atol=0)
+
+    new = owners_frame(sizes=(2, 3, 1), seed=7).drop(columns="y").sample(frac=1.0, random_state=0)
+    new.to_csv(tmp_path / "new.csv", index=False)
+    argv = ["predict", str(tmp_path / "m"), str(tmp_path / "new.csv"), "--data", str(data_csv)]
+    assert main([*argv, "--out", str(tmp_path / "p"), "--quiet"]) == 0
+    pred = pd.read_csv(tmp_path / "p" / "predictions.csv", dtype={"owner": str})
+    assert pred["owner"].tolist() == new["owner"].tolist()  # NEW.csv's rows, in its order
+    assert {"mean", "sd", "lower95", "upper95", "sd_f", "conditioned_on"} <= set(pred.columns)
+    for owner in ["north", "south", "007"]:
+        rows = pred["owner"] == owner
+        mean, var = result.predict(
+            pred.loc[rows, ["x1", "x2"]].to_numpy(), client=owner, observation_noise=True
+        )
+        np.testing.assert_allclose(pred.loc[rows, "mean"], mean.numpy(), rtol=1e-10)
+        np.testing.assert_allclose(pred.loc[rows, "sd"], var.sqrt().numpy(), rtol=1e-10)
+    z = (pred["upper95"] - pred["mean"]) / pred["sd"]
+    np.testing.assert_allclose(z, 1.959963984540054, rtol=1e-9)
+    np.testing.assert_allclose(pred["mean"] - pred["lower95"], pred["upper95"] - pred["mean"], rtol=1e-9)
+    assert (pred["sd_f"] < pred["sd"]).all()
+    assert pred.groupby("owner")["conditioned_on"].first().to_dict() == {"north": 10, "south": 12, "007": 9}
+
+
+def test_held_out_metrics_are_evaluate(data_csv, tmp_path):
+    assert fit_cli(data_csv, tmp_path / "m", "--test-fraction", "0.3") == 0
+    metrics = pd.read_csv(tmp_path / "m" / "metrics.csv", dtype={"owner": str})
+    assert (metrics["split"] == "held-out").all() and metrics["n_test"].tolist() == [3, 4, 3]
+    assert (metrics["n_train"] + metrics["n_test"]).tolist() == [10, 12, 9]
+    table = read_owner_table(data_csv, group="owner", target="y")
+    spec = make_spec("rbf", "constant", d=2, ard=True)
+    result = fedgp.fit(spec, table.federation(0.3, seed=0), FGPR(), rounds=3, seed=0, progress=False)
+    np.testing.assert_allclose(metrics["rmse"], result.evaluate()["rmse"], rtol=1e-10)
+
+
+def test_predict_from_the_prior_for_owners_without_rows(data_csv, tmp_path, capsys):
+    assert fit_cli(data_csv, tmp_path / "m", "--strategy", "ifca", "--clusters", "2") == 0
+    new = pd.DataFrame(
+        {"x1": [1.0, 2.0, 3.0], "x2": [0.0, 10.0, -10.0], "owner": ["newcomer", "north", "newcomer"]}
+    )
+    new.to_csv(tmp_path / "new.csv", index=False)
+    argv = ["predict", str(tmp_path / "m"), str(tmp_path / "new.csv"), "--data", str(data_csv), "--quiet"]
+    assert main([*argv, "--unknown", "prior", "--out", str(tmp_path / "p")]) == 0
+    pred = pd.read_csv(tmp_path / "p" / "predictions.csv")
+    assert pred["conditioned_on"].tolist() == [0, 10, 0]
+    model = fedgp.load(tmp_path / "m" / "model.safetensors")
+    cold = ClientData(np.empty((0, 2)), np.empty(0), id="newcomer")
+    expected = model.posterior(new.loc[[0, 2], ["x1", "x2"]].to_numpy(), cold)
+    np.testing.assert_allclose(pred.loc[[0, 2], "mean"], expected.mean.numpy(), rtol=1e-10)
+
+
+def test_an_owner_only_in_data_is_predicted_as_a_new_owner(data_csv, tmp_path, capsys):
+    assert fit_cli(data_csv, tmp_path / "m") == 0
+    extra = owners_frame(sizes=(4, 2, 2), seed=3).replace({"owner": {"north": "east"}})
+    extra.to_csv(tmp_path / "more.csv", index=False)
+    extra.drop(columns="y").iloc[:2].to_csv(tmp_path / "new.csv", index=False)
+    argv = ["predict", str(tmp_path / "m"), str(tmp_path / "new.csv"), "--data", str(tmp_path / "more.csv")]
+    assert main([*argv, "--out", str(tmp_path / "p")]) == 0
+    assert "owner 'east' was not among the model's training owners" in capsys.readouterr().err
+    assert pd.read_csv(tmp_path / "p" / "predictions.csv")["conditioned_on"].tolist() == [4, 4]
+
+
+# -- malformed input: one line naming the file and the column, line or owner; exit status 2 --------
+
+
+def _malformed(frame: pd.DataFrame, case: str) -> pd.DataFrame:
+    frame = frame.astype({"x1": object, "y": object})
+    if case == "text cell":
+        frame.loc[4, "x1"] = "4,7"  # a decimal comma, quoted by to_csv
+    elif case == "empty cell":
+        frame.loc[6, "y"] = None
+    elif case == "inf":
+        frame.loc[2, "x1"] = "inf"
+    elif case == "one-row owner":
+        frame = pd.concat([frame, frame.iloc[[0]].assign(owner="lonely")], ignore_index=True)
+    elif case == "no owner":
+        frame.loc[3, "owner"] = None
+    return frame
+
+
+@pytest.mark.parametrize(
+    "case, argv, message",
+    [
+        (
+            "fine",
+            ["--target", "z"],
+            r"data\.csv: no column 'z' \(--target\); its columns are 'x1', 'x2', 'owner', 'y'",
+        ),
+        ("fine", ["--group", "site"], r"data\.csv: no column 'site' \(--group\)"),
+        ("fine", ["--features", "x1", "x3"], r"data\.csv: no column 'x3' \(feature\)"),
+        ("text cell", [], r"data\.csv: column 'x1', line 6 \(owner 'north'\): '4,7' is not a number"),
+        ("empty cell", [], r"data\.csv: column 'y', line 8 \(owner 'north'\): missing value"),
+        ("inf", [], r"data\.csv: column 'x1', line 4 \(owner 'north'\): inf is not a finite number"),
+        ("no owner", [], r"data\.csv: column 'owner', line 5: no owner"),
+        (
+            "one-row owner",
+            [],
+            r"data\.csv: owner 'lonely' has 1 row\(s\) \(line 33\); training needs at least 2 per owner",
+        ),
+        ("fine", ["--test-fraction", "1.5"], r"test fraction must be in \(0, 1\)"),
+        ("fine", ["--strategy", "fgpr", "--lr", "-1"], r"FGPR: lr must be a finite number > 0"),
+    ],
+)
+def test_a_malformed_table_is_one_clear_line(tmp_path, capsys, case, argv, message):
+    path = tmp_path / "data.csv"
+    _malformed(owners_frame(), case).to_csv(path, index=False)
+    base = ["fit", str(path), "--target", "y", "--group", "owner", *ROUNDS, "--out", str(tmp_path / "m")]
+    args = base + argv
+    for flag in ("--target", "--group"):  # a flag given twice: the test's value wins
+        if flag in argv:
+            i = args.index(flag)
+            del args[i : i + 2]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert re.search(message, err), err
+    assert err.startswith("fedgp fit: ") and "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "m").exists()  # nothing written
+
+
+def test_constant_target_of_an_owner_is_named(tmp_path, capsys):
+    frame = owners_frame()
+    frame.loc[frame["owner"] == "south", "y"] = 3.0
+    frame.to_csv(tmp_path / "data.csv", index=False)
+    assert fit_cli(tmp_path / "data.csv", tmp_path / "m") == 2
+    assert re.search(r"data\.csv: client 'south': y is constant", capsys.readouterr().err)
+
+
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        (None, r"nowhere\.csv: no such file"),
+        ("", r"empty\.csv: cannot be read as a CSV table"),
+        ("x1,owner,y\n", "header but no rows"),
+    ],
+)
+def test_unreadable_files_are_named(tmp_path, capsys, content, message):
+    name = "nowhere.csv" if content is None else ("empty.csv" if content == "" else "header.csv")
+    if content is not None:
+        (tmp_path / name).write_text(content)
+    assert fit_cli(tmp_path / name, tmp_path / "m") == 2
+    assert re.search(message, capsys.readouterr().err)
+
+
+def test_predict_refuses_unknown_owners_and_names_them(data_csv, tmp_path, capsys):
+    assert fit_cli(data_csv, tmp_path / "m") == 0
+    pd.DataFrame({"x1": [1.0, 2.0], "x2": [0.0, 1.0], "owner": ["north", "west"]}).to_csv(
+        tmp_path / "new.csv", index=False
+    )
+    argv = ["predict", str(tmp_path / "m"), str(tmp_path / "new.csv"), "--out", str(tmp_path / "p")]
+    assert main([*argv, "--data", str(data_csv)]) == 2
+    err = capsys.readouterr().err
+    assert re.search(r"new\.csv: owner 'west' \(line 3\) has no rows in .*data\.csv", err), err
+    assert "--unknown prior" in err and "'north', 'south', '007'" in err and "Traceback" not in err
+    assert main(argv) == 2  # no --data at all: every owner is unknown
+    assert re.search(
+        r"owners 'north' \(line 2\), 'west' \(line 3\) have no data: no --data was given",
+        capsys.readouterr().err,
+    )
+    assert not (tmp_path / "p").exists()
+
+
+@pytest.mark.parametrize(
+    "setup, message",
+    [
+        ("no folder", r"no such folder"),
+        ("not a model", r"not a folder written by fedgp fit"),
+        ("missing feature", r"new\.csv: no column 'x2' \(feature\)"),
+        ("text cell", r"new\.csv: column 'x2', line 2 \(owner 'north'\): 'high' is not a number"),
+    ],
+)
+def test_predict_input_errors(data_csv, tmp_path, capsys, setup, message):
+    model = tmp_path / "m"
+    if setup == "not a model":
+        model.mkdir()
+    elif setup != "no folder":
+        assert fit_cli(data_csv, model) == 0
+    new = pd.DataFrame({"x1": [1.0], "x2": ["high" if setup == "text cell" else "1.0"], "owner": ["north"]})
+    (new.drop(columns="x2") if setup == "missing feature" else new).to_csv(tmp_path / "new.csv", index=False)
+    capsys.readouterr()
+    argv = [
+        "predict",
+        str(model),
+        str(tmp_path / "new.csv"),
+        "--data",
+        str(data_csv),
+        "--out",
+        str(tmp_path / "p"),
+    ]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert re.search(message, err) and err.startswith("fedgp predict: "), err
+
+
+# -- --out, progress, --help ------------------------------------------------------------------------
+
+
+def test_out_defaults_to_a_new_timestamped_folder_never_results(data_csv, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert main(["fit", str(data_csv), "--target", "y", "--group", "owner", *ROUNDS, "--quiet"]) == 0
+    (folder,) = [p for p in tmp_path.iterdir() if p.name.startswith("fedgp-fit-")]
+    assert re.fullmatch(r"fedgp-fit-\d{8}-\d{6}", folder.name) and (folder / "model.safetensors").exists()
+    assert f"wrote {folder}" in capsys.readouterr().out
+    for argv in (["reproduce", "table2"], ["demo"], ["predict", "m", "new.csv"]):
+        args = build_parser().parse_args(argv)
+        assert args.out is None
+        out = _out(args)
+        assert (
+            out.parent == tmp_path and out.name.startswith(f"fedgp-{argv[0]}-") and "results" not in out.parts
+        )
+    import datetime
+
+    now = datetime.datetime(2026, 11, 26, 15, 45, 1)
+    (tmp_path / "fedgp-demo-20261126-154501").mkdir()  # taken: the next run gets its own folder
+    assert default_out("demo", now).name == "fedgp-demo-20261126-154501-2"
+
+
+def test_progress_lines_without_a_terminal_and_quiet(data_csv, tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(fedgp.progress, "MIN_SECONDS", 0.0)
+    argv = ["fit", str(data_csv), "--target", "y", "--group", "owner", "--rounds", "20"]
+    assert main([*argv, "--out", str(tmp_path / "a")]) == 0
+    lines = capsys.readouterr().err.splitlines()  # pytest's stderr is not a terminal
+    assert [int(re.match(r"FGPR: (\d+)/20 \[", line).group(1)) for line in lines] == [
+        2,
+        4,
+        6,
+        8,
+        10,
+        12,
+        14,
+        16,
+        18,
+        20,
+    ]
+    assert all("train_nll=" in line for line in lines)
+    assert main([*argv, "--out", str(tmp_path / "b"), "--quiet"]) == 0
+    assert capsys.readouterr().err == ""
+
+
+def test_a_fit_that_does_not_converge_says_so_in_one_line(data_csv, tmp_path, capsys):
+    assert fit_cli(data_csv, tmp_path / "m", "--stop", "auto") == 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("fedgp fit: warning: fit did not converge: the 3-round budget")
+    history = pd.read_csv(tmp_path / "m" / "history.csv")
+    assert len(history) == 3
+
+
+def test_reproduce_says_what_to_expect_and_names_missing_inputs(tmp_path, capsys):
+    assert main(["reproduce", "verdicts", "--quick", "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err[0].startswith("fedgp reproduce verdicts: started; --quick: ")
+    assert err[1].startswith("fedgp reproduce: verdicts: none of table1.csv") and len(err) == 2
+    assert main(["reproduce", "verdicts", "--out", str(tmp_path), "--quiet"]) == 2
+    assert len(capsys.readouterr().err.splitlines()) == 1
+
+
+def test_every_reproduction_states_its_measured_quick_runtime(capsys):
+    """--help names every experiment with its quick-mode time, and the figures are the ones in the
+    committed measurement (benchmarks/cli_quick_times.py, results/benchmarks/cli_quick_times.csv)."""
+    assert set(QUICK_RUNTIMES) == set(REPRODUCTIONS) | {"demo"}
+    measured = pd.read_csv(REPO / "results" / "benchmarks" / "cli_quick_times.csv").set_index("name")
+    assert (measured["returncode"] == 0).all()
+    for name, (cpu_min, wall_min, load) in QUICK_RUNTIMES.items():
+        row = measured.loc[name]
+        measured_here = [row["cpu_s"] / 60, row["wall_s"] / 60, max(row["load1_before"], row["load1_after"])]
+        assert [cpu_min, wall_min, load] == pytest.approx(measured_here, abs=0.051), name  # to 0.1
+    with pytest.raises(SystemExit):
+        main(["reproduce", "--help"])
+    text = re.sub(r"\s+", " ", capsys.readouterr().out)
+    for name, (cpu_min, wall_min, _) in QUICK_RUNTIMES.items():
+        if name != "demo":
+            assert re.search(
+                rf"{re.escape(name)} .*?--quick: {cpu_min:g} min CPU, {wall_min:g} min wall", text
+            ), name
+    with pytest.raises(SystemExit):
+        main(["demo", "--help"])
+    cpu_min, wall_min, _ = QUICK_RUNTIMES["demo"]
+    assert f"{cpu_min:g} min CPU, {wall_min:g} min wall" in re.sub(r"\s+", " ", capsys.readouterr().out)
+
+
+@pytest.mark.parametrize("argv", [["--rounds", "0"], ["--seed", "-1"], ["--rounds", "ten"]])
+def test_bad_numbers_are_refused_by_the_parser(data_csv, tmp_path, capsys, argv):
+    with pytest.raises(SystemExit) as caught:
+        main(["fit", str(data_csv), "--target", "y", "--group", "owner", *argv, "--out", str(tmp_path / "m")])
+    assert caught.value.code == 2
+    assert f"argument {argv[0]}: must be an integer" in capsys.readouterr().err

@@ -68,3 +68,42 @@ def test_readme_save_load_botorch_example_runs_as_written():
         assert torch.allclose(namespace["gp"](X).mean, result.posterior(X, newcomer).mean, atol=1e-10)
     x_next = namespace["x_next"]
     assert x_next.shape == (1, 2) and bool(((x_next >= 0) & (x_next <= 1)).all())
+
+
+def _section(title: str) -> str:
+    return README.read_text().split(title, 1)[1].split("\n## ", 1)[0]
+
+
+def test_readme_files_commands_run_as_written(tmp_path, monkeypatch, capsys):
+    """The two commands of "Data in files", on the table the guide makes (docs/guides/...)."""
+    import shlex
+
+    import numpy as np
+    import pandas as pd
+    from sklearn.datasets import load_diabetes
+
+    from fedgp.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    guide = (README.parent / "docs" / "guides" / "files-and-sklearn.md").read_text()
+    make_table = re.search(r"```python\n(.*?)```", guide, re.S).group(1)
+    exec(compile(make_table, "files-and-sklearn.md", "exec"), {"np": np, "load_diabetes": load_diabetes})
+    commands = re.search(r"```bash\n(.*?)```", _section("### Data in files, and scikit-learn"), re.S).group(1)
+    for line in commands.strip().splitlines():
+        argv = shlex.split(line)
+        assert argv[0] == "fedgp"
+        assert main([*argv[1:], "--quiet"]) == 0
+    metrics = pd.read_csv(tmp_path / "clinics-model" / "metrics.csv")
+    assert sorted(metrics["owner"]) == ["centre", "east", "north", "south", "west"]
+    assert (metrics["split"] == "held-out").all() and metrics["n_test"].sum() == 100
+    pred = pd.read_csv(tmp_path / "clinics-predictions" / "predictions.csv")
+    assert len(pred) == 42 and ((pred["lower95"] < pred["mean"]) & (pred["mean"] < pred["upper95"])).all()
+    assert "wrote clinics-predictions/predictions.csv" in capsys.readouterr().out
+
+
+def test_readme_sklearn_example_runs_as_written(capsys):
+    block = re.search(r"```python\n(.*?)```", _section("### Data in files, and scikit-learn"), re.S).group(1)
+    namespace: dict = {}
+    exec(compile(block, str(README), "exec"), namespace)
+    assert namespace["mean"].shape == namespace["std"].shape == (142,)
+    assert f"R² {float(capsys.readouterr().out):.3f}" in block  # the number the README quotes

@@ -29,15 +29,19 @@ from fedgp.models.state import HyperState
 
 __all__ = ["StateAggregator", "SPACES", "check_space", "check_count"]
 
+#: Where a rule may average: GPyTorch's constrained values (FedAvg's default) or the raw parameters.
 SPACES = ("constrained", "raw")
 
 
 def check_space(space: str) -> None:
+    """Refuse an ``average_space`` other than ``"constrained"`` or ``"raw"`` with a ``ValueError``."""
     if space not in SPACES:
         raise ValueError(f"average_space must be 'constrained' or 'raw', got {space!r}")
 
 
 def check_count(name: str, value, minimum: int) -> None:
+    """Refuse a count that is not an ``int`` of at least ``minimum`` (a ``bool`` is refused too), naming the
+    setting."""
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
 

@@ -112,6 +112,8 @@ class BoundAttack:
 
     @property
     def options(self) -> dict[str, Any]:
+        """The task options that tell the attacked clients their role (for client-side attacks such as
+        :class:`~fedgp.attacks.LabelFlip`)."""
         return self.attack.task_options(self.positions)
 
     def tamper(self, rnd: int, plan):

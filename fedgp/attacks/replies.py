@@ -93,6 +93,8 @@ class ALIE(Attack):
     z: float | None = None
 
     def z_value(self, n: int, f: int) -> float:
+        """The z of "A Little Is Enough" for ``n`` participants and ``f`` attackers: the given ``z``,
+        else the largest that still hides among the honest updates (Baruch et al. 2019)."""
         if self.z is not None:
             return float(self.z)
         s = (n // 2 + 1) - f

@@ -41,6 +41,7 @@ def _fit(spec: GPSpec, datasets: Sequence[tuple[torch.Tensor, torch.Tensor]], ma
 
 
 def client_metrics(pred: Prediction, y: torch.Tensor) -> dict[str, float]:
+    """Test RMSE, NLL and 95 % coverage of one client's prediction against its targets ``y``."""
     return {"rmse": pred.rmse(y), "nll": pred.nll(y), "coverage95": pred.coverage(y)}
 
 
@@ -58,11 +59,13 @@ class LocalGP:
     fallbacks_: int = field(default=0, init=False)
 
     def fit_client(self, client: ClientData) -> HyperState:
+        """Maximise one client's own marginal likelihood; the learned state."""
         fit = _fit(self.spec, [(client.X, client.y)], self.max_iter)
         self.fallbacks_ += int(fit.attempt > 0)
         return fit.state
 
     def fit(self, federation: Federation) -> LocalGP:
+        """Fit an exact GP on each client's data alone; returns ``self``."""
         check_federation(federation, "LocalGP")
         self.fallbacks_ = 0
         self.federation_ = federation
@@ -122,6 +125,8 @@ class CentralGP:
         return float(client.metadata.get("y_mean", 0.0)), float(client.metadata.get("y_std", 1.0))
 
     def fit(self, federation: Federation) -> CentralGP:
+        """Fit one exact GP on every client's data pooled (the reference a federation cannot beat);
+        returns ``self``."""
         check_federation(federation, "CentralGP")
         X = torch.cat([c.X for c in federation])
         y = torch.cat([c.y * self._scale(c)[1] + self._scale(c)[0] for c in federation])

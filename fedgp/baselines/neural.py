@@ -322,6 +322,7 @@ class FedAvgMLP(_MLPConfig):
     history_: pd.DataFrame | None = field(default=None, init=False, repr=False)
 
     def fit(self, federation: Federation) -> FedAvgMLP:
+        """Train the MLP by FedAvg over the federation's clients; returns ``self``."""
         check_federation(federation, "FedAvgMLP")
         [(w, _, history)] = _train([self._config()], [federation])
         self.params_ = w
@@ -329,6 +330,7 @@ class FedAvgMLP(_MLPConfig):
         return self
 
     def predict(self, X) -> torch.Tensor:
+        """The network's prediction at ``X``."""
         if self.params_ is None:
             raise RuntimeError("FedAvgMLP is not fitted yet; call fit(federation)")
         return _predict(self.params_, X, self.activation)
@@ -339,6 +341,8 @@ class FedAvgMLP(_MLPConfig):
         return float(np.dot(federation.weights.numpy(), per))
 
     def posterior(self, X, noise_variance: float) -> Prediction:
+        """A Gaussian predictive around the point prediction, with variance ``noise_variance`` (for NLL
+        and coverage)."""
         return point_prediction(self.predict(X), noise_variance)
 
 
@@ -383,6 +387,8 @@ class Ditto(_MLPConfig):
         return lams
 
     def fit(self, federation: Federation) -> Ditto:
+        """Train the global MLP and every client's personal MLP (λ chosen on validation rows); returns
+        ``self``."""
         fit_ditto([self], [federation])
         return self
 
@@ -408,6 +414,7 @@ class Ditto(_MLPConfig):
         return point_prediction(self.predict(X, client), float(self.noise_variance_[int(client)]))
 
     def global_posterior(self, X) -> Prediction:
+        """The global model's prediction at ``X`` as a Gaussian with its held-out residual variance."""
         return point_prediction(self.predict_global(X), float(self.global_noise_variance_))
 
 

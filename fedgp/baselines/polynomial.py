@@ -68,6 +68,7 @@ class FedAvgPolynomial:
             raise ValueError(f"lr must be positive, got {self.lr}")
 
     def features(self, X: torch.Tensor) -> torch.Tensor:
+        """The Legendre features of ``X`` (shape ``(n, 1)``) on the fitted domain."""
         if self.domain_ is None:
             raise RuntimeError("FedAvgPolynomial is not fitted yet; call fit(federation)")
         X = torch.as_tensor(X, dtype=torch.float64)
@@ -78,6 +79,7 @@ class FedAvgPolynomial:
         return legendre_features(X[:, 0], self.degree, self.domain_)
 
     def fit(self, federation: Federation) -> FedAvgPolynomial:
+        """Fit the polynomial's coefficients by FedAvg over the federation's clients; returns ``self``."""
         check_federation(federation, "FedAvgPolynomial")
         if federation.n_features != 1:
             raise ValueError(f"FedAvgPolynomial takes one input; the clients have {federation.n_features}")

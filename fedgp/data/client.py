@@ -255,13 +255,16 @@ class ClientData:
 
     @property
     def n_features(self) -> int:
+        """The number of input features d."""
         return self.X.shape[1]
 
     @property
     def has_test(self) -> bool:
+        """Whether the client holds a test split."""
         return self.X_test is not None
 
     def with_test(self, X_test: ArrayLike, y_test: ArrayLike) -> ClientData:
+        """A copy of this client with the given test split (validated like the training data)."""
         return replace(self, X_test=X_test, y_test=y_test)
 
     def split(self, test_fraction: float, rng: np.random.Generator | int) -> ClientData:
@@ -336,9 +339,11 @@ class Federation(Sequence[ClientData]):
         return iter(self._clients)
 
     def by_id(self, client_id: Any) -> ClientData:
+        """The client with this id; an unknown id is a ``KeyError``."""
         return self._clients[self.index_of(client_id)]
 
     def index_of(self, client_id: Any) -> int:
+        """The position of the client with this id; an unknown id is a ``KeyError``."""
         try:
             return self._index[client_id]
         except KeyError:
@@ -347,6 +352,7 @@ class Federation(Sequence[ClientData]):
     # -- summaries ----------------------------------------------------------------------------
     @property
     def ids(self) -> list[Any]:
+        """The clients' ids, in order."""
         return [c.id for c in self._clients]
 
     @property
@@ -362,10 +368,12 @@ class Federation(Sequence[ClientData]):
 
     @property
     def n_features(self) -> int:
+        """The number of input features d (the same for every client)."""
         return self._clients[0].n_features
 
     @property
     def has_test(self) -> bool:
+        """Whether any client holds a test split."""
         return any(c.has_test for c in self._clients)
 
     def summary(self) -> pd.DataFrame:

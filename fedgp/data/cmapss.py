@@ -22,12 +22,15 @@ from fedgp.data.registry import DataFileError, FileEntry, Registry, default_regi
 
 __all__ = ["CMAPSS", "load_cmapss", "COLUMNS", "SENSORS", "SENSOR_NAMES", "SUBSETS"]
 
+#: The four C-MAPSS subsets (operating conditions × fault modes); the paper uses FD001.
 SUBSETS = ("FD001", "FD002", "FD003", "FD004")
+#: Sensor columns s1..s21.
 SENSORS = tuple(f"s{i}" for i in range(1, 22))
 #: Column names of the train and test files, in file order.
 COLUMNS = ("unit", "cycle", "op1", "op2", "op3", *SENSORS)
 #: The usual sensor names (Saxena et al. 2008), e.g. s2 = T24 (LPC outlet temperature), s7 = P30.
 _NAMES = "T2 T24 T30 T50 P2 P15 P30 Nf Nc epr Ps30 phi NRf NRc BPR farB htBleed Nf_dmd PCNfR_dmd W31 W32"
+#: Sensor column -> its usual name, e.g. ``SENSOR_NAMES['s2'] == 'T24'``.
 SENSOR_NAMES = dict(zip(SENSORS, _NAMES.split()))
 
 
@@ -119,6 +122,7 @@ class CMAPSS:
     paths: dict[str, Path] = field(default_factory=dict)
 
     def frame(self, split: str = "train") -> pd.DataFrame:
+        """The ``"train"`` or ``"test"`` table as loaded."""
         if split not in ("train", "test"):
             raise ValueError(f"split must be 'train' or 'test', got {split!r}")
         return self.train if split == "train" else self.test

@@ -199,10 +199,12 @@ class MultiFidelityFunction:
 
     @property
     def d(self) -> int:
+        """The input dimension."""
         return self.bounds.shape[0]
 
     @property
     def num_levels(self) -> int:
+        """The number of fidelity levels."""
         return len(self.levels)
 
     def level_index(self, level: int | str) -> int:
@@ -220,10 +222,12 @@ class MultiFidelityFunction:
         return self.levels[self.level_index(level)](_check_x(X, self.d, self.name))
 
     def to_unit(self, X) -> np.ndarray:
+        """Inputs in the function's box mapped to the unit cube."""
         lo, hi = self.bounds.T
         return (_check_x(X, self.d, self.name) - lo) / (hi - lo)
 
     def from_unit(self, U) -> np.ndarray:
+        """Inputs in the unit cube mapped to the function's box."""
         lo, hi = self.bounds.T
         return lo + _check_x(U, self.d, self.name) * (hi - lo)
 
@@ -235,6 +239,7 @@ class MultiFidelityFunction:
         return f"MultiFidelityFunction({self.name!r}, d={self.d}, levels={self.level_names})"
 
 
+#: Forrester's 1-D pair (FGPR §5 Example 1): the high fidelity linear in the low one.
 forrester = MultiFidelityFunction(
     "forrester",
     [[0.0, 1.0]],
@@ -242,6 +247,7 @@ forrester = MultiFidelityFunction(
     (100, 20),
     "Forrester, Sóbester & Keane (2007); FGPR §5 Example 1 (linear)",
 )
+#: FGPR §5 Example 2: a 1-D pair related nonlinearly (after Cutajar et al. 2019).
 nonlinear_example = MultiFidelityFunction(
     "nonlinear",
     [[0.0, 2.0]],
@@ -249,6 +255,7 @@ nonlinear_example = MultiFidelityFunction(
     (100, 20),
     "FGPR §5 Example 2 (after Cutajar et al. 2019): y_l = cos 15x, y_h = x exp(y_l(2x - 0.2)) - 1",
 )
+#: CURRIN, 2-D, two levels (Table 1).
 currin = MultiFidelityFunction(
     "currin",
     [[0.0, 1.0], [0.0, 1.0]],
@@ -256,6 +263,7 @@ currin = MultiFidelityFunction(
     (200, 40),
     "Currin et al. (1991); Xiong et al. (2013); FGPR App. Example 3",
 )
+#: PARK, 4-D, two levels (Table 1).
 park = MultiFidelityFunction(
     "park",
     [[0.0, 1.0]] * 4,
@@ -263,6 +271,7 @@ park = MultiFidelityFunction(
     (300, 50),
     "Park (1991); Cox et al. (2001); Xiong et al. (2013); FGPR App. Example 4 (x2 + x3²)",
 )
+#: BRANIN, 2-D, three levels (Table 1).
 branin = MultiFidelityFunction(
     "branin",
     [[-5.0, 10.0], [0.0, 15.0]],
@@ -270,6 +279,7 @@ branin = MultiFidelityFunction(
     (200, 40, 20),
     "Perdikaris et al. (2017); FGPR App. Example 5",
 )
+#: Hartmann-3D, three levels (Table 1).
 hartmann3 = MultiFidelityFunction(
     "hartmann3",
     [[0.0, 1.0]] * 3,
@@ -277,6 +287,7 @@ hartmann3 = MultiFidelityFunction(
     (200, 100, 50),
     "Hartmann-3D with α_t = α + (3 - t)δ (emukit; FGPR App. Example 6)",
 )
+#: Borehole, 8-D, two levels (Table 1).
 borehole = MultiFidelityFunction(
     "borehole",
     [
@@ -298,10 +309,13 @@ borehole = MultiFidelityFunction(
 MF_FUNCTIONS: dict[str, MultiFidelityFunction] = {
     f.name: f for f in (forrester, nonlinear_example, currin, park, branin, hartmann3, borehole)
 }
+#: The functions of the paper's Table 1, in its row order.
 TABLE1_FUNCTIONS: tuple[str, ...] = ("currin", "park", "branin", "hartmann3", "borehole")
 
 
 def get_function(function: str | MultiFidelityFunction) -> MultiFidelityFunction:
+    """A multi-fidelity test function by its name in :data:`MF_FUNCTIONS` (a function passes through); an
+    unknown name is a ``ValueError`` listing the known ones."""
     if isinstance(function, MultiFidelityFunction):
         return function
     try:
@@ -334,6 +348,7 @@ class MultiFidelityProblem:
 
     @property
     def hf(self) -> ClientData:
+        """The high-fidelity client (the federation's first)."""
         return self.federation[0]
 
 

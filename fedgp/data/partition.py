@@ -78,6 +78,7 @@ class SizeSkewedPartitioner:
     seed: int = 0
 
     def sizes(self, n: int) -> np.ndarray:
+        """The clients' sizes for ``n`` rows: skewed draws, shrunk to fit ``n`` while keeping ``min_size``."""
         sizes = skewed_sizes(self.num_partitions, self.min_size, self.max_size, self.distribution, self.seed)
         if sizes.sum() > n:
             if self.min_size * self.num_partitions > n:
@@ -135,8 +136,13 @@ class NaturalIdPartitioner:
             raise ValueError(f"ids must be 1-D, got shape {ids.shape}")
         _, first, inverse = np.unique(ids, return_index=True, return_inverse=True)
         order = np.argsort(first)
-        labels = [ids[first[k]].item() for k in order]
+        # numpy scalars become Python values; an object column (pandas strings) holds them already
+        labels = [_plain(ids[first[k]]) for k in order]
         return labels, [np.flatnonzero(inverse == k) for k in order]
+
+
+def _plain(value: Any) -> Any:
+    return value.item() if isinstance(value, np.generic) else value
 
 
 def _check_count(num_partitions: int, n: int) -> None:

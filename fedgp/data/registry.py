@@ -51,6 +51,7 @@ __all__ = [
 
 #: The repository's ``datasets/`` folder: the registry and the default data root.
 DATASETS_DIR = Path(__file__).resolve().parents[2] / "datasets"
+#: The registry of the real datasets: file names, URLs, sizes and SHA-256 checksums.
 REGISTRY_PATH = DATASETS_DIR / "registry.json"
 _CHUNK = 1 << 20
 _PARTIAL = ".partial"
@@ -91,13 +92,16 @@ class FileEntry:
 
     @property
     def label(self) -> str:
+        """How messages name the file: its dataset's title and its name."""
         return f"{self.title or self.dataset} file {self.name!r}"
 
     @property
     def relative(self) -> str:
+        """The file's path under the data root."""
         return f"{self.folder}/{self.name}"
 
     def describe(self) -> str:
+        """The file's expected size and checksums, for error messages."""
         parts = []
         if self.size is not None:
             parts.append(f"{self.size} bytes")
@@ -126,6 +130,7 @@ class Registry:
 
     @classmethod
     def load(cls, path: Path | str | None = None) -> Registry:
+        """Read a registry file (default: the repository's ``datasets/registry.json``)."""
         path = REGISTRY_PATH if path is None else Path(path)
         try:
             data = json.loads(path.read_text())
@@ -141,9 +146,11 @@ class Registry:
         return cls(data, path)
 
     def datasets(self) -> list[str]:
+        """The datasets the registry knows."""
         return list(self.data["datasets"])
 
     def files(self, dataset: str) -> list[str]:
+        """The file names of one dataset."""
         return list(self._dataset(dataset).get("files", {}))
 
     def _dataset(self, dataset: str) -> Mapping[str, Any]:
@@ -155,6 +162,7 @@ class Registry:
             ) from None
 
     def entry(self, dataset: str, name: str) -> FileEntry:
+        """The :class:`FileEntry` of one file; an unknown file is a ``KeyError`` naming the registry."""
         spec = self._dataset(dataset)
         try:
             raw = spec["files"][name]
@@ -203,6 +211,7 @@ def data_root(root: str | os.PathLike | None = None) -> tuple[Path, str]:
 
 
 def sha256_of(path: Path) -> str:
+    """The hex SHA-256 of a file's bytes, read in chunks (the registry's checksums are these)."""
     digest = hashlib.sha256()
     with open(path, "rb") as fh:
         for chunk in iter(lambda: fh.read(_CHUNK), b""):

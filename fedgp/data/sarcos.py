@@ -33,12 +33,15 @@ from fedgp.rng import generator
 
 __all__ = ["SARCOS", "load_sarcos", "INPUTS", "OUTPUTS", "COLUMNS", "TRAIN_FILE", "TEST_FILE"]
 
+#: SARCOS's training file (44,484 rows), as the dataset's site names it.
 TRAIN_FILE = "sarcos_inv.mat"
+#: SARCOS's test file (4,449 rows), as the dataset's site names it.
 TEST_FILE = "sarcos_inv_test.mat"
 #: Joint positions q1..q7, velocities dq1..dq7, accelerations ddq1..ddq7 (the 21 inputs).
 INPUTS = tuple(f"{kind}{j}" for kind in ("q", "dq", "ddq") for j in range(1, 8))
 #: Joint torques tau1..tau7 (the 7 outputs; the paper reports outputs 1, 3, 5 and 7).
 OUTPUTS = tuple(f"tau{j}" for j in range(1, 8))
+#: The 28 columns of both files, in file order: the 21 inputs, then the 7 outputs.
 COLUMNS = INPUTS + OUTPUTS
 
 Partition = str | Callable[..., list[np.ndarray]]

@@ -58,6 +58,7 @@ class Registry:
     dims: torch.Tensor
 
     def position(self, client_id: Any) -> int:
+        """The registry position of the client with this id; an unknown id is a ``KeyError``."""
         try:
             return self.ids.index(client_id)
         except ValueError:
@@ -188,6 +189,7 @@ class InProcessEngine(Engine):
         self.data_changed()
 
     def chunks(self, clients: torch.Tensor, rnd: int) -> Iterator[ClientOps]:
+        """The round's clients as :class:`~fedgp.strategies.ClientOps`, ``chunk_size`` at a time."""
         for start in range(0, len(clients), self.chunk_size):
             yield self.ops(clients[start : start + self.chunk_size], rnd)
 

@@ -8,10 +8,12 @@ the spec's own GPyTorch mean and kernel modules are evaluated with a batch of pa
 Cholesky written out below — GPyTorch's batch mode needs one model per parameter batch shape and
 routes through ``linear_operator`` objects whose overhead is what we are removing.
 
-For RBF and Matérn kernels on the CPU, when numba is installed, each minibatch step of a chunk is
-one compiled function instead (:mod:`fedgp.engines.compiled`: Gram matrix, Cholesky, inverse, NLL
-and gradients vectorised across clients, 2–3× faster); the tensor path below remains for other
-kernels, for matrices that need jitter, and as the reference the compiled step is tested against.
+For RBF and Matérn kernels on the CPU, when numba is installed, a whole local round of a chunk is
+one compiled call instead (:mod:`fedgp.engines.fused`: minibatch draws, parameter transforms and
+the optimiser too), and where that does not apply (priors, float32 minibatches, ...) each minibatch
+step is one compiled function (:mod:`fedgp.engines.compiled`: Gram matrix, Cholesky, inverse, NLL
+and gradients vectorised across clients); the tensor path below remains for other kernels, for
+matrices that need jitter, for GPUs, and as the reference the compiled paths are tested against.
 
 It computes exactly what the sequential engine computes (same minibatches, same optimiser,
 float64): tests hold the two engines to 1e-8. Unequal client sizes are handled by padding with
@@ -37,6 +39,7 @@ import torch
 
 from fedgp.data.client import ClientData
 from fedgp.engines import compiled as compiled_step
+from fedgp.engines import fused as fused_round
 from fedgp.engines.base import InProcessEngine
 from fedgp.engines.minibatch import draw_minibatches
 from fedgp.models.objective import CHOLESKY_JITTER, CHOLESKY_MAX_TRIES, FactorizationError
@@ -51,6 +54,7 @@ __all__ = ["BatchedEngine", "BatchedOps", "BatchedGP", "PerClientOps", "Unsuppor
 _NOISE = "likelihood.noise_covar.raw_noise"
 _LOG_2PI = math.log(2 * math.pi)
 _WARNED: set[str] = set()
+CPU_CHUNK_SIZE, GPU_CHUNK_SIZE = 512, 16_384  # default clients per batched program (BatchedEngine)
 
 
 class UnsupportedSpec(ValueError):
@@ -187,11 +191,14 @@ class BatchedGP:
         return torch.func.functional_call(self.module, self._module_params(raw), (None,), {"rows": rows})
 
     def mean(self, raw: dict[str, torch.Tensor], X: torch.Tensor) -> torch.Tensor:
+        """The mean module evaluated with the parameters ``raw`` (batched over clients)."""
         if self.parameter_free_mean:  # no parameters (e.g. ZeroMean): skip functional_call's overhead
             return self.module.mean_module(X)
         return torch.func.functional_call(self.module, self._module_params(raw), (X,))
 
     def kernel(self, raw: dict[str, torch.Tensor], X1: torch.Tensor, X2: torch.Tensor, diag: bool = False):
+        """The kernel evaluated with the parameters ``raw`` between ``X1`` and ``X2`` (batched over
+        clients)."""
         return torch.func.functional_call(self.module, self._module_params(raw), (X1, X2), {"diag": diag})
 
     def noise_variance(self, raw: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -334,8 +341,10 @@ class BatchedEngine(InProcessEngine):
 
     Args:
         chunk_size: clients per batched program (bounds memory; cost is linear in clients). The
-            default keeps one ``(chunk, 32, 32)`` float64 tensor at 4 MiB, in cache: 512 was the
-            fastest of 256–1,024 for M = 32 in both precisions, by up to 20 % over 1,024.
+            default on the CPU keeps one ``(chunk, 32, 32)`` float64 tensor at 4 MiB, in cache: 512
+            was the fastest of 256–1,024 for M = 32 in both precisions, by up to 20 % over 1,024.
+            On a GPU the default is 16,384: a chunk of 512 leaves it waiting on kernel launches
+            (4.5× slower at K = 10,000 on an H200; results/benchmarks/gpu_batched.csv).
         memory_mb: budget for one full-data evaluation group (kernel matrices of whole clients).
         check: compare with GPyTorch on a random case at construction (recommended).
         minibatch_dtype: precision of the local minibatch steps only (e.g. ``torch.float32``, about
@@ -344,6 +353,11 @@ class BatchedEngine(InProcessEngine):
         compiled: the compiled minibatch step of :mod:`fedgp.engines.compiled` (RBF/Matérn
             kernels, needs numba): ``None`` uses it where it applies, ``False`` never, ``True`` insists.
             It computes the same numbers as the tensor path (to rounding), 2–3× faster.
+        fused: a whole local round per chunk in one compiled call (:mod:`fedgp.engines.fused`:
+            minibatch draws, transforms and optimiser compiled too): ``None`` where it applies (and
+            ``compiled`` is not ``False``), ``False`` never (the step-by-step path), ``True`` insists
+            (a ``ValueError`` says why a spec cannot; a round it cannot run falls back, e.g.
+            minibatches over 64 points).
         device: where the tensor path runs (e.g. ``"cuda"``): the clients' data are copied there
             once at construction (``ClientData`` stays float64 on the CPU), states are moved there per
             chunk and replies come back to the CPU. The compiled step is CPU-only, so on a GPU the
@@ -359,17 +373,20 @@ class BatchedEngine(InProcessEngine):
         spec: GPSpec,
         clients: Sequence[ClientData],
         seed: int = 0,
-        chunk_size: int = 512,
+        chunk_size: int | None = None,
         memory_mb: float = 256.0,
         check: bool = True,
         minibatch_dtype: torch.dtype | None = None,
         compiled: bool | None = None,
         device: str | torch.device = "cpu",
+        fused: bool | None = None,
         **options,
     ):
+        self.device = torch.device(device)
+        if chunk_size is None:
+            chunk_size = GPU_CHUNK_SIZE if self.device.type == "cuda" else CPU_CHUNK_SIZE
         if chunk_size < 1:
             raise ValueError("chunk_size must be >= 1")
-        self.device = torch.device(device)
         if self.device.type == "cuda" and not torch.cuda.is_available():
             raise ValueError(
                 f"device={str(device)!r}, but this PyTorch sees no CUDA GPU (torch.cuda.is_available() "
@@ -384,9 +401,31 @@ class BatchedEngine(InProcessEngine):
         self.gp = _batched_gp(spec, compiled, check, clients[0].n_features if clients else 1)
         if self.gp is not None:
             self.gp.module.to(self.device)  # the modules' buffers (priors' parameters, active_dims)
+        self.fused = self._fused_layout(fused)
         self.sizes = torch.tensor([c.n for c in clients], dtype=torch.long)
         self.offsets = torch.cumsum(self.sizes, 0) - self.sizes
         self.data_changed()
+
+    def _fused_layout(self, fused: bool | None) -> fused_round.FusedLayout | None:
+        """The fused round's layout where it applies (see ``fused``), else ``None``."""
+        if fused is False:
+            return None
+        if self.gp is None:
+            why = "the spec runs client by client with GPyTorch"
+        elif not self.gp.compiled:
+            why = "the compiled step is off (compiled=False, or no numba)"
+        elif self.device.type != "cpu":
+            why = f"it runs on the CPU only, not {self.device}"
+        elif self.minibatch_dtype != torch.float64:
+            why = "minibatch_dtype is not float64"
+        else:
+            found = fused_round.layout(self.spec)
+            if not isinstance(found, str):
+                return found
+            why = found
+        if fused:
+            raise ValueError(f"fused=True: the fused local round cannot run here: {why}")
+        return None
 
     def data_changed(self) -> None:
         """Stack every client's training data end to end (and once more in the minibatch precision).
@@ -483,6 +522,8 @@ class BatchedOps:
 
     # -- ClientOps --------------------------------------------------------------------------------
     def nll(self, states: HyperState) -> torch.Tensor:
+        """Per-point exact NLL of each client's full data under each state, all clients at once (see
+        :class:`~fedgp.strategies.ClientOps`)."""
         flat, extra, per_client = self._rows(states)
         raw = dict(self.spec.to_raw(flat))
         out = {
@@ -492,6 +533,8 @@ class BatchedOps:
         return out["loss"].reshape(len(self.rows), *extra).to("cpu", torch.float64)
 
     def gradient(self, states: HyperState, batch_size: int | None = None) -> tuple[torch.Tensor, HyperState]:
+        """Per-point NLL and its gradient with respect to the raw trainable parameters, all clients at
+        once (see :class:`~fedgp.strategies.ClientOps`)."""
         flat, extra, per_client = self._rows(states)
         raw = dict(self.spec.to_raw(flat))
         B = len(self.rows)
@@ -532,21 +575,71 @@ class BatchedOps:
         )
         return out["loss"].reshape(B, *extra).to("cpu", torch.float64), shaped
 
-    def train(self, states: HyperState, local: LocalTraining) -> TrainResult:
-        flat, extra, per_client = self._rows(states)
-        B = len(self.rows)
-        steps = local.num_steps(self.sizes)
-        batch = local.batch_sizes(self.sizes)
+    def _minibatch_indices(self, local: LocalTraining, steps: torch.Tensor, batch: torch.Tensor):
+        """``(B, S, M)`` minibatch indices, drawn per group of equal M_k so every client gets exactly
+        the draws the sequential engine gives it; shorter minibatches are padded with -1 to M."""
         S, M = int(steps.max()), int(batch.max())
-        # Minibatch indices, drawn per group of equal M_k so every client gets exactly the draws
-        # the sequential engine gives it; shorter minibatches are padded (masked) to M.
-        idx = torch.full((B, S, M), -1, dtype=torch.long)
+        idx = torch.full((len(self.rows), S, M), -1, dtype=torch.long)
         for m in batch.unique().tolist():
             pos = (batch == m).nonzero().flatten()
             X_pad = self.engine.padded(self.rows[pos])[0] if local.minibatch == "nearest" else None
             idx[pos, :, :m] = draw_minibatches(
                 self.engine.seed, self.round, self.indices[pos], self.sizes[pos], S, m, local.minibatch, X_pad
             )
+        return idx
+
+    def train(self, states: HyperState, local: LocalTraining) -> TrainResult:
+        """Run the local optimiser from each state, every client's minibatch steps as one batched program
+        (see :class:`~fedgp.strategies.ClientOps`)."""
+        flat, extra, per_client = self._rows(states)
+        steps = local.num_steps(self.sizes)
+        batch = local.batch_sizes(self.sizes)
+        layout = self.engine.fused
+        if (
+            layout is not None
+            and fused_round.unsupported(local, batch, self.engine.X.shape[1], layout) is None
+        ):
+            result = self._train_fused(layout, flat, extra, per_client, steps, batch, local)
+            if result is not None:
+                return result
+        return self._train_stepwise(flat, extra, per_client, steps, batch, local)
+
+    def _train_fused(self, layout, flat, extra, per_client, steps, batch, local) -> TrainResult | None:
+        """The whole round in one compiled call (:mod:`fedgp.engines.fused`); ``None`` when a
+        Cholesky failed on the way (the step-by-step path then retries with jitter or names it)."""
+        B = len(self.rows)
+        raw = self.spec.to_raw(flat)
+        rows = B * per_client
+        theta = torch.cat([raw[k].reshape(rows, -1) for k in layout.names], 1)
+        given = self._minibatch_indices(local, steps, batch) if local.minibatch == "nearest" else None
+        theta, loss, info = fused_round.local_round(
+            layout,
+            self.engine.X,
+            self.engine.y,
+            self.engine.offsets[self.rows],
+            self.sizes,
+            fused_round.minibatch_keys(self.engine.seed, self.round, self.indices),
+            steps,
+            batch,
+            given,
+            torch.arange(B).repeat_interleave(per_client),
+            theta,
+            local,
+            self.round,
+        )
+        if info.any():
+            return None
+        pieces = theta.split(list(layout.widths), 1)
+        trained = {k: piece.reshape(rows, *flat[k].shape[1:]) for k, piece in zip(layout.names, pieces)}
+        new = self.spec.from_raw(HyperState(trained, self.spec.event_shapes))
+        new = new.map(lambda v, e: v.reshape(B, *extra, *v.shape[1:]))
+        return TrainResult(new, loss.reshape(B, *extra), steps)
+
+    def _train_stepwise(self, flat, extra, per_client, steps, batch, local) -> TrainResult:
+        """One batched (compiled or tensor) minibatch step at a time, optimiser in torch."""
+        B = len(self.rows)
+        S = int(steps.max())
+        idx = self._minibatch_indices(local, steps, batch)
         device = self.engine.device
         mask = (idx >= 0).repeat_interleave(per_client, 0).to(device)  # (rows, S, M)
         flat_idx = self.engine.offsets[self.rows].view(B, 1, 1) + idx.clamp_min(0)
@@ -695,13 +788,16 @@ class PerClientOps:
             yield ops, states.index(slice(i, i + 1))
 
     def nll(self, states: HyperState) -> torch.Tensor:
+        """Per-point exact NLL, client by client with GPyTorch (the fallback path)."""
         return torch.cat([ops.nll(s) for ops, s in self._each(states)])
 
     def gradient(self, states: HyperState, batch_size: int | None = None) -> tuple[torch.Tensor, HyperState]:
+        """Per-point NLL and gradient, client by client with GPyTorch (the fallback path)."""
         out = [ops.gradient(s, batch_size) for ops, s in self._each(states)]
         return torch.cat([loss for loss, _ in out]), HyperState.cat([g for _, g in out])
 
     def train(self, states: HyperState, local: LocalTraining) -> TrainResult:
+        """Local training, client by client with GPyTorch (the fallback path)."""
         out = [ops.train(s, local) for ops, s in self._each(states)]
         return TrainResult(
             HyperState.cat([r.states for r in out]),
@@ -712,6 +808,7 @@ class PerClientOps:
     def predict(
         self, states: HyperState, X_new: torch.Tensor | None = None, full_cov: bool = False
     ) -> list[Prediction]:
+        """Personalised predictions, client by client with GPyTorch (the fallback path)."""
         return [p for ops, s in self._each(states) for p in ops.predict(s, X_new, full_cov)]
 
 

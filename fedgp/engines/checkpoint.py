@@ -84,6 +84,8 @@ def _payload(checkpoint: Checkpoint) -> bytes:
 
 
 def save_checkpoint(path: str | os.PathLike, checkpoint: Checkpoint) -> None:
+    """Write ``checkpoint`` to ``path`` atomically: safetensors and JSON behind a SHA-256 of the payload,
+    which :func:`load_checkpoint` checks before parsing anything."""
     payload = _payload(checkpoint)
     head = _MAGIC + b" %d sha256=%s\n" % (FORMAT_VERSION, hashlib.sha256(payload).hexdigest().encode())
     write_atomically(Path(path), head + payload)

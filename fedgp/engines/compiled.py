@@ -1,25 +1,38 @@
-"""One compiled loop for a whole exact-GP minibatch step of many clients (CPU, numba).
+"""Compiled exact-GP minibatch steps for many clients at once (CPU, numba).
 
 Why by hand: with minibatches of M ≈ 32 points the batched engine's tensor path spends about half
 of each step in LAPACK calls made once per 32×32 matrix (``potrf``, ``potri``: a few microseconds
 each, one after another, however many cores there are) and most of the rest in a dozen passes over
 ``(B, M, M)`` tensors. No maintained library offers a batched small-matrix Cholesky on the CPU that
-vectorises *across* matrices (MKL's "compact" LAPACK does, but PyTorch does not expose it). Here one
-compiled function does the whole step for a tile of clients at a time, with the tile as the
+vectorises *across* matrices (MKL's "compact" LAPACK does, but PyTorch does not expose it). Here
+compiled code does a whole step for a tile of :data:`TILE` clients at a time, with the tile as the
 innermost (SIMD) dimension: Gram matrix, Cholesky, inverse, log-determinant, α = K⁻¹r, the per-point
-NLL and its gradients, all in cache; tiles run in parallel on as many threads as torch is allowed.
+NLL and its gradients, all in cache (:func:`tile_nll`).
 
-It computes what :class:`~fedgp.engines.batched.StationaryGram` followed by
-:class:`~fedgp.engines.batched.GaussianNLL` compute (tests hold the two to 1e-12 and to GPyTorch).
-The batched engine uses it when numba is installed (``pip install 'fedgp[fast]'``), the inputs are
-CPU tensors of at most :data:`MAX_POINTS` points, and the kernel is RBF or Matérn-3/2, -5/2. When a
+Two entry points use it. :func:`stationary_nll` is one step (what
+:class:`~fedgp.engines.batched.StationaryGram` followed by :class:`~fedgp.engines.batched.GaussianNLL`
+compute; tests hold the two to 1e-12 and to GPyTorch). :mod:`fedgp.engines.fused` runs a whole
+local round (minibatch draws, parameter transforms, optimiser) per tile on top of it.
+
+Threads: the compiled functions release the GIL and take a range of tiles; :func:`run_tiles` splits
+the tiles over ``torch.get_num_threads()`` Python threads. numba's own thread pools (``parallel=True``)
+are not used: its OpenMP layer shares the OpenMP runtime with torch and left torch's thread count
+raised after a call (``torch.set_num_threads(1)`` became 2), which made the torch work that followed
+in the same process several times slower (benchmarks/thread_interference.py). Every tile's numbers
+depend on that tile's clients alone, so results do not depend on the number of threads.
+
+The batched engine uses these when numba is installed (``pip install 'fedgp[fast]'``), the inputs
+are CPU tensors of at most :data:`MAX_POINTS` points, and the kernel is RBF or Matérn-3/2, -5/2. When a
 row's Cholesky fails, :func:`stationary_nll` returns ``None`` and the engine redoes the call on the
 tensor path, which has GPyTorch's jitter retries and names the failing client.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
+import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import torch
@@ -29,205 +42,337 @@ try:  # optional dependency: the tensor path is used without it
 except ImportError:  # pragma: no cover - exercised only where numba is absent
     numba = None
 
-__all__ = ["available", "stationary_nll", "MAX_POINTS", "NU_CODES"]
+__all__ = ["available", "stationary_nll", "run_tiles", "kernels", "MAX_POINTS", "NU_CODES", "TILE"]
 
-#: Largest minibatch (points per client) the fused step takes; above it LAPACK's blocked
+#: Largest minibatch (points per client) the compiled step takes; above it LAPACK's blocked
 #: algorithms win and the ``(M, M, tile)`` work arrays stop fitting in cache.
 MAX_POINTS = 64
-#: Clients per tile: the SIMD width of the innermost loops (8 float64 = two AVX2 registers).
+#: Clients per tile: the SIMD width of the innermost loops (8 float64 = one AVX-512 or two AVX2
+#: registers).
 TILE = 8
-#: Kernel codes of the compiled function.
+#: Kernel codes of the compiled functions.
 NU_CODES = {None: 0, 1.5: 1, 2.5: 2}
 _LOG_2PI = math.log(2 * math.pi)
+#: Floating-point licences of the compiled arithmetic: contraction to FMA and reassociation, but
+#: not ``nnan``/``ninf`` (the Cholesky's ``not v > 0`` test must see a NaN).
+FASTMATH = {"contract", "reassoc", "nsz"}
 
 
 def available() -> bool:
-    """Whether the fused step can run here (numba importable)."""
+    """Whether the compiled steps can run here (numba importable)."""
     return numba is not None
 
 
-def _build():
-    """The compiled step. A factory so that importing this module never needs numba."""
-    T = TILE
-    LOG_2PI = _LOG_2PI
-
-    @numba.njit(fastmath=True, inline="always")
-    def reduced(L, acc, i, j):  # pragma: no cover
-        """acc = L[i, j] − Σ_{k<j} L[i, k] L[j, k] across the tile: one step of the Cholesky."""
-        for b in range(T):
-            acc[b] = L[i, j, b]
+# The GP step of one tile, written once per lane: a line with ``@`` stands for TILE lines, ``@`` replaced
+# by 0, 1, ... (see _lanes_function). Per-lane scalars (``c@``) keep the accumulators in registers,
+# where LLVM's SLP vectoriser packs the lanes into one SIMD instruction; loops over ``for b in
+# range(TILE)`` with an accumulator array instead compile to scalar code (the compiler cannot rule
+# out that the array aliases the matrices), about 4x slower.
+_TILE_NLL = """
+def tile_nll(z, rr, valid, nf, sv, nv, M, d, nu_code, need_grad, L, U, E, out, al, gz):
+    # One exact-GP NLL (and its gradients) for the T clients of a tile, lanes side by side.
+    # z (M, d, T) scaled inputs, rr (M, T) residuals, valid (M, T) 1/0 per point (a prefix of each
+    # lane; padded points must have z = rr = 0), nf (T) points per lane (>= 1), sv, nv (T)
+    # outputscale and noise variance. Scratch L, U, E (>= M, >= M, T). Writes out (4, T): loss,
+    # first failing Cholesky column + 1 (0 if none), d/ds, d/dnoise; al (M, T) alpha = K^-1 r;
+    # with need_grad, gz (M, d, T) d/dz.
+    logdet = np.zeros(TILE, dtype=z.dtype)
+    bad = np.zeros(TILE, dtype=z.dtype)
+    acc = np.empty(TILE, dtype=z.dtype)
+    bits = np.empty(TILE, dtype=np.int64)
+    scale = bits.view(np.float64)
+    s@ = sv[@]
+    n@ = nv[@]
+    # Gram matrix K = s k(D) + noise I (lower triangle), padded rows/columns = identity
+    for i in range(M):
+        v@ = valid[i, @]
+        for j in range(i):
+            c@ = 0.0
+            for a in range(d):
+                t@ = z[i, a, @] - z[j, a, @]
+                c@ += t@ * t@
+            if nu_code == 0:  # RBF: k = exp(-D/2), dk/dD = -k/2 (E not needed)
+                x@ = -0.5 * c@
+            else:  # Matern: q = sqrt(2 nu D), k = poly(q) e^-q
+                q@ = np.sqrt((3.0 if nu_code == 1 else 5.0) * c@)
+                x@ = -q@
+            # e^x for x <= 0, vectorised (libm's exp is a call per number, the Gram's largest cost):
+            # x = k ln2 + r (Cody-Waite), e^r by its Taylor series to r^12/12! (|r| <= ln2/2: error
+            # below 2e-16), 2^k written into the exponent bits
+            k@ = np.floor(x@ * 1.4426950408889634 + 0.5)
+            r@ = (x@ - k@ * 6.93147180369123816490e-01) - k@ * 1.90821492927058770002e-10
+            e@ = 1.0 / 479001600.0
+            e@ = e@ * r@ + 1.0 / 39916800.0
+            e@ = e@ * r@ + 1.0 / 3628800.0
+            e@ = e@ * r@ + 1.0 / 362880.0
+            e@ = e@ * r@ + 1.0 / 40320.0
+            e@ = e@ * r@ + 1.0 / 5040.0
+            e@ = e@ * r@ + 1.0 / 720.0
+            e@ = e@ * r@ + 1.0 / 120.0
+            e@ = e@ * r@ + 1.0 / 24.0
+            e@ = e@ * r@ + 1.0 / 6.0
+            e@ = e@ * r@ + 0.5
+            e@ = e@ * r@ + 1.0
+            e@ = e@ * r@ + 1.0
+            bits[@] = np.int64(k@ + 1023.0) << 52
+            e@ = e@ * scale[@] * v@ if x@ > -708.0 else 0.0
+            if nu_code == 0:
+                u@ = e@
+            elif nu_code == 1:  # Matern-3/2: k = (1 + q) e^-q, dk/dD = -(3/2) e^-q
+                u@ = (1.0 + q@) * e@
+                E[i, j, @] = -1.5 * e@
+            else:  # Matern-5/2: k = (1 + q + q^2/3) e^-q, dk/dD = -(5/6)(1 + q) e^-q
+                u@ = (1.0 + q@ + q@ * q@ / 3.0) * e@
+                E[i, j, @] = -(5.0 / 6.0) * (1.0 + q@) * e@
+            U[i, j, @] = u@
+            L[i, j, @] = s@ * u@
+        L[i, i, @] = v@ * (s@ + n@) + (1.0 - v@)
+    # Cholesky K = LL^T in place (lower), and log|K|
+    for j in range(M):
+        c@ = L[j, j, @]
         for k in range(j):
-            for b in range(T):
-                acc[b] -= L[i, k, b] * L[j, k, b]
-
-    @numba.njit(fastmath=True, parallel=True, cache=True, error_model="numpy")
-    def step(Z, s, noise, r, n_valid, nu_code, need_grad, loss, gZ, gs, gnoise, gr, info):  # pragma: no cover
-        # Z (B, M, d) inputs divided by the lengthscales; s, noise (B,); r (B, M) residuals y - m(x);
-        # n_valid (B,) points used per row (a prefix; the rest of K is replaced by the identity).
-        B, M, d = Z.shape
-        dt = Z.dtype
-        for t in numba.prange((B + T - 1) // T):
-            b0 = t * T
-            nb = min(T, B - b0)
-            # Lower triangles only; every entry read is written first (no zeroing: it costs as much
-            # as the Cholesky at M = 32).
-            L = np.empty((M, M, T), dtype=dt)  # K, then its Cholesky factor, then L⁻¹
-            U = np.empty((M, M, T), dtype=dt)  # unit-scale kernel k(D)
-            E = np.empty((M, M, T), dtype=dt)  # dk/dD
-            Ki = np.empty((M, M, T), dtype=dt)  # K⁻¹
-            z = np.zeros((M, d, T), dtype=dt)
-            rr = np.zeros((M, T), dtype=dt)
-            al = np.zeros((M, T), dtype=dt)
-            valid = np.zeros((M, T), dtype=dt)
-            acc = np.zeros(T, dtype=dt)
-            logdet = np.zeros(T, dtype=dt)
-            bad = np.zeros(T, dtype=np.int64)
-            sv = np.ones(T, dtype=dt)
-            nv = np.ones(T, dtype=dt)
-            nf = np.ones(T, dtype=dt)
-            for bb in range(nb):
-                b = b0 + bb
-                nf[bb] = n_valid[b]
-                sv[bb] = s[b]
-                nv[bb] = noise[b]
-                for i in range(n_valid[b]):
-                    valid[i, bb] = 1.0
-                    rr[i, bb] = r[b, i]
-                    for a in range(d):
-                        z[i, a, bb] = Z[b, i, a]
-            # Gram matrix K = s·k(D) + σ²I, padded rows/columns = identity
-            for i in range(M):
-                for j in range(i):
-                    for b in range(T):
-                        acc[b] = 0.0
-                    for a in range(d):
-                        for b in range(T):
-                            diff = z[i, a, b] - z[j, a, b]
-                            acc[b] += diff * diff
-                    if nu_code == 0:  # RBF: k = exp(-D/2)
-                        for b in range(T):
-                            u = np.exp(-0.5 * acc[b]) * valid[i, b]
-                            U[i, j, b] = u
-                            E[i, j, b] = -0.5 * u
-                    elif nu_code == 1:  # Matérn-3/2: q = √(3D), k = (1 + q) e^{-q}
-                        for b in range(T):
-                            q = np.sqrt(3.0 * acc[b])
-                            ex = np.exp(-q) * valid[i, b]
-                            U[i, j, b] = (1.0 + q) * ex
-                            E[i, j, b] = -1.5 * ex
-                    else:  # Matérn-5/2: q = √(5D), k = (1 + q + q²/3) e^{-q}
-                        for b in range(T):
-                            q = np.sqrt(5.0 * acc[b])
-                            ex = np.exp(-q) * valid[i, b]
-                            U[i, j, b] = (1.0 + q + q * q / 3.0) * ex
-                            E[i, j, b] = -(5.0 / 6.0) * (1.0 + q) * ex
-                    for b in range(T):
-                        L[i, j, b] = sv[b] * U[i, j, b]
-                for b in range(T):
-                    U[i, i, b] = 1.0
-                    L[i, i, b] = valid[i, b] * (sv[b] + nv[b]) + (1.0 - valid[i, b])
-            # Cholesky K = LLᵀ in place (lower), and log|K|
-            for j in range(M):
-                reduced(L, acc, j, j)
-                for b in range(T):
-                    v = acc[b]
-                    if not v > 0.0:
-                        if bad[b] == 0:
-                            bad[b] = j + 1
-                        v = 1.0
-                    root = np.sqrt(v)
-                    L[j, j, b] = root
-                    logdet[b] += 2.0 * np.log(root)
-                for i in range(j + 1, M):
-                    reduced(L, acc, i, j)
-                    for b in range(T):
-                        L[i, j, b] = acc[b] / L[j, j, b]
-            # L⁻¹ in place, column by column
-            for j in range(M):
-                for b in range(T):
-                    L[j, j, b] = 1.0 / L[j, j, b]
-                for i in range(j + 1, M):
-                    for b in range(T):
-                        acc[b] = L[i, j, b] * L[j, j, b]
-                    for k in range(j + 1, i):
-                        for b in range(T):
-                            acc[b] += L[i, k, b] * L[k, j, b]
-                    for b in range(T):
-                        L[i, j, b] = -acc[b] / L[i, i, b]
-            # K⁻¹ = L⁻ᵀL⁻¹ (lower triangle), then α = K⁻¹r
-            for i in range(M):
-                for j in range(i + 1):
-                    for b in range(T):
-                        acc[b] = 0.0
-                    for k in range(i, M):
-                        for b in range(T):
-                            acc[b] += L[k, i, b] * L[k, j, b]
-                    for b in range(T):
-                        Ki[i, j, b] = acc[b]
-            for i in range(M):
-                for b in range(T):
-                    acc[b] = 0.0
-                for j in range(i + 1):
-                    for b in range(T):
-                        acc[b] += Ki[i, j, b] * rr[j, b]
-                for j in range(i + 1, M):
-                    for b in range(T):
-                        acc[b] += Ki[j, i, b] * rr[j, b]
-                for b in range(T):
-                    al[i, b] = acc[b]
-            quad = np.zeros(T, dtype=dt)
-            for i in range(M):
-                for b in range(T):
-                    quad[b] += rr[i, b] * al[i, b]
-            for bb in range(nb):
-                b = b0 + bb
-                loss[b] = 0.5 * (quad[bb] + logdet[bb] + nf[bb] * LOG_2PI) / nf[bb]
-                info[b] = bad[bb]
-            if not need_grad:
-                continue
-            # Gradients of the per-point NLL: W = ∂/∂K = (K⁻¹ − ααᵀ) / (2n), symmetric;
-            # ∂/∂σ² = tr W, ∂/∂s = Σ W∘k, ∂/∂z_i = Σ_j 4 W_ij s k'(D_ij) (z_i − z_j), ∂/∂r = α/n.
-            g_s = np.zeros(T, dtype=dt)
-            g_n = np.zeros(T, dtype=dt)
-            gz = np.zeros((M, d, T), dtype=dt)
-            half_over_n = np.zeros(T, dtype=dt)
-            for b in range(T):
-                half_over_n[b] = 0.5 / nf[b]
-            for i in range(M):
-                for b in range(T):
-                    w = half_over_n[b] * (Ki[i, i, b] - al[i, b] * al[i, b]) * valid[i, b]
-                    g_n[b] += w
-                    g_s[b] += w
-                for j in range(i):
-                    for b in range(T):
-                        w = half_over_n[b] * (Ki[i, j, b] - al[i, b] * al[j, b])
-                        g_s[b] += 2.0 * w * U[i, j, b]
-                        acc[b] = 4.0 * w * sv[b] * E[i, j, b]
-                    for a in range(d):
-                        for b in range(T):
-                            g = acc[b] * (z[i, a, b] - z[j, a, b])
-                            gz[i, a, b] += g
-                            gz[j, a, b] -= g
-            for bb in range(nb):
-                b = b0 + bb
-                gs[b] = g_s[bb]
-                gnoise[b] = g_n[bb]
-                for i in range(M):
-                    gr[b, i] = al[i, bb] / nf[bb]
-                    for a in range(d):
-                        gZ[b, i, a] = gz[i, a, bb]
-
-    return step
+            c@ -= L[j, k, @] * L[j, k, @]
+        acc[@] = c@
+        for b in range(TILE):
+            v = acc[b]
+            if not v > 0.0:
+                if bad[b] == 0.0:
+                    bad[b] = j + 1.0
+                v = 1.0
+            root = np.sqrt(v)
+            L[j, j, b] = root
+            logdet[b] += 2.0 * np.log(root)
+        for i in range(j + 1, M):
+            c@ = L[i, j, @]
+            for k in range(j):
+                c@ -= L[i, k, @] * L[j, k, @]
+            L[i, j, @] = c@ / L[j, j, @]
+    # L^-1 in place, column by column
+    for j in range(M):
+        L[j, j, @] = 1.0 / L[j, j, @]
+        for i in range(j + 1, M):
+            c@ = L[i, j, @] * L[j, j, @]
+            for k in range(j + 1, i):
+                c@ += L[i, k, @] * L[k, j, @]
+            L[i, j, @] = -c@ / L[i, i, @]
+    # K^-1 = L^-T L^-1 in place (lower triangle; row i needs rows >= i only, as LAPACK's lauum)
+    for i in range(M):
+        for j in range(i + 1):
+            c@ = 0.0
+            for k in range(i, M):
+                c@ += L[k, i, @] * L[k, j, @]
+            L[i, j, @] = c@
+    # alpha = K^-1 r, the quadratic form and the loss
+    p@ = 0.0
+    for i in range(M):
+        c@ = 0.0
+        for j in range(i + 1):
+            c@ += L[i, j, @] * rr[j, @]
+        for j in range(i + 1, M):
+            c@ += L[j, i, @] * rr[j, @]
+        al[i, @] = c@
+        p@ += rr[i, @] * c@
+    out[0, @] = 0.5 * (p@ + logdet[@] + nf[@] * _LOG_2PI) / nf[@]
+    out[1, @] = bad[@]
+    if not need_grad:
+        return
+    # Gradients of the per-point NLL: W = dL/dK = (K^-1 - alpha alpha^T) / (2n), symmetric;
+    # d/dnoise = tr W, d/ds = sum W*k, d/dz_i = sum_j 4 W_ij s k'(D_ij) (z_i - z_j), d/dr = alpha/n.
+    h@ = 0.5 / nf[@]
+    g@ = 0.0
+    m@ = 0.0
+    for i in range(M):
+        for a in range(d):
+            gz[i, a, @] = 0.0
+    for i in range(M):
+        w@ = h@ * (L[i, i, @] - al[i, @] * al[i, @]) * valid[i, @]
+        m@ += w@
+        g@ += w@
+        for j in range(i):
+            w@ = h@ * (L[i, j, @] - al[i, @] * al[j, @])
+            g@ += 2.0 * w@ * U[i, j, @]
+            if nu_code == 0:
+                f@ = -2.0 * w@ * s@ * U[i, j, @]
+            else:
+                f@ = 4.0 * w@ * s@ * E[i, j, @]
+            for a in range(d):
+                t@ = f@ * (z[i, a, @] - z[j, a, @])
+                gz[i, a, @] += t@
+                gz[j, a, @] -= t@
+    out[2, @] = g@
+    out[3, @] = m@
+"""
 
 
-_STEP = None
+def _lanes_function(name: str, template: str, jit):
+    """Compile ``template`` (one function) with each line holding ``@`` written out once per lane.
+
+    The function lives in this module (its globals are this module's, its code is attributed to
+    this file), so numba's on-disk cache works for it as for the functions written out here."""
+    lines = []
+    for line in template.splitlines():
+        lines += [line.replace("@", str(b)) for b in range(TILE)] if "@" in line else [line]
+    scope = globals()
+    exec(compile("\n".join(lines), __file__, "exec"), scope)  # noqa: S102 - our own template, no input
+    return jit(scope.pop(name))
 
 
-def _compiled():
-    global _STEP
-    if _STEP is None:
-        _STEP = _build()
-    return _STEP
+@contextlib.contextmanager
+def slp_vectorize():
+    """numba's superword-level vectoriser on while the compiled functions are compiled (numba
+    leaves it off by default; the lane-unrolled code needs it). Compilation happens on a first
+    call, so calls into them run inside this."""
+    previous = numba.config.SLP_VECTORIZE
+    numba.config.SLP_VECTORIZE = 1
+    try:
+        yield
+    finally:
+        numba.config.SLP_VECTORIZE = previous
+
+
+class _Kernels:
+    """The compiled functions, built on first use so that importing this module never needs numba."""
+
+    def __init__(self):
+        T = TILE
+        jit = numba.njit(fastmath=FASTMATH, cache=True, error_model="numpy", nogil=True)
+
+        tile_nll = _lanes_function("tile_nll", _TILE_NLL, jit)
+
+        @jit
+        def scratch(M, d, like):  # pragma: no cover
+            """One thread's work arrays for tiles of up to M points in d dimensions (dtype of ``like``):
+            L, U, E, out, al, gz as :func:`tile_nll` takes them, then z, rr, valid, nf, sv, nv."""
+            dt = like.dtype
+            return (
+                np.empty((M, M, T), dtype=dt),
+                np.empty((M, M, T), dtype=dt),
+                np.empty((M, M, T), dtype=dt),
+                np.empty((4, T), dtype=dt),
+                np.empty((M, T), dtype=dt),
+                np.empty((M, d, T), dtype=dt),
+                np.empty((M, d, T), dtype=dt),
+                np.empty((M, T), dtype=dt),
+                np.empty((M, T), dtype=dt),
+                np.empty(T, dtype=dt),
+                np.empty(T, dtype=dt),
+                np.empty(T, dtype=dt),
+            )
+
+        @jit
+        def step(
+            Z, s, noise, r, n_valid, nu_code, need_grad, loss, gZ, gs, gnoise, gr, info, t0, t1
+        ):  # pragma: no cover
+            """Tiles [t0, t1) of one minibatch step: Z (B, M, d) inputs divided by the lengthscales;
+            s, noise (B,); r (B, M) residuals y - m(x); n_valid (B,) points used per row (a prefix;
+            the rest of K is replaced by the identity)."""
+            B, M, d = Z.shape
+            L, U, E, out, al, gz, z, rr, valid, nf, sv, nv = scratch(M, d, Z)
+            for t in range(t0, t1):
+                b0 = t * T
+                nb = min(T, B - b0)
+                z[:] = 0.0
+                rr[:] = 0.0
+                valid[:] = 0.0
+                sv[:] = 1.0
+                nv[:] = 1.0
+                nf[:] = 1.0
+                for bb in range(nb):
+                    b = b0 + bb
+                    nf[bb] = n_valid[b]
+                    sv[bb] = s[b]
+                    nv[bb] = noise[b]
+                    for i in range(n_valid[b]):
+                        valid[i, bb] = 1.0
+                        rr[i, bb] = r[b, i]
+                        for a in range(d):
+                            z[i, a, bb] = Z[b, i, a]
+                tile_nll(z, rr, valid, nf, sv, nv, M, d, nu_code, need_grad, L, U, E, out, al, gz)
+                for bb in range(nb):
+                    b = b0 + bb
+                    loss[b] = out[0, bb]
+                    info[b] = int(out[1, bb])
+                    if need_grad:
+                        gs[b] = out[2, bb]
+                        gnoise[b] = out[3, bb]
+                        for i in range(M):
+                            gr[b, i] = al[i, bb] / nf[bb]
+                            for a in range(d):
+                                gZ[b, i, a] = gz[i, a, bb]
+
+        self.tile_nll = tile_nll
+        self.scratch = scratch
+        self.step = step
+
+
+def once(build):
+    """``build()`` on the first call of the returned function (thread-safe), its result thereafter:
+    compiled functions are compiled, or loaded from numba's cache, when first needed."""
+    lock, built = threading.Lock(), []
+
+    def get():
+        with lock:
+            if not built:
+                built.append(build())
+        return built[0]
+
+    return get
+
+
+_build_kernels = once(lambda: _Kernels())
+
+
+def kernels() -> _Kernels:
+    """The compiled functions of this module, compiled (or loaded from numba's cache) on first use;
+    thread-safe."""
+    return _build_kernels()
+
+
+_POOL: ThreadPoolExecutor | None = None
+_POOL_LOCK = threading.Lock()
+
+
+def _pool(workers: int) -> ThreadPoolExecutor:
+    """Worker threads for :func:`run_tiles`; idle ones block on a queue (they never spin)."""
+    global _POOL
+    with _POOL_LOCK:
+        if _POOL is None or _POOL._max_workers < workers:
+            if _POOL is not None:
+                _POOL.shutdown(wait=True)
+            _POOL = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="fedgp-tiles")
+    return _POOL
+
+
+def run_tiles(fn, n_tiles: int, *args, threads: int | None = None, pieces_per_thread: int = 8) -> None:
+    """``fn(*args, t0, t1)`` over contiguous pieces of ``range(n_tiles)``, on ``threads`` threads
+    (default ``torch.get_num_threads()``: the pool size the user gave torch bounds ours too).
+
+    ``fn`` must be a compiled function that releases the GIL; the calling thread works too. Each
+    thread takes the next piece when it is done with one, so a thread slowed down by other
+    processes holds the others up by one piece at most. A tile's numbers do not depend on which
+    thread runs it, or with which other tiles."""
+    threads = max(1, min(torch.get_num_threads() if threads is None else threads, n_tiles))
+    with slp_vectorize():
+        if threads == 1:
+            fn(*args, 0, n_tiles)
+            return
+        count = min(n_tiles, threads * pieces_per_thread)
+        bounds = [n_tiles * i // count for i in range(count + 1)]
+        queue = iter(range(count))
+        lock = threading.Lock()
+
+        def work():
+            while True:
+                with lock:
+                    i = next(queue, None)
+                if i is None:
+                    return
+                fn(*args, bounds[i], bounds[i + 1])
+
+        futures = [_pool(threads - 1).submit(work) for _ in range(threads - 1)]
+        work()
+        for future in futures:
+            future.result()
 
 
 class _PrecomputedNLL(torch.autograd.Function):
@@ -272,7 +417,7 @@ def stationary_nll(
 
     Returns ``None`` if any row's matrix is not numerically positive definite.
     """
-    step = _compiled()
+    step = kernels().step
     B, M, d = Z.shape
     need_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (Z, s, noise, r))
     dtype = Z.dtype
@@ -280,23 +425,10 @@ def stationary_nll(
     loss = np.empty(B, dtype=arrays[0].dtype)
     gZ, gs, gnoise, gr = (np.empty(shape, dtype=loss.dtype) for shape in ((B, M, d), (B,), (B,), (B, M)))
     info = np.empty(B, dtype=np.int64)
-    threads = numba.get_num_threads()
-    numba.set_num_threads(max(1, min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS)))
-    try:
-        step(
-            *arrays,
-            n_valid.to(torch.int64).contiguous().numpy(),
-            NU_CODES[nu],
-            need_grad,
-            loss,
-            gZ,
-            gs,
-            gnoise,
-            gr,
-            info,
-        )
-    finally:
-        numba.set_num_threads(threads)
+    n = n_valid.to(torch.int64).contiguous().numpy()
+    run_tiles(
+        step, (B + TILE - 1) // TILE, *arrays, n, NU_CODES[nu], need_grad, loss, gZ, gs, gnoise, gr, info
+    )
     if info.any():
         return None
     loss_t = torch.from_numpy(loss)

@@ -71,13 +71,9 @@ class _Host:
     """A Ray actor holding shards of clients (one per engine) and running their tasks."""
 
     def __init__(self, threads: int = 1):
+        # The compiled step's threads follow torch's (fedgp.engines.compiled.run_tiles); numba's own
+        # pool is not used, and setting its size would start it.
         torch.set_num_threads(threads)
-        try:  # the compiled step's own threads, too: idle ones spin and slow the other actors down
-            import numba
-
-            numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
-        except ImportError:
-            pass
         self.engines: dict = {}
 
     def load(self, key: int, spec: GPSpec, shard: list[bytes], keys: list[int], options: dict) -> int:
@@ -174,8 +170,9 @@ class RayEngine(Engine):
         num_workers: actors (shards); default one per CPU of the cluster (local: of this machine).
         threads: torch threads per actor (1: one core each).
         timeout: seconds to wait for a shard's reply; a later shard fails its clients that round.
-        Other options (``chunk_size``, ``compiled``, ``minibatch_dtype`` ...) go to each shard's
-        :class:`~fedgp.engines.batched.BatchedEngine`.
+
+    Other options (``chunk_size``, ``compiled``, ``minibatch_dtype`` ...) go to each shard's
+    :class:`~fedgp.engines.batched.BatchedEngine`.
     """
 
     name = "ray"

@@ -35,6 +35,7 @@ _DTYPES = {"float64": torch.float64, "int64": torch.int64, "bool": torch.bool}
 
 
 def fields_to_json(fields: Mapping[str, Field]) -> str:
+    """A reply declaration (``name -> Field``) as JSON: shape, dtype, summed and bounds of each field."""
     return json.dumps(
         {
             name: {
@@ -49,6 +50,7 @@ def fields_to_json(fields: Mapping[str, Field]) -> str:
 
 
 def fields_from_json(text: str) -> dict[str, Field]:
+    """The reply declaration written by :func:`fields_to_json`."""
     out = {}
     for name, f in json.loads(text).items():
         bounds = tuple(f["bounds"]) if f["bounds"] is not None else None
@@ -72,6 +74,7 @@ def outcome_to_record(outcome: Outcome, keys: torch.Tensor | None = None) -> Rec
 
 
 def outcome_from_record(record: Record) -> Outcome:
+    """The :class:`~fedgp.engines.base.Outcome` written by :func:`outcome_to_record`."""
     tensors, settings = record.tensors, record.settings
     return Outcome(
         tensors["clients"].to(torch.long),
@@ -98,6 +101,7 @@ def client_to_record(client: ClientData) -> Record:
 
 
 def client_from_record(record: Record) -> ClientData:
+    """The :class:`~fedgp.data.ClientData` written by :func:`client_to_record` (checked again on arrival)."""
     t = record.tensors
     return ClientData(
         t["X"], t["y"], id=json.loads(record.settings["id"]), X_test=t.get("X_test"), y_test=t.get("y_test")
@@ -105,11 +109,13 @@ def client_from_record(record: Record) -> ClientData:
 
 
 def registry_to_record(registry: Registry) -> Record:
+    """The server's view of the clients (ids, sizes, test sizes, input dimensions) as a record."""
     tensors = {"n": registry.sizes, "n_test": registry.n_test, "d": registry.dims}
     return Record(tensors, {"ids": json.dumps(list(registry.ids))})
 
 
 def registry_from_record(record: Record) -> Registry:
+    """The :class:`~fedgp.engines.base.Registry` written by :func:`registry_to_record`."""
     t = record.tensors
     return Registry(json.loads(record.settings["ids"]), t["n"], t["n_test"], t["d"])
 

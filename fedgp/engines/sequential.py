@@ -72,6 +72,8 @@ class SequentialOps:
 
     # -- ClientOps --------------------------------------------------------------------------------
     def nll(self, states: HyperState) -> torch.Tensor:
+        """Per-point exact NLL of the client's full data under each state (see
+        :class:`~fedgp.strategies.ClientOps`)."""
         flat, extra = _flatten(states)
         out = torch.empty(flat.batch_shape[0], dtype=torch.float64)
         with torch.no_grad():
@@ -82,6 +84,8 @@ class SequentialOps:
         return out.reshape(1, *extra)
 
     def gradient(self, states: HyperState, batch_size: int | None = None) -> tuple[torch.Tensor, HyperState]:
+        """Per-point NLL and its gradient with respect to the raw trainable parameters (see
+        :class:`~fedgp.strategies.ClientOps`)."""
         flat, extra = _flatten(states)
         idx = None
         if batch_size is not None and batch_size < self.client.n:
@@ -100,6 +104,8 @@ class SequentialOps:
         )
 
     def train(self, states: HyperState, local: LocalTraining) -> TrainResult:
+        """Run the local optimiser from each state on the client's minibatches (see
+        :class:`~fedgp.strategies.ClientOps`)."""
         flat, extra = _flatten(states)
         steps = int(local.num_steps(self.sizes)[0])
         batch = int(local.batch_sizes(self.sizes)[0])

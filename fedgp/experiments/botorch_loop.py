@@ -46,6 +46,7 @@ __all__ = ["FourierDraw", "botorch_loop_study", "summary", "reproduce", "METHODS
 
 LENGTHSCALE, OUTPUTSCALE, NOISE = 0.15, 1.0, 1e-3
 DIM, CLIENTS, POINTS, START = 2, 20, 40, 3
+#: The compared methods: the federated prior, BoTorch's own fit on the new client's points, random search.
 METHODS = ("federated", "local", "random")
 
 
@@ -59,6 +60,8 @@ class FourierDraw:
 
     @classmethod
     def sample(cls, rng: np.random.Generator, features: int = 1000, d: int = DIM) -> FourierDraw:
+        """A random-Fourier-feature draw from the study's GP prior (``features`` features in ``d``
+        dimensions)."""
         t = lambda a: torch.as_tensor(a, dtype=torch.float64)  # noqa: E731
         return cls(
             t(rng.standard_normal((features, d))),

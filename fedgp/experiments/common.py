@@ -95,6 +95,7 @@ class TaskCache:
         return tuple(pd.read_csv(f) for f in self._files(stem))
 
     def save(self, stem: str, frames: tuple[pd.DataFrame, pd.DataFrame]) -> None:
+        """Write a task's frames under ``stem`` (nothing when the cache has no folder)."""
         if self.folder is not None:
             for frame, f in zip(frames, self._files(stem)):
                 frame.to_csv(f, index=False)

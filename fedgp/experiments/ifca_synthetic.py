@@ -158,15 +158,23 @@ def success_table(rows: pd.DataFrame, by: Sequence[str]) -> pd.DataFrame:
     return out.reset_index()
 
 
-def plot_success(table: pd.DataFrame, x: str, curve: str, ax=None, title: str = ""):
+def plot_success(table: pd.DataFrame, x: str, curve: str, ax=None, title: str = "", xscale: str = "log"):
+    """Success probability against ``x``, one line per value of ``curve``, with ticks at the values
+    of ``x`` that were run, labelled plainly (a log axis's own minor labels, 2×10⁻¹, 3×10⁻¹, ...,
+    overlap within a decade)."""
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import NullLocator
 
     ax = plt.gca() if ax is None else ax
     for value, sub in table.groupby(curve):
         ax.errorbar(
             sub[x], sub["success"], yerr=sub["stderr"], marker="o", capsize=2, label=f"{curve}={value:g}"
         )
-    ax.set_xlabel(x)
+    ax.set_xscale(xscale)
+    ticks = np.sort(table[x].unique())
+    ax.set_xticks(ticks, [f"{t:g}" for t in ticks])
+    ax.xaxis.set_minor_locator(NullLocator())
+    ax.set_xlabel(f"{x} (log scale)" if xscale == "log" else x)
     ax.set_ylabel("success probability")
     ax.set_ylim(-0.05, 1.05)
     ax.set_title(title)

@@ -59,7 +59,9 @@ __all__ = [
     "reproduce",
 ]
 
+#: The compared methods (two-phase, FedAvg, one-shot, IFCA, the oracle with true labels).
 METHODS = ("two_phase", "fedavg", "one_shot", "ifca", "oracle")
+#: Su, Xu & Yang's Appendix C settings.
 SETTINGS = ("C1", "C2", "C3")
 SWEEP = ("two_phase_s1", "two_phase_s10", "two_phase_fedprox")
 NOISE = 0.2

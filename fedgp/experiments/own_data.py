@@ -44,6 +44,7 @@ def diabetes_owners(num_owners: int = 10, test_fraction: float = 0.25, seed: int
 
 
 def own_data_spec(d: int = 10) -> fedgp.GPSpec:
+    """The own-data study's spec: a constant mean and a scaled Matérn-5/2 ARD kernel over ``d`` inputs."""
     return fedgp.GPSpec(
         kernel=gpytorch.kernels.ScaleKernel(gpytorch.kernels.MaternKernel(nu=2.5, ard_num_dims=d)),
         mean=gpytorch.means.ConstantMean(),

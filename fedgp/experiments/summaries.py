@@ -72,9 +72,11 @@ class PaperTable:
     paper_fixed: dict[str, str] = field(default_factory=dict)
 
     def per_repeat(self, per_client: pd.DataFrame) -> pd.DataFrame:
+        """Per-client rows averaged into one row per repeat, as the paper reports."""
         return per_repeat(per_client, self.keys, self.count)
 
     def order(self, frame: pd.DataFrame) -> pd.DataFrame:
+        """Rows sorted in the paper's order of its row and column labels."""
         frame = frame.copy()
         for column, values in self.categories.items():
             frame[column] = pd.Categorical(frame[column], categories=list(values), ordered=True)
@@ -148,12 +150,15 @@ class TableRun:
 
     @property
     def per_repeat(self) -> pd.DataFrame:
+        """This run's per-repeat table."""
         return self.table.per_repeat(self.rows)
 
     def summary(self) -> pd.DataFrame:
+        """This run's summary: mean and std over repeats per row."""
         return self.table.summary(self.rows)
 
     def comparison(self) -> pd.DataFrame:
+        """This run's summary beside the paper's numbers."""
         return self.table.comparison(self.rows)
 
     def write(self, out: Path, name: str, header: str) -> list[Path]:

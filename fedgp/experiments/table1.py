@@ -46,7 +46,6 @@ import gpytorch
 import numpy as np
 import pandas as pd
 import torch
-from tqdm import tqdm
 
 import fedgp
 from fedgp.baselines.mfdgp import MFDGP, Stage
@@ -62,6 +61,7 @@ from fedgp.experiments.verdicts import verdict
 from fedgp.models.multifidelity import AR1, NARGP, mle_with_restarts, rbf_spec
 from fedgp.models.objective import FactorizationError
 from fedgp.models.posterior import Prediction, condition
+from fedgp.progress import progress_bar
 from fedgp.stopping import ConvergenceWarning, NLLPlateau
 from fedgp.strategies.base import RoundPlan
 from fedgp.strategies.fgpr import FGPR
@@ -107,6 +107,8 @@ PAPER_TABLE1 = pd.DataFrame(
     ],
 )
 
+#: The methods run for Table 1: FGPR (paper protocol and trained to convergence) and its baselines
+#: (Separate per fidelity, MLE variants, AR1, NARGP, MF-DGP).
 METHODS: tuple[str, ...] = (
     "FGPR",
     "FGPR-converged",
@@ -207,9 +209,12 @@ class Protocol:
         )
 
     def batch_for(self, federation: Federation) -> int:
+        """The minibatch size for a federation: the protocol's, else the smallest client's size."""
         return int(federation.sizes.min()) if self.batch_size is None else int(self.batch_size)
 
     def fgpr(self, federation: Federation, hf_weight: float | None = None) -> FGPR:
+        """The FGPR strategy of this protocol for a federation (``hf_weight``: the high-fidelity client's
+        weight p₁, else by size)."""
         kwargs = dict(
             local_epochs=self.local_epochs,
             batch_size=self.batch_for(federation),
@@ -468,13 +473,13 @@ def _one_thread() -> None:
 
 def _map(fn: Callable, jobs: list[tuple], progress: bool | None, desc: str) -> list:
     """``[fn(*job) for job in jobs]``, in ``workers()`` processes when more than one, in job order."""
-    bar = dict(total=len(jobs), desc=desc, disable=None if progress is None else not progress)
+    bar = dict(total=len(jobs), desc=desc, progress=progress, leave=True)
     n = min(workers(), len(jobs))
     if n <= 1:
-        return [fn(*job) for job in tqdm(jobs, **bar)]
+        return [fn(*job) for job in progress_bar(jobs, **bar)]
     context = multiprocessing.get_context("spawn")
     with concurrent.futures.ProcessPoolExecutor(n, mp_context=context, initializer=_one_thread) as pool:
-        return list(tqdm(pool.map(fn, *zip(*jobs)), **bar))
+        return list(progress_bar(pool.map(fn, *zip(*jobs)), **bar))
 
 
 def _job_settings(kind: str, protocol: Protocol) -> dict:

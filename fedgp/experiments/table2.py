@@ -25,7 +25,6 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from tqdm import tqdm
 
 import fedgp
 from fedgp.baselines import FedAvgMLP, FedAvgPolynomial, LocalGP, select_degree
@@ -34,6 +33,7 @@ from fedgp.data import ClientData, gp_spec, load_cmapss
 from fedgp.data.cmapss import _sensor_column
 from fedgp.experiments import summaries
 from fedgp.experiments.common import TaskCache, default_engine
+from fedgp.progress import progress_bar
 from fedgp.rng import generator
 from fedgp.strategies import FGPR
 
@@ -50,6 +50,7 @@ __all__ = [
     "fgpr_repeat",
 ]
 
+#: The methods run for Table 2 (the paper's three, plus LocalGP).
 METHODS = ("FGPR", "Polynomial", "Neural", "LocalGP")
 
 #: Table 2 of the paper: mean over 30 repeats (and, in brackets there, the std over repeats) of the
@@ -113,7 +114,8 @@ class Table2Settings:
 
     @classmethod
     def quick(cls) -> Table2Settings:
-        """A few rounds and degrees: exercises every code path in seconds (CI, notebooks)."""
+        """A few rounds and degrees: every code path, not the paper's numbers (CI, notebooks); the
+        run time of ``fedgp reproduce table2 --quick`` is in ``fedgp reproduce --help``."""
         return cls(
             rounds=5,
             degrees=(2, 10),
@@ -293,9 +295,7 @@ def run_table2(
     cm = load_cmapss(settings.subset, root=root)
     cache = TaskCache(cache_dir, settings, seed)
     records, details = [], []
-    for repeat in tqdm(
-        range(repeats), desc="Table 2 repeats", disable=None if progress is None else not progress
-    ):
+    for repeat in progress_bar(range(repeats), desc="Table 2 repeats", progress=progress, leave=True):
         done = cache.load(f"repeat{repeat}")
         if done is None:
             done = tuple(pd.DataFrame(part) for part in _one_repeat(cm, settings, seed, repeat, engine))

@@ -31,7 +31,6 @@ from pathlib import Path
 
 import pandas as pd
 import torch
-from tqdm import tqdm
 
 import fedgp
 from fedgp.baselines import CentralGP, Ditto, LocalGP, fit_ditto
@@ -39,6 +38,7 @@ from fedgp.baselines.gp import client_metrics
 from fedgp.data import gp_spec, load_sarcos
 from fedgp.experiments import summaries
 from fedgp.experiments.common import TaskCache, default_engine
+from fedgp.progress import progress_bar
 from fedgp.rng import generator
 from fedgp.strategies import FGPR
 
@@ -53,6 +53,7 @@ __all__ = [
     "reproduce",
 ]
 
+#: The methods run for Table 3 (the paper's FGPR and Ditto, plus FedAvg MLP, LocalGP and CentralGP).
 METHODS = ("FGPR", "Ditto", "FedAvgMLP", "LocalGP", "CentralGP")
 CSV_COLUMNS = [
     "output",
@@ -131,7 +132,8 @@ class Table3Settings:
 
     @classmethod
     def quick(cls) -> Table3Settings:
-        """One or two outputs, few rounds and small fits: every code path in seconds."""
+        """One or two outputs, few rounds and small fits: every code path, not the paper's numbers;
+        the run time of ``fedgp reproduce table3 --quick`` is in ``fedgp reproduce --help``."""
         return cls(
             outputs=(1,),
             rounds=10,
@@ -298,11 +300,8 @@ def run_table3(
             done[task] = cached
         else:
             todo.append((task, stem))
-    bar = tqdm(
-        total=len(tasks),
-        initial=len(done),
-        desc="Table 3 tasks",
-        disable=None if progress is None else not progress,
+    bar = progress_bar(
+        total=len(tasks), initial=len(done), desc="Table 3 tasks", progress=progress, leave=True
     )
 
     def store(task, stem, res):

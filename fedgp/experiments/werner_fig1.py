@@ -30,6 +30,7 @@ from fedgp.strategies import FederatedClustering, MyopicClustering
 
 __all__ = ["ETA", "Fig1aMean", "fig1a_problem", "loss", "fig1a_study"]
 
+#: The step size η of Fig. 1a; the clients' losses f_t are defined through it (:func:`loss`).
 ETA = 0.1
 THETA = "mean_module.theta"
 

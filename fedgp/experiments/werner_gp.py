@@ -54,6 +54,8 @@ from fedgp.strategies import FederatedClustering
 
 __all__ = ["SCENARIOS", "bump_spec", "curvature_step", "werner_gp_study", "summary", "criteria", "reproduce"]
 
+#: No attack, then 8 extra clients (20 %) sending Gaussian noise, bit-flipped updates, or edge-of-ball
+#: forgeries.
 SCENARIOS = ("clean", "large", "flip", "edge")
 LS, OS, NOISE, W = (
     "covar_module.base_kernel.lengthscale",

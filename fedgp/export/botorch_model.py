@@ -21,6 +21,8 @@ from typing import Any
 
 import torch
 
+__all__ = ["to_botorch", "fixed_standardize"]
+
 
 def _botorch():
     try:
@@ -70,6 +72,21 @@ def _transforms(result, data, dtype):
 
 
 def to_botorch(result, client: Any):
+    """One client's personalised model as a BoTorch ``SingleTaskGP``: the learned prior conditioned on the
+    client's own points, hyper-parameters frozen, in the data's original units.
+
+    Parameters
+    ----------
+    result
+        A :class:`~fedgp.fit.FitResult` or a loaded result.
+    client
+        A training client (position or id) or any :class:`~fedgp.data.ClientData`.
+
+    Returns
+    -------
+    botorch.models.SingleTaskGP
+        In eval mode, ready for BoTorch's acquisition functions.
+    """
     botorch = _botorch()
     data = result.client_data(client)
     spec = result.spec

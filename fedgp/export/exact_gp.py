@@ -87,6 +87,12 @@ def _original_units(model: ExactGPModel, transform, data, dtype) -> ExactGPModel
 
 
 def to_gpytorch(result, client: Any) -> ExactGPModel:
+    """One client's personalised model as a GPyTorch ``ExactGP`` in eval mode, conditioned on the client's
+    own points.
+
+    When the fit transformed the data, the model is rewritten in the original units (mean ``o + s·m(x')``,
+    kernel ``s²·k``, noise ``s²σ²``), so it predicts what ``result.posterior`` predicts.
+    """
     data = result.client_data(client)
     spec = result.spec
     model = spec.build()

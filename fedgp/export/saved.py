@@ -36,7 +36,10 @@ from fedgp.transforms import DataTransform
 
 __all__ = ["save_result", "load_result", "FORMAT", "VERSION"]
 
-FORMAT, VERSION = "fedgp.FitResult", 2
+#: What a saved result's header says it is.
+FORMAT = "fedgp.FitResult"
+#: The version of a saved result's layout (a file of another version is refused, by name).
+VERSION = 2
 
 
 def _tensor(tensors: dict[str, torch.Tensor], key: str) -> torch.Tensor:

@@ -41,13 +41,16 @@ KERNELS: dict[str, tuple[type, tuple[str, ...]]] = {
     "AdditiveKernel": (_k.AdditiveKernel, ()),  # + kernels
     "ProductKernel": (_k.ProductKernel, ()),  # + kernels
 }
+#: Mean modules a saved spec may name.
 MEANS: dict[str, type] = {
     "ZeroMean": _m.ZeroMean,
     "ConstantMean": _m.ConstantMean,
     "LinearMean": _m.LinearMean,
     "GaussianBumpMean": GaussianBumpMean,
 }
+#: Likelihoods a saved spec may name.
 LIKELIHOODS: dict[str, type] = {"GaussianLikelihood": gpytorch.likelihoods.GaussianLikelihood}
+#: Parameter constraints a saved spec may name.
 CONSTRAINTS: dict[str, type] = {
     c.__name__: c
     for c in (

@@ -24,6 +24,8 @@ def message_bytes(message: Message) -> bytes:
 
 
 def capture_mod(message: Message, context: Context, call_next: ClientAppCallable) -> Message:
+    """Flower client mod: with ``capture-dir`` in the node's config, write every message the node receives
+    and every reply it sends there; otherwise pass the message on untouched."""
     folder = context.node_config.get("capture-dir")
     if not folder:
         return call_next(message, context)

@@ -39,14 +39,18 @@ MESSAGE_TYPES = {
     "predict": "query.predict",
     "personal": "query.personal",
 }
+#: Flower message type -> fedgp task kind.
 KIND_OF = {v: k for k, v in MESSAGE_TYPES.items()}
 
 
 def message_type(kind: str) -> str:
+    """The Flower message type (``category[.action]``) of a fedgp task kind."""
     return MESSAGE_TYPES[kind]
 
 
 def put_record(content: RecordDict, name: str, record: Record) -> None:
+    """Store a fedgp record in a Flower ``RecordDict`` under ``name``: an ``ArrayRecord`` of its tensors and
+    a ``ConfigRecord`` of its settings."""
     content[name] = ArrayRecord(
         {k: Array(v.detach().cpu().contiguous().numpy()) for k, v in record.tensors.items()}
     )
@@ -54,6 +58,7 @@ def put_record(content: RecordDict, name: str, record: Record) -> None:
 
 
 def get_record(content: RecordDict, name: str) -> Record:
+    """The fedgp record that :func:`put_record` stored under ``name``."""
     arrays = content.array_records[name]
     tensors = {k: torch.from_numpy(np.array(arrays[k].numpy())) for k in arrays}
     return Record(tensors, json.loads(content.config_records[f"{name}.settings"]["json"]))
@@ -76,6 +81,8 @@ def task_to_content(task: Task, header: dict) -> RecordDict:
 
 
 def task_from_content(content: RecordDict) -> tuple[Task, ConfigRecord]:
+    """The fedgp task in a Flower message's content, with the ``fedgp`` header record (reply declaration,
+    first client key)."""
     head = content.config_records["fedgp"]
     task = Task(
         str(head["kind"]),
@@ -88,6 +95,8 @@ def task_from_content(content: RecordDict) -> tuple[Task, ConfigRecord]:
 
 
 def outcome_to_content(outcome: Outcome, keys: torch.Tensor) -> RecordDict:
+    """A node's outcome as a Flower reply's content, with a ``MetricRecord`` of how many clients replied and
+    failed."""
     content = RecordDict()
     put_record(content, "outcome", outcome_to_record(outcome, keys))
     content["metrics"] = MetricRecord({"replied": len(outcome.clients), "failed": len(outcome.failures)})
@@ -95,4 +104,5 @@ def outcome_to_content(outcome: Outcome, keys: torch.Tensor) -> RecordDict:
 
 
 def outcome_from_content(content: RecordDict) -> Outcome:
+    """The outcome that :func:`outcome_to_content` put in a reply."""
     return outcome_from_record(get_record(content, "outcome"))

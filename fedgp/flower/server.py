@@ -42,6 +42,7 @@ def save_result(result: FitResult, folder: str | Path) -> None:
 
 
 def load_state(folder: str | Path) -> dict[str, list]:
+    """The learned state that :func:`save_result` wrote to ``folder/state.json``, as nested lists."""
     return json.loads((Path(folder) / "state.json").read_text())
 
 

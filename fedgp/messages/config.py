@@ -38,6 +38,8 @@ class Configurable:
 
     @classmethod
     def from_config(cls, config: dict) -> Any:
+        """Rebuild an object from :meth:`to_config`'s settings; a config of another class is a
+        ``TypeError``."""
         obj = _decode(config)
         if not isinstance(obj, cls):
             raise TypeError(f"config describes a {type(obj).__name__}, not a {cls.__name__}")
@@ -119,6 +121,7 @@ def _decode(value: Any) -> Any:
 
 
 def to_config(obj: Configurable) -> dict:
+    """``obj.to_config()``: a strategy or one of its parts as plain JSON-ready settings."""
     return obj.to_config()
 
 

@@ -43,6 +43,7 @@ class Field:
 
     @property
     def kind(self) -> str:
+        """``"summed"`` (the server sees only the sum over the round's clients) or ``"individual"``."""
         return "summed" if self.summed else "individual"
 
 

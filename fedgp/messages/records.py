@@ -21,6 +21,7 @@ __all__ = ["Record", "TENSOR_DTYPES", "Setting"]
 
 #: The tensor types a record may hold (states and statistics, indices and labels, flags).
 TENSOR_DTYPES = (torch.float64, torch.int64, torch.bool)
+#: A plain setting a record may carry beside its tensors.
 Setting = str | int | float | bool
 
 

@@ -20,6 +20,7 @@ from fedgp.messages.records import Record, Setting, _check_setting
 
 __all__ = ["Task", "KINDS"]
 
+#: The task kinds a client answers: the round's exchanges from ``hello`` to ``personal``.
 KINDS = ("hello", "summarise", "train", "evaluate", "predict", "personal")
 
 
@@ -60,6 +61,7 @@ class Task:
             raise KeyError(f"the {self.kind} task carries no tensor {name!r}") from None
 
     def has(self, name: str) -> bool:
+        """Whether the task carries a tensor of this name (personal or shared)."""
         return name in self.personal.tensors or name in self.shared.tensors
 
     @property
@@ -68,4 +70,5 @@ class Task:
         return {**self.shared.tensors, **self.personal.tensors}
 
     def setting(self, name: str, default=None):
+        """A shared setting, or ``default``."""
         return self.shared.settings.get(name, default)

@@ -19,6 +19,7 @@ from fedgp.messages.task import Task
 
 __all__ = ["record_to_bytes", "record_from_bytes", "task_to_bytes", "task_from_bytes", "WIRE_VERSION"]
 
+#: The version of the byte format, written into every message's header.
 WIRE_VERSION = 1
 _KEY = "fedgp"
 
@@ -47,15 +48,19 @@ def _unpack(data: bytes) -> tuple[dict[str, torch.Tensor], dict]:
 
 
 def record_to_bytes(record: Record) -> bytes:
+    """A record as bytes: safetensors for its tensors, its settings in the JSON header."""
     return _pack(dict(record.tensors), {"settings": dict(record.settings)})
 
 
 def record_from_bytes(data: bytes) -> Record:
+    """The record written by :func:`record_to_bytes`; nothing but tensors and JSON is read."""
     tensors, meta = _unpack(data)
     return Record(tensors, meta.get("settings", {}))
 
 
 def task_to_bytes(task: Task) -> bytes:
+    """A task as bytes: its shared and personal tensors (prefixed ``s/`` and ``p/``) as safetensors, kind,
+    round, options and settings in the JSON header."""
     tensors = {f"s/{k}": v for k, v in task.shared.tensors.items()}
     tensors.update({f"p/{k}": v for k, v in task.personal.tensors.items()})
     meta = {
@@ -69,6 +74,8 @@ def task_to_bytes(task: Task) -> bytes:
 
 
 def task_from_bytes(data: bytes) -> Task:
+    """The task written by :func:`task_to_bytes`; an unexpected tensor or a missing header field is a
+    ``ValueError``."""
     tensors, meta = _unpack(data)
     parts: dict[str, dict] = {"s": {}, "p": {}}
     for name, value in tensors.items():

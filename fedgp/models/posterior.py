@@ -40,6 +40,7 @@ class Prediction:
     covariance_f: torch.Tensor | None = None
 
     def variance(self, observation_noise: bool = False) -> torch.Tensor:
+        """The variance of f, or of y with ``observation_noise=True``."""
         return self.variance_y if observation_noise else self.variance_f
 
     def covariance(self, observation_noise: bool = False) -> torch.Tensor:
@@ -85,6 +86,7 @@ class Prediction:
         return self.mean - z * sd, self.mean + z * sd
 
     def rmse(self, y: torch.Tensor) -> float:
+        """Root mean squared error of the mean against ``y``."""
         return float(((self.mean - y) ** 2).mean().sqrt())
 
     def nll(self, y: torch.Tensor) -> float:
@@ -93,6 +95,7 @@ class Prediction:
         return float((0.5 * (math.log(2 * math.pi) + var.log() + (y - self.mean) ** 2 / var)).mean())
 
     def coverage(self, y: torch.Tensor, level: float = 0.95) -> float:
+        """The fraction of ``y`` inside the predictive ``level`` interval of y."""
         lo, hi = self.confidence_region(level, observation_noise=True)
         return float(((y >= lo) & (y <= hi)).to(torch.float64).mean())
 

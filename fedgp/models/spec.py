@@ -59,9 +59,11 @@ class ParamInfo:
     trainable: bool
 
     def transform(self, raw: torch.Tensor) -> torch.Tensor:
+        """Constrained value from a raw one (the constraint's transform; none without a constraint)."""
         return raw if self.constraint is None else self.constraint.transform(raw)
 
     def inverse_transform(self, value: torch.Tensor) -> torch.Tensor:
+        """Raw value from a constrained one."""
         return value if self.constraint is None else self.constraint.inverse_transform(value)
 
 
@@ -152,17 +154,22 @@ class GPSpec:
     # -- introspection --------------------------------------------------------------------------
     @property
     def names(self) -> tuple[str, ...]:
+        """Every hyper-parameter's dotted name, in the spec's order (fixed ones included)."""
         return tuple(p.name for p in self.params)
 
     @property
     def trainable_names(self) -> tuple[str, ...]:
+        """The names of the hyper-parameters that training changes (not ``fixed``)."""
         return tuple(p.name for p in self.params if p.trainable)
 
     @property
     def event_shapes(self) -> dict[str, torch.Size]:
+        """Each hyper-parameter's own shape (without batch dimensions)."""
         return {p.name: p.shape for p in self.params}
 
     def param(self, name: str) -> ParamInfo:
+        """The :class:`ParamInfo` of a hyper-parameter, by its constrained or raw name; an unknown name
+        is a ``KeyError`` listing the known ones."""
         try:
             return self._by_name[name] if name in self._by_name else self._aliases[name]
         except KeyError:
@@ -170,14 +177,17 @@ class GPSpec:
 
     @property
     def kernel(self) -> gpytorch.kernels.Kernel:
+        """The spec's GPyTorch kernel module (the template every client's model copies)."""
         return self._template.covar_module
 
     @property
     def mean(self) -> gpytorch.means.Mean:
+        """The spec's GPyTorch mean module."""
         return self._template.mean_module
 
     @property
     def likelihood(self) -> gpytorch.likelihoods.GaussianLikelihood:
+        """The spec's GPyTorch likelihood."""
         return self._template.likelihood
 
     def _module_names(self, values: Mapping[str, float | torch.Tensor]) -> dict:
@@ -274,6 +284,7 @@ class GPSpec:
         )
 
     def from_raw(self, raw: HyperState) -> HyperState:
+        """Constrained values from raw ones: each parameter through its constraint's transform."""
         return HyperState({p.name: p.transform(raw[p.name]) for p in self.params}, self.event_shapes)
 
     def load_raw(self, model: ExactGPModel, raw: Mapping[str, torch.Tensor]) -> None:
@@ -284,6 +295,7 @@ class GPSpec:
                     model.get_parameter(p.raw_name).copy_(raw[p.name])
 
     def load(self, model: ExactGPModel, state: HyperState) -> None:
+        """Set ``model``'s parameters to ``state`` (constrained values)."""
         self.load_raw(model, self.to_raw(state))
 
     def __repr__(self) -> str:

@@ -48,10 +48,12 @@ class HyperState(Mapping[str, torch.Tensor]):
 
     @property
     def event_shapes(self) -> dict[str, torch.Size]:
+        """Each hyper-parameter's own shape; the rest of a value's shape is the batch."""
         return dict(self._events)
 
     @property
     def batch_shape(self) -> torch.Size:
+        """The leading dimensions shared by every value: ``()`` for one state, ``(k,)`` for k clusters, ..."""
         name = next(iter(self._values))
         value = self._values[name]
         return value.shape[: value.dim() - len(self._events[name])]
@@ -81,6 +83,7 @@ class HyperState(Mapping[str, torch.Tensor]):
         return self.map(pick)
 
     def clone(self) -> HyperState:
+        """A detached copy of every value."""
         return self.map(lambda v, _: v.detach().clone())
 
     def weighted_mean(self, weights: torch.Tensor) -> HyperState:
@@ -90,20 +93,24 @@ class HyperState(Mapping[str, torch.Tensor]):
 
     @staticmethod
     def stack(states: Sequence[HyperState], dim: int = 0) -> HyperState:
+        """Stack states along a new batch dimension ``dim``."""
         first = states[0]
         return HyperState({k: torch.stack([s[k] for s in states], dim) for k in first}, first.event_shapes)
 
     @staticmethod
     def cat(states: Sequence[HyperState]) -> HyperState:
+        """Concatenate states along their first batch dimension."""
         first = states[0]
         return HyperState({k: torch.cat([s[k] for s in states], 0) for k in first}, first.event_shapes)
 
     def allclose(self, other: HyperState, rtol: float = 1e-8, atol: float = 0.0) -> bool:
+        """Whether ``other`` has the same names and values within ``rtol``/``atol`` (``torch.allclose``)."""
         return set(self) == set(other) and all(
             torch.allclose(self[k], other[k], rtol=rtol, atol=atol) for k in self
         )
 
     def max_relative_difference(self, other: HyperState) -> float:
+        """The largest ``|self − other| / |other|`` over every entry of every value."""
         return max(float(((self[k] - other[k]).abs() / other[k].abs().clamp_min(1e-300)).max()) for k in self)
 
     def to_dict(self) -> dict[str, float]:

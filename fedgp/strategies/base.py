@@ -103,6 +103,7 @@ class ServerContext:
 
     @property
     def num_clients(self) -> int:
+        """The number of registered clients."""
         return len(self.sizes)
 
 

@@ -90,6 +90,8 @@ class FGPR(Strategy):
 
     @property
     def state_aggregator(self) -> StateAggregator:
+        """The aggregator in use: ``aggregator`` if given, else FedAvg (``WeightedMean``) in
+        ``average_space``."""
         return self.aggregator if self.aggregator is not None else WeightedMean(self.average_space)
 
     # -- server -----------------------------------------------------------------------------------

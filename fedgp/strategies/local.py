@@ -44,6 +44,7 @@ class LocalOptimizer(Configurable, ABC):
     """A step rule over batched tensors; the base applies it per parameter and masks inactive rows."""
 
     def init(self, params: Tensors) -> dict:
+        """The optimiser's state for ``params`` (none for plain SGD)."""
         return {}
 
     @abstractmethod
@@ -91,6 +92,7 @@ class Adam(LocalOptimizer):
             )
 
     def init(self, params: Tensors) -> dict:
+        """Adam's zero first and second moments and step counts for ``params``."""
         return {
             "m": {k: torch.zeros_like(v) for k, v in params.items()},
             "v": {k: torch.zeros_like(v) for k, v in params.items()},
@@ -136,6 +138,7 @@ class SGD(LocalOptimizer):
 
 
 def make_optimizer(optimizer: str | Adam | SGD, lr: float) -> Adam | SGD:
+    """An :class:`Adam` or :class:`SGD` from its name and learning rate (an instance passes through)."""
     if isinstance(optimizer, (Adam, SGD)):
         return optimizer
     if optimizer == "adam":

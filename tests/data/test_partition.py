@@ -61,6 +61,16 @@ def test_natural_id_keeps_order_of_appearance():
     assert [list(p) for p in parts] == [[0, 1], [2, 3, 4], [5]]
 
 
+def test_natural_ids_from_a_pandas_column_of_strings():
+    """An owner column read by pandas is an object array of str (no ``.item()``): one client per
+    owner, labelled by the plain value, in order of first appearance."""
+    import pandas as pd
+
+    labels, parts = NaturalIdPartitioner()(pd.Series(["north", "south", "north", "east"]))
+    assert labels == ["north", "south", "east"] and all(type(label) is str for label in labels)
+    assert [p.tolist() for p in parts] == [[0, 2], [1], [3]]
+
+
 def test_federation_from_partition():
     X = np.random.default_rng(0).normal(size=(40, 3))
     y = X.sum(1)

@@ -48,3 +48,17 @@ def test_mixed_regression_clusters_and_shares():
         assert torch.allclose(c.X @ mr.thetas[j], c.y)
     coord = mixed_linear_regression(k=2, d=8, separation=0.5, scale="coordinate", seed=0)
     assert set(np.unique(coord.thetas.numpy())) <= {0.0, 0.5}
+
+
+def test_gp_draws_do_not_depend_on_how_the_covariances_are_batched(monkeypatch):
+    """Clients' covariances are factorised in blocks of equal size; each client's data must be
+    what a client-by-client draw gives (same X, same y to rounding), whatever the block."""
+    from fedgp.data import synthetic
+
+    sizes = [5, 5, 9, 9, 9, 3, 3, 12]
+    blocked = gp_federation(num_clients=8, n=sizes, d=2, n_test=4, seed=7)
+    monkeypatch.setattr(synthetic, "_DRAW_BLOCK", 1)
+    one_by_one = gp_federation(num_clients=8, n=sizes, d=2, n_test=4, seed=7)
+    for a, b in zip(blocked.federation, one_by_one.federation):
+        assert a.n == b.n and torch.equal(a.X, b.X) and torch.equal(a.X_test, b.X_test)
+        assert torch.allclose(a.y, b.y, rtol=0, atol=1e-12) and torch.allclose(a.y_test, b.y_test, atol=1e-12)

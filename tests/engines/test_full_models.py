@@ -234,10 +234,11 @@ def test_auto_engine_picks_batched_where_it_applies(draws):
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_batched_engine_on_a_gpu_matches_the_cpu(draws):
-    cpu = fit_on("batched", sum_spec(), draws.federation)
-    gpu = fit_on("batched", sum_spec(), draws.federation, device="cuda")
+    spec = sum_spec()  # once: LinearMean draws its initial weights at random on construction
+    cpu = fit_on("batched", spec, draws.federation)
+    gpu = fit_on("batched", spec, draws.federation, device="cuda")
     assert gpu.engine.X.is_cuda
-    assert gpu.state.max_relative_difference(fit_on("sequential", sum_spec(), draws.federation).state) < 1e-8
+    assert gpu.state.max_relative_difference(fit_on("sequential", spec, draws.federation).state) < 1e-8
     mean, var = gpu.predict(draws.federation[0].X_test, client=0)
     ref_mean, ref_var = cpu.predict(draws.federation[0].X_test, client=0)
     assert torch.allclose(mean, ref_mean, rtol=1e-8) and torch.allclose(var, ref_var, rtol=1e-8)
@@ -247,6 +248,7 @@ def test_device_option_runs_the_tensor_path_where_asked(draws):
     cpu = fit_on("batched", GPSpec(), draws.federation)
     explicit = fit_on("auto", GPSpec(), draws.federation, device="cpu")
     assert explicit.engine.device == torch.device("cpu") and explicit.engine.name == "batched"
+    assert explicit.engine.chunk_size == 512  # the CPU's default (a GPU's is larger: test_gpu.py)
     assert explicit.state.max_relative_difference(cpu.state) == 0.0
     with pytest.raises(ValueError, match="device='cpu' applies to engine='batched' or 'auto'"):
         fit_on("sequential", GPSpec(), draws.federation, device="cpu")

@@ -46,6 +46,12 @@ def _check_space(space: str) -> None:
 
 
 class Aggregator(Configurable, ABC):
+    """How the server turns one round's :class:`Contributions` into a cluster's next state.
+
+    A state aggregator averages the members' states; a gradient aggregator (``uses_gradients``) takes one
+    step along the members' summed gradient, so no client's gradient reaches the server on its own.
+    """
+
     uses_gradients = False
 
     @abstractmethod

@@ -33,7 +33,9 @@ class Assigner(Configurable, ABC):
     @abstractmethod
     def assign(
         self, ops: ClientOps, candidates: HyperState, form: ClosedForm
-    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]: ...
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+        """Per-point NLLs of the clients under each candidate ``(B, R, k)``, soft responsibilities (or
+        ``None``), and the chosen cluster ``(B, R)``."""
 
 
 @dataclass(frozen=True)
@@ -50,6 +52,7 @@ class HardAssigner(Assigner):
             raise ValueError(f"criterion must be 'nll' or 'sse', got {self.criterion!r}")
 
     def assign(self, ops, candidates, form):
+        """Each client picks the candidate with the lowest NLL (or squared error)."""
         nll = client_nll(ops, candidates, form)
         if self.criterion == "nll":
             return nll, None, nll.argmin(dim=-1)
@@ -76,6 +79,7 @@ class SoftAssigner(Assigner):
             raise ValueError("temperature must be > 0")
 
     def assign(self, ops, candidates, form):
+        """Responsibilities ∝ exp(−n·NLL / temperature) over the candidates; the argmin as the choice."""
         nll = client_nll(ops, candidates, form)
         sizes = ops.sizes.to(nll.dtype).reshape(-1, *([1] * (nll.dim() - 1)))
         resp = torch.softmax(-sizes * nll / self.temperature, dim=-1)
@@ -92,4 +96,5 @@ class FixedAssigner(Assigner):
     needs_candidates = False
 
     def assign(self, ops, candidates, form):
+        """Never called: with fixed labels the server sends each client only its cluster's state."""
         raise RuntimeError("FixedAssigner does not choose: the server sends each client its cluster's state")

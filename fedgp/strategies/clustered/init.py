@@ -48,6 +48,7 @@ class Initializer(Configurable, ABC):
 
     #: communication rounds the initialiser uses (an upper bound for adaptive ones)
     def rounds(self, k: int) -> int:
+        """Communication rounds the initialiser uses (an upper bound for adaptive ones)."""
         return 0
 
     @abstractmethod
@@ -55,14 +56,17 @@ class Initializer(Configurable, ABC):
         """:class:`InitDone`, or a progress object for a multi-round initialiser."""
 
     def configure(self, progress: Any, ctx: ServerContext, rng: np.random.Generator, rnd: int) -> RoundPlan:
+        """Server: the initialisation round's plan."""
         raise NotImplementedError
 
     def local_update(self, ops: ClientOps, task: Task, form: ClosedForm) -> dict[str, torch.Tensor]:
+        """Client: its reply to an initialisation round."""
         raise NotImplementedError
 
     def aggregate(
         self, progress: Any, plan: RoundPlan, replies: Replies, ctx: ServerContext, rnd: int
     ) -> tuple[Any, dict[str, Any]]:
+        """Server: the new progress and the round's history entries."""
         raise NotImplementedError
 
 
@@ -166,6 +170,7 @@ class OneShotInit(Initializer):
             raise ValueError("OneShotInit(local='train') needs a LocalTraining")
 
     def rounds(self, k):
+        """One round: every client sends its local estimate once."""
         return 1
 
     def start(self, ctx, k, restarts, rng):
@@ -176,6 +181,7 @@ class OneShotInit(Initializer):
         return OneShotProgress(k)
 
     def configure(self, progress, ctx, rng, rnd):
+        """Server: ask every client for its local estimate."""
         everyone, weights = torch.arange(ctx.num_clients), ctx.weights.clone()
         if self.local == "least_squares":
             fields = {"estimate": Field((linear_model(ctx.spec).dim,))}
@@ -184,6 +190,7 @@ class OneShotInit(Initializer):
         return RoundPlan(everyone, weights, shared=shared, replies=state_fields(ctx.spec, STATE))
 
     def local_update(self, ops, task, form):
+        """Client: its least-squares estimate, or a state trained from the spec's start."""
         if self.local == "least_squares":
             model = linear_model(ops.spec)
             return {"estimate": torch.stack([model.local_fit(c, self.ridge) for c in ops.clients])}
@@ -192,6 +199,7 @@ class OneShotInit(Initializer):
         return state_tensors(result.states, STATE)
 
     def aggregate(self, progress, plan, replies, ctx, rnd):
+        """Server: k-means over the estimates gives the k starting states."""
         spec = ctx.spec
         rng = generator(ctx.seed, "one-shot k-means")
         base = spec.initial_state()

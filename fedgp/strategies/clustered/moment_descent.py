@@ -324,6 +324,7 @@ class MomentDescentInit(Initializer):
         return Q
 
     def configure(self, progress, ctx, rng, rnd):
+        """Server: the next Phase-1 stage's task (moments, orthogonal iteration, anchors, refill)."""
         p = progress.theta.shape[1]
         settings = {"stage": progress.stage}
         if progress.stage in ("moment", "orth"):
@@ -358,6 +359,8 @@ class MomentDescentInit(Initializer):
 
     # -- clients ----------------------------------------------------------------------------------
     def local_update(self, ops, task, form):
+        """Client: its share of the stage's statistics (summed moments, or its own fit for anchors and
+        refill)."""
         model = linear_model(ops.spec)
         stage = task.setting("stage")
         if stage in ("moment", "orth"):
@@ -400,6 +403,7 @@ class MomentDescentInit(Initializer):
 
     # -- server aggregation -----------------------------------------------------------------------
     def aggregate(self, progress, plan, replies, ctx, rnd):
+        """Server: combine the stage's replies and move to the next stage."""
         progress = replace(progress, trace=list(progress.trace))  # never mutate a previous server state
         k = progress.k
         p = progress.theta.shape[1]

@@ -46,6 +46,7 @@ def _single_lr(lrs: torch.Tensor) -> float:
 
 
 def check_units(units: str) -> None:
+    """Refuse units other than ``"nll"`` or ``"squared_loss"`` with a ``ValueError``."""
     if units not in ("nll", "squared_loss"):
         raise ValueError(f"units must be 'nll' or 'squared_loss', got {units!r}")
 
@@ -58,7 +59,8 @@ class LocalSolver(Configurable, ABC):
     @abstractmethod
     def solve(
         self, ops: ClientOps, states: HyperState, form: ClosedForm
-    ) -> tuple[HyperState, torch.Tensor | None]: ...
+    ) -> tuple[HyperState, torch.Tensor | None]:
+        """Client: new states from the given ones (batch ``(B, R)``), and the training loss if known."""
 
     def has_loss(self, closed: bool) -> bool:
         """Whether :meth:`solve` returns a training loss (declared in advance as a reply field)."""
@@ -94,6 +96,7 @@ class GradientDescent(LocalSolver):
         check_settings(self, lr="positive", steps="count")
 
     def solve(self, ops, states, form):
+        """``steps`` gradient steps (closed form for a linear mean, else SGD through the engine)."""
         lrs = step_sizes(self.lr, self.units, form.model, states)
         if form.closed:
             step = lambda m, theta, noise: m.gradient_steps(ops.clients, theta, noise, lrs, self.steps)  # noqa: E731
@@ -121,6 +124,8 @@ class ProximalSolve(LocalSolver):
         check_settings(self, lr="positive", inner_steps="count", inner_lr="positive")
 
     def solve(self, ops, states, form):
+        """One proximal step (closed form for a linear mean, else inner SGD steps on the proximal
+        objective)."""
         lrs = step_sizes(self.lr, self.units, form.model, states)
         if form.closed:
             step = lambda m, theta, noise: m.proximal_step(ops.clients, theta, noise, lrs)  # noqa: E731
@@ -142,6 +147,7 @@ class LocalTrainingSolver(LocalSolver):
     local: LocalTraining = field(default_factory=LocalTraining)
 
     def solve(self, ops, states, form):
+        """The configured local training from each state."""
         return _trained(ops, states, self.local)
 
     def has_loss(self, closed):
@@ -160,6 +166,7 @@ class GradientSolver(LocalSolver):
         check_settings(self, batch_size="batch_or_none")
 
     def solve(self, ops, states, form):
+        """The gradient at each state (as a state-shaped update) for the server's gradient step."""
         if form.closed and self.batch_size is None:
             model = form.model
             grad = model.gradient(ops.clients, model.vector(states), model.noise(states))

@@ -12,9 +12,14 @@ from fedgp.models.state import HyperState
 
 __all__ = ["ClusteredState", "ClosedForm", "STATE", "TARGET", "CANDIDATES", "GRAD"]
 
-#: Record prefixes: a client's updated state(s), the state it must update (fixed labels), the k
-#: candidate states it evaluates, and its cluster-scattered gradient (a summed field).
-STATE, TARGET, CANDIDATES, GRAD = "state/", "target/", "candidates/", "grad/"
+#: Record prefix of a client's updated state(s).
+STATE = "state/"
+#: Record prefix of the state a client must update (fixed labels).
+TARGET = "target/"
+#: Record prefix of the k candidate states a client evaluates.
+CANDIDATES = "candidates/"
+#: Record prefix of a client's cluster-scattered gradient (a summed field).
+GRAD = "grad/"
 
 
 @dataclass
@@ -39,10 +44,12 @@ class ClusteredState:
 
     @property
     def best(self) -> int:
+        """The restart with the lowest training objective."""
         return int(torch.argmin(self.objective))
 
     @property
     def initialising(self) -> bool:
+        """Whether the initialiser is still running its rounds."""
         return self.init is not None
 
 

@@ -30,6 +30,8 @@ PRESETS = {
 
 
 def check_blocks(blocks) -> None:
+    """Refuse a ``blocks`` setting that is neither a preset name nor a non-empty tuple of non-empty tuples of
+    parameter-name prefixes."""
     if isinstance(blocks, str):
         if blocks not in PRESETS:
             raise ValueError(
@@ -55,6 +57,7 @@ class Blocks:
 
     @property
     def width(self) -> int:
+        """The number of scalars in the flattened block."""
         return sum(int(s.numel()) for s in self.shapes)
 
     def flatten(self, values: dict | HyperState, batch: tuple[int, ...], prefix: str = "") -> torch.Tensor:
@@ -64,6 +67,7 @@ class Blocks:
         )
 
     def unflatten(self, flat: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Named tensors from a flat ``(..., width)`` tensor."""
         batch = tuple(flat.shape[:-1])
         out, start = {}, 0
         for name, shape in zip(self.names, self.shapes):

@@ -10,9 +10,16 @@ from fedgp.models.state import HyperState
 
 __all__ = ["PersonalState", "STATE", "MODEL", "GRAD", "MOMENTUM", "CANDIDATES"]
 
-#: Record prefixes: a client's own state, the models it evaluates, its raw gradients, its momentum,
-#: and every client's state offered to a client the server has never seen.
-STATE, MODEL, GRAD, MOMENTUM, CANDIDATES = "state/", "model/", "grad/", "momentum/", "candidates/"
+#: Record prefix of a client's own state.
+STATE = "state/"
+#: Record prefix of the models a client evaluates.
+MODEL = "model/"
+#: Record prefix of a client's raw gradients.
+GRAD = "grad/"
+#: Record prefix of a client's momentum.
+MOMENTUM = "momentum/"
+#: Record prefix of every client's state, offered to a client the server has never seen.
+CANDIDATES = "candidates/"
 
 
 @dataclass

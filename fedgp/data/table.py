@@ -1,0 +1,181 @@
+"""A table whose owner column says which client holds each row: CSV files in, clients out.
+
+``fedgp fit`` and ``fedgp predict`` read their data through :func:`read_owner_table`, which checks
+every cell where it enters and names the file, the column, the line and the owner of anything it
+refuses (a missing column, a cell that is not a number, an empty cell, inf, an owner too small to
+train on), as a :class:`TableError`. Lines are the file's own: the header is line 1, the first
+row line 2 (what a text editor and a spreadsheet both show). :func:`rows_by_owner` groups rows by
+owner label for any caller (the scikit-learn estimator too).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from fedgp.data.client import MIN_TRAINING_POINTS, ClientData, Federation
+
+__all__ = ["TableError", "OwnerTable", "read_owner_table", "rows_by_owner"]
+
+
+class TableError(ValueError):
+    """A table fedgp cannot use; the message names the file and the column, line or owner."""
+
+
+def rows_by_owner(labels: Any) -> dict[Any, np.ndarray]:
+    """Row indices of each owner label, owners in order of first appearance.
+
+    Labels are returned as Python scalars (``numpy.int64(3)`` becomes ``3``). A missing label
+    (``None``/NaN) raises ``ValueError`` with the first such row (0-based).
+    """
+    labels = np.asarray(labels, dtype=object) if not isinstance(labels, pd.Series) else labels.to_numpy()
+    if labels.ndim != 1:
+        raise ValueError(f"owner labels must be one per row (1-D), got shape {labels.shape}")
+    codes, uniques = pd.factorize(labels, use_na_sentinel=True)
+    if (codes < 0).any():
+        raise ValueError(f"row {int(np.flatnonzero(codes < 0)[0])} has no owner label (None/NaN)")
+    order = np.argsort(codes, kind="stable")
+    bounds = np.flatnonzero(np.diff(codes[order])) + 1
+    groups = np.split(order, bounds)
+    names = [u.item() if hasattr(u, "item") else u for u in uniques]
+    return dict(zip(names, groups))
+
+
+@dataclass(frozen=True)
+class OwnerTable:
+    """Checked rows of a table: inputs ``X``, target ``y`` (``None`` when no target was asked for),
+    the owner of each row, the file's line of each row, and the table as read (``frame``)."""
+
+    source: str
+    group: str
+    features: tuple[str, ...]
+    target: str | None
+    X: np.ndarray
+    y: np.ndarray | None
+    owners: np.ndarray
+    lines: np.ndarray
+    frame: pd.DataFrame
+
+    def rows(self) -> dict[Any, np.ndarray]:
+        """Row positions of each owner, in order of first appearance."""
+        return rows_by_owner(self.owners)
+
+    def client(self, owner: Any, rows: np.ndarray | None = None) -> ClientData:
+        """Owner ``owner``'s rows as a ``ClientData`` (any number of rows: for prediction)."""
+        if self.y is None:
+            raise TableError(f"{self.source}: no target column was read, so it holds no training data")
+        rows = self.rows()[owner] if rows is None else rows
+        try:
+            return ClientData(self.X[rows], self.y[rows], id=owner)
+        except ValueError as err:
+            raise TableError(f"{self.source}: {err}") from None
+
+    def federation(self, test_fraction: float | None = None, seed: int = 0) -> Federation:
+        """One client per owner, for training: each owner needs 2 rows (3 with a test split: 2 to
+        train on, 1 held out). ``test_fraction`` moves that share of each owner's rows into its
+        test split (:meth:`Federation.split`, seeded)."""
+        if test_fraction is not None and not 0.0 < test_fraction < 1.0:
+            raise TableError(f"the test fraction must be in (0, 1), got {test_fraction}")
+        need = MIN_TRAINING_POINTS + (1 if test_fraction else 0)
+        groups = self.rows()
+        for owner, rows in groups.items():
+            if len(rows) < need:
+                where = ", ".join(f"line {int(line)}" for line in self.lines[rows])
+                held = " with a test split (2 to train on, 1 held out)" if test_fraction else ""
+                raise TableError(
+                    f"{self.source}: owner {owner!r} has {len(rows)} row(s) ({where}); training needs at "
+                    f"least {need} per owner{held}. Leave its rows out of the training table: the "
+                    "fitted model can still predict for it as a new owner (fedgp predict --data)"
+                )
+        fed = Federation(self.client(owner, rows) for owner, rows in groups.items())
+        return fed if not test_fraction else fed.split(test_fraction, seed)
+
+
+def read_owner_table(
+    path: str | os.PathLike,
+    *,
+    group: str,
+    target: str | None = None,
+    features: Sequence[str] | None = None,
+) -> OwnerTable:
+    """Read and check a CSV file with an owner column ``group``.
+
+    ``features`` default to every column but ``group`` and ``target``. The owner labels are read as
+    text (so ``7`` and ``007`` are different owners, and a label is the same in every file), the
+    feature and target columns as numbers. Blank lines are skipped. Raises :class:`TableError`.
+    """
+    source = str(path)
+    path = Path(path)
+    if not path.is_file():
+        raise TableError(f"{source}: {'is a folder, not a file' if path.is_dir() else 'no such file'}")
+    try:
+        # pandas' default float parser reads what to_csv/repr write back exactly (tested).
+        frame = pd.read_csv(path, dtype={group: str}, skip_blank_lines=False)
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError, OSError) as err:
+        raise TableError(f"{source}: cannot be read as a CSV table ({str(err).strip()})") from None
+    lines = np.arange(len(frame)) + 2  # the header is line 1
+    blank = frame.isna().all(axis=1).to_numpy()
+    frame, lines = frame.loc[~blank].reset_index(drop=True), lines[~blank]
+    columns = [str(c) for c in frame.columns]
+    frame.columns = columns
+    roles = {group: "--group", **({target: "--target"} if target is not None else {})}
+    wanted = list(features) if features is not None else [c for c in columns if c not in roles]
+    if features is not None and len(set(wanted)) != len(wanted):
+        raise TableError(f"{source}: a feature column is named twice in {wanted}")
+    for name, role in [*roles.items(), *((f, "feature") for f in wanted)]:
+        if name not in frame.columns:
+            raise TableError(
+                f"{source}: no column {name!r} ({role}); its columns are {', '.join(map(repr, columns))}"
+            )
+    if target in wanted or group in wanted:
+        clash = target if target in wanted else group
+        raise TableError(f"{source}: column {clash!r} cannot be both a feature and the {roles[clash]}")
+    if not wanted:
+        raise TableError(f"{source}: no feature columns (the table has only {', '.join(roles)})")
+    if not len(frame):
+        raise TableError(f"{source}: the table has a header but no rows")
+    owners = frame[group]
+    missing = owners.isna().to_numpy()
+    if missing.any():
+        raise TableError(f"{source}: column {group!r}, line {int(lines[missing][0])}: no owner (empty cell)")
+    X = np.column_stack([_numbers(frame, c, source, lines, owners, group) for c in wanted])
+    y = None if target is None else _numbers(frame, target, source, lines, owners, group)
+    return OwnerTable(source, group, tuple(wanted), target, X, y, owners.to_numpy(dtype=object), lines, frame)
+
+
+def _numbers(frame: pd.DataFrame, column: str, source: str, lines, owners, group: str) -> np.ndarray:
+    """Column ``column`` as float64, refusing the first cell that is not a finite number by line."""
+    values = frame[column]
+
+    def where(mask) -> str:
+        i = int(np.flatnonzero(mask)[0])
+        return f"{source}: column {column!r}, line {int(lines[i])} ({group} {owners.iloc[i]!r})"
+
+    if pd.api.types.is_bool_dtype(values.dtype):
+        raise TableError(
+            f"{where(np.ones(len(values), bool))}: true/false values; a feature or target must be a number "
+            "(encode them as 0/1)"
+        )
+    if not pd.api.types.is_numeric_dtype(values.dtype):
+        numbers = pd.to_numeric(values, errors="coerce")
+        bad = (values.notna() & numbers.isna()).to_numpy()
+        if bad.any():
+            i = int(np.flatnonzero(bad)[0])
+            raise TableError(f"{where(bad)}: {values.iloc[i]!r} is not a number")
+        values = numbers
+    array = values.to_numpy(dtype=np.float64, na_value=np.nan)
+    if np.isnan(array).any():
+        raise TableError(
+            f"{where(np.isnan(array))}: missing value (an empty or NA cell); fill or drop the row"
+        )
+    if not np.isfinite(array).all():
+        raise TableError(
+            f"{where(~np.isfinite(array))}: {array[~np.isfinite(array)][0]} is not a finite number"
+        )
+    return array

@@ -1,0 +1,183 @@
+"""A scikit-learn regressor over :func:`fedgp.fit`: ``fit(X, y, groups=owner)``, ``predict(X, groups=...)``.
+
+The rows of ``X`` and ``y`` are pooled here only for convenience: ``groups`` says which owner holds
+each row, every owner is one client of a :class:`~fedgp.data.Federation`, and training runs the
+federated strategy (FGPR by default) exactly as :func:`fedgp.fit` does on that federation (the
+tests check the predictions agree to 1e-10). A row is predicted by its owner's posterior: the
+shared prior conditioned on that owner's training rows only.
+
+Conventions (scikit-learn's): the constructor stores its parameters and checks nothing;
+``fit`` learns ``result_`` (the :class:`~fedgp.FitResult`), ``groups_`` (the owners, in order of
+first appearance), ``history_``, ``n_features_in_`` and, for a DataFrame, ``feature_names_in_``;
+``score`` is R² (of the personalised predictions, with the same ``groups``); ``get_params``,
+``set_params`` and ``clone`` work. With scikit-learn's metadata routing enabled,
+``set_fit_request(groups=True)`` routes ``groups`` through pipelines and ``cross_validate``.
+
+Choices where scikit-learn has no convention:
+
+* ``groups=None`` at ``fit``: all rows belong to one owner (a single client, so FGPR's rounds
+  train one GP on all the rows). At ``predict``, ``groups=None`` means that owner when the
+  model was fitted on one; with several owners it is a ``ValueError`` (a row's owner decides its
+  prediction, so it cannot be guessed).
+* An owner at ``predict`` that was not seen at ``fit`` has no training rows: with
+  ``unknown_groups="prior"`` (default) it gets the cold-start prediction fedgp gives a new client
+  without data (the learned prior predictive; for clustered strategies, the cluster with the most
+  training points); with ``"error"`` it is a ``ValueError`` naming it.
+* ``predict(..., return_std=True)`` returns the standard deviation of a new observation
+  (the latent function's variance plus the learned noise), as scikit-learn's
+  ``GaussianProcessRegressor`` does with a ``WhiteKernel``; the latent one is
+  ``result_.posterior(X, client).variance_f``.
+* An owner needs at least 2 rows, and an owner's targets must not all be equal (its marginal
+  likelihood would carry no information): both are ``ValueError`` naming the owner.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from sklearn.base import BaseEstimator, RegressorMixin
+from sklearn.metrics import r2_score
+from sklearn.utils.validation import check_consistent_length, check_is_fitted, validate_data
+
+from fedgp.data.client import MIN_TRAINING_POINTS, ClientData, Federation
+from fedgp.data.table import rows_by_owner
+from fedgp.fit import fit
+from fedgp.presets import make_spec, make_strategy
+
+__all__ = ["FederatedGPRegressor"]
+
+
+class FederatedGPRegressor(RegressorMixin, BaseEstimator):
+    """Federated GP regression with one client per owner, as a scikit-learn regressor.
+
+    Parameters
+    ----------
+    kernel : str or gpytorch.kernels.Kernel, default "rbf"
+        ``"rbf"``, ``"matern12"``, ``"matern32"`` or ``"matern52"`` (inside a ``ScaleKernel``), or
+        any GPyTorch kernel (copied, never changed).
+    mean : str or gpytorch.means.Mean, default "constant"
+        ``"constant"``, ``"zero"``, ``"linear"`` or any GPyTorch mean.
+    ard : bool, default True
+        One lengthscale per feature for a kernel given by name.
+    strategy : str or fedgp.strategies.Strategy, default "fgpr"
+        ``"fgpr"``, ``"ifca"`` or a strategy instance (e.g. ``FGPR(lr=0.1)``).
+    rounds : int, default 100
+        Communication rounds (the budget when ``stop`` is given).
+    engine : str, default "auto"
+        ``fedgp.fit``'s engine.
+    seed : int, default 0
+        Master seed of every random draw.
+    stop : None, "auto" or a fedgp.stopping rule, default None
+        Stop when converged (``fedgp.fit``'s ``stop``).
+    outcome_transform, input_transform : default "auto"
+        ``fedgp.fit``'s data transforms (federated standardisation of y, inputs to the unit cube);
+        predictions are in the original units either way.
+    unknown_groups : {"prior", "error"}, default "prior"
+        What ``predict`` does for an owner not seen at ``fit`` (see the module docstring).
+    progress : bool or None, default False
+        ``fedgp.fit``'s progress display.
+    """
+
+    def __init__(
+        self,
+        kernel: Any = "rbf",
+        mean: Any = "constant",
+        ard: bool = True,
+        strategy: Any = "fgpr",
+        rounds: int = 100,
+        engine: str = "auto",
+        seed: int = 0,
+        stop: Any = None,
+        outcome_transform: Any = "auto",
+        input_transform: Any = "auto",
+        unknown_groups: str = "prior",
+        progress: bool | None = False,
+    ) -> None:
+        self.kernel = kernel
+        self.mean = mean
+        self.ard = ard
+        self.strategy = strategy
+        self.rounds = rounds
+        self.engine = engine
+        self.seed = seed
+        self.stop = stop
+        self.outcome_transform = outcome_transform
+        self.input_transform = input_transform
+        self.unknown_groups = unknown_groups
+        self.progress = progress
+
+    def fit(self, X: Any, y: Any, groups: Any = None) -> FederatedGPRegressor:
+        """Train on the owners' rows: ``groups[i]`` is the owner of row ``i`` (``None``: one owner)."""
+        X, y = validate_data(self, X, y, dtype=np.float64, y_numeric=True, ensure_min_samples=2)
+        if groups is None:
+            groups = np.zeros(len(y), dtype=np.int64)
+        check_consistent_length(X, groups)
+        owners = _owners(groups)
+        for owner, rows in owners.items():
+            if len(rows) < MIN_TRAINING_POINTS:
+                raise ValueError(
+                    f"groups: owner {owner!r} has {len(rows)} row (row {int(rows[0])}); training needs "
+                    f"at least {MIN_TRAINING_POINTS} per owner. Leave it out of fit; predict gives it the "
+                    "shared prior (unknown_groups='prior')"
+                )
+        federation = Federation.from_partition(X, y, list(owners.values()), ids=list(owners))
+        self.result_ = fit(
+            make_spec(self.kernel, self.mean, d=X.shape[1], ard=self.ard),
+            federation,
+            make_strategy(self.strategy),
+            rounds=self.rounds,
+            engine=self.engine,
+            seed=self.seed,
+            progress=self.progress,
+            stop=self.stop,
+            outcome_transform=self.outcome_transform,
+            input_transform=self.input_transform,
+        )
+        self.groups_ = np.array(list(owners), dtype=object)
+        self.history_ = self.result_.history
+        return self
+
+    def predict(self, X: Any, groups: Any = None, return_std: bool = False):
+        """Each row's prediction from its owner's posterior: the mean, and with ``return_std`` the
+        standard deviation of a new observation."""
+        check_is_fitted(self)
+        X = validate_data(self, X, dtype=np.float64, reset=False)
+        if self.unknown_groups not in ("prior", "error"):
+            raise ValueError(f"unknown_groups must be 'prior' or 'error', got {self.unknown_groups!r}")
+        if groups is None:
+            if len(self.groups_) != 1:
+                raise ValueError(
+                    f"groups: the model was fitted on {len(self.groups_)} owners, so predict needs each "
+                    "row's owner (groups=...); an owner not seen in fit gets the shared prior"
+                )
+            groups = np.full(len(X), self.groups_[0], dtype=object)
+        check_consistent_length(X, groups)
+        known = {owner: position for position, owner in enumerate(self.groups_)}
+        mean, std = np.empty(len(X)), np.empty(len(X))
+        for owner, rows in _owners(groups).items():
+            if owner in known:
+                client = known[owner]
+            elif self.unknown_groups == "prior":  # a new owner without data: fedgp's cold start
+                client = ClientData(np.empty((0, X.shape[1])), np.empty(0), id=owner)
+            else:
+                raise ValueError(
+                    f"groups: owner {owner!r} was not seen in fit (owners: "
+                    f"{', '.join(map(repr, self.groups_[:10]))}{', ...' if len(self.groups_) > 10 else ''})"
+                )
+            pred = self.result_.posterior(X[rows], client)
+            mean[rows] = pred.mean.numpy()
+            std[rows] = pred.variance_y.sqrt().numpy()
+        return (mean, std) if return_std else mean
+
+    def score(self, X: Any, y: Any, sample_weight: Any = None, groups: Any = None) -> float:
+        """R² of the personalised predictions ``predict(X, groups)``."""
+        return float(r2_score(y, self.predict(X, groups=groups), sample_weight=sample_weight))
+
+
+def _owners(groups: Any) -> dict[Any, np.ndarray]:
+    """Rows per owner label, with the first missing label named (``rows_by_owner``'s error)."""
+    try:
+        return rows_by_owner(groups)
+    except ValueError as err:
+        raise ValueError(f"groups: {err}") from None

@@ -1,0 +1,138 @@
+"""Owner tables from CSV files (``fedgp.data.table``): what is read back, and what is refused where."""
+
+import re
+import string
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from fedgp.data.table import TableError, read_owner_table, rows_by_owner
+
+# Labels pandas would read as missing (its default NA strings) are not owner names.
+NA_TEXT = {
+    "",
+    "NA",
+    "N/A",
+    "NaN",
+    "nan",
+    "NULL",
+    "null",
+    "None",
+    "n/a",
+    "<NA>",
+    "#N/A",
+    "-NaN",
+    "-nan",
+    "NAN",
+}
+labels = st.text(string.ascii_letters + string.digits + " _-", min_size=1, max_size=6).filter(
+    lambda s: s.strip() == s and s not in NA_TEXT and not s.startswith("#N/A")
+)
+finite = st.floats(allow_nan=False, allow_infinity=False, width=64)
+# Cells that are not numbers to pandas or Python (a decimal comma, words, units, two dots).
+NOT_NUMBERS = ["4,7", "abc", "12 kg", "1.2.3", "--", "x1", "yes"]
+
+
+def _write(frame: pd.DataFrame) -> tuple[tempfile.TemporaryDirectory, Path]:
+    tmp = tempfile.TemporaryDirectory()
+    path = Path(tmp.name) / "owners.csv"
+    frame.to_csv(path, index=False)
+    return tmp, path
+
+
+@st.composite
+def tables(draw):
+    n = draw(st.integers(1, 12))
+    d = draw(st.integers(1, 3))
+    owners = draw(
+        st.lists(st.sampled_from(draw(st.lists(labels, min_size=1, max_size=4))), min_size=n, max_size=n)
+    )
+    X = np.array(draw(st.lists(st.lists(finite, min_size=d, max_size=d), min_size=n, max_size=n)))
+    y = np.array(draw(st.lists(finite, min_size=n, max_size=n)))
+    frame = pd.DataFrame(X, columns=[f"f{j}" for j in range(d)])
+    frame.insert(draw(st.integers(0, d)), "owner", owners)
+    frame["target"] = y
+    return frame
+
+
+@given(tables())
+def test_a_written_table_reads_back_exactly(frame):
+    """Every finite float64 round-trips, owner labels stay text (in order of first appearance), and
+    the features default to the columns that are neither target nor owner, in the file's order."""
+    tmp, path = _write(frame)
+    with tmp:
+        table = read_owner_table(path, group="owner", target="target")
+    features = [c for c in frame.columns if c not in ("owner", "target")]
+    assert table.features == tuple(features)
+    np.testing.assert_array_equal(table.X, frame[features].to_numpy(dtype=float))
+    np.testing.assert_array_equal(table.y, frame["target"].to_numpy(dtype=float))
+    assert table.owners.tolist() == frame["owner"].tolist()
+    assert table.lines.tolist() == list(range(2, len(frame) + 2))
+    groups = table.rows()
+    assert list(groups) == list(dict.fromkeys(frame["owner"]))
+    for owner, rows in groups.items():
+        assert (frame["owner"].to_numpy()[rows] == owner).all()
+
+
+@given(tables(), st.data())
+def test_one_bad_cell_is_named_by_column_line_and_owner(frame, data):
+    numeric = [c for c in frame.columns if c != "owner"]
+    row = data.draw(st.integers(0, len(frame) - 1))
+    column = data.draw(st.sampled_from(numeric))
+    kind = data.draw(st.sampled_from(["text", "empty", "inf"]))
+    bad = frame.astype({column: object})
+    bad.loc[row, column] = {"text": data.draw(st.sampled_from(NOT_NUMBERS)), "empty": None, "inf": "-inf"}[
+        kind
+    ]
+    tmp, path = _write(bad)
+    with tmp, pytest.raises(TableError) as caught:
+        read_owner_table(path, group="owner", target="target")
+    message = str(caught.value)
+    # the first bad cell in the order the columns are checked (features, then the target) is this one
+    assert message.startswith(f"{path}: column {column!r}, line {row + 2} (owner {frame['owner'][row]!r}): ")
+    assert {"text": "is not a number", "empty": "missing value", "inf": "is not a finite number"}[
+        kind
+    ] in message
+
+
+@given(tables(), st.sampled_from(["target", "owner", "f0"]))
+def test_a_missing_column_is_named_with_the_columns_there(frame, dropped):
+    tmp, path = _write(frame.drop(columns=dropped))
+    with tmp, pytest.raises(TableError, match=rf"no column '{dropped}'") as caught:
+        read_owner_table(path, group="owner", target="target", features=["f0"])
+    assert str(caught.value).startswith(f"{path}: ")
+
+
+def test_blank_lines_are_skipped_and_lines_still_count(tmp_path):
+    path = tmp_path / "t.csv"
+    path.write_text("x,owner,y\n1,a,2\n\n2,a,x\n")
+    with pytest.raises(TableError, match=r"column 'y', line 4 \(owner 'a'\): 'x' is not a number"):
+        read_owner_table(path, group="owner", target="y")
+
+
+def test_federation_needs_two_rows_per_owner_and_three_with_a_test_split(tmp_path):
+    frame = pd.DataFrame(
+        {"x": [0.0, 1.0, 2.0, 3.0, 4.0], "owner": ["a", "a", "b", "b", "b"], "y": [1.0, 2, 3, 4, 6]}
+    )
+    frame.to_csv(tmp_path / "t.csv", index=False)
+    table = read_owner_table(tmp_path / "t.csv", group="owner", target="y")
+    assert [c.n for c in table.federation()] == [2, 3]
+    with pytest.raises(
+        TableError, match=re.escape("owner 'a' has 2 row(s) (line 2, line 3); training needs at least 3")
+    ):
+        table.federation(test_fraction=0.3)
+    fed = read_owner_table(tmp_path / "t.csv", group="owner", target="y").federation()
+    np.testing.assert_array_equal(fed[1].X.numpy().ravel(), [2.0, 3.0, 4.0])
+
+
+def test_rows_by_owner_keeps_first_appearance_and_python_labels():
+    groups = rows_by_owner(np.array([3, 1, 3, 2, 1]))
+    assert list(groups) == [3, 1, 2] and all(type(k) is int for k in groups)
+    assert [g.tolist() for g in groups.values()] == [[0, 2], [1, 4], [3]]
+    with pytest.raises(ValueError, match="row 1 has no owner label"):
+        rows_by_owner(["a", None, "b"])

@@ -1,0 +1,147 @@
+"""``fedgp.sklearn.FederatedGPRegressor``: scikit-learn's estimator checks, agreement with fedgp.fit,
+groups at fit and predict, and scikit-learn's tools (clone, pipelines, grid search, routing)."""
+
+import gpytorch
+import numpy as np
+import pandas as pd
+import pytest
+import sklearn
+from sklearn.base import clone
+from sklearn.metrics import r2_score
+from sklearn.model_selection import GridSearchCV, GroupKFold, cross_validate
+from sklearn.pipeline import make_pipeline
+from sklearn.utils.estimator_checks import parametrize_with_checks
+
+import fedgp
+import fedgp.sklearn
+from fedgp.data import ClientData, Federation
+from fedgp.presets import make_spec
+from fedgp.sklearn import FederatedGPRegressor
+from fedgp.strategies import FGPR, IFCA
+
+
+def expected_failed_checks(estimator) -> dict[str, str]:
+    """Checks of scikit-learn's suite that this estimator is known to fail, with the reason.
+
+    None: every check that applies passes (with 3 rounds, so the suite stays short). scikit-learn
+    itself skips ``check_array_api_input`` (SCIPY_ARRAY_API unset; fedgp computes in torch and
+    takes numpy/pandas in) and runs no sample-weight checks (``fit`` takes no ``sample_weight``:
+    FGPR weighs owners by their row counts and has no per-row weights)."""
+    return {}
+
+
+@parametrize_with_checks([FederatedGPRegressor(rounds=3)], expected_failed_checks=expected_failed_checks)
+def test_scikit_learn_estimator_checks(estimator, check):
+    check(estimator)
+
+
+def owners(n=(15, 20, 12), seed=0):
+    rng = np.random.default_rng(seed)
+    X, y, groups = [], [], []
+    for label, (size, shift) in zip(["a", "b", "c"], zip(n, (0.0, 2.0, -2.0))):
+        x = rng.uniform(0, 5, (size, 2))
+        X.append(x)
+        y.append(10 + np.sin(2 * x[:, 0]) + 0.3 * x[:, 1] + shift + rng.normal(0, 0.1, size))
+        groups += [label] * size
+    return np.vstack(X), np.concatenate(y), np.array(groups)
+
+
+@pytest.mark.parametrize("strategy", ["fgpr", "ifca"])
+def test_it_is_fedgp_fit_on_the_owners(strategy):
+    X, y, groups = owners()
+    est = FederatedGPRegressor(kernel="matern32", strategy=strategy, rounds=6, seed=3).fit(
+        X, y, groups=groups
+    )
+    fed = Federation.from_partition(X, y, [np.flatnonzero(groups == g) for g in "abc"], ids=list("abc"))
+    made = FGPR() if strategy == "fgpr" else IFCA()
+    result = fedgp.fit(make_spec("matern32", "constant", d=2), fed, made, rounds=6, seed=3, progress=False)
+    X_new = np.random.default_rng(1).uniform(0, 5, (7, 2))
+    new_groups = np.array(list("abcabca"))
+    mean, std = est.predict(X_new, groups=new_groups, return_std=True)
+    for g in "abc":
+        rows = new_groups == g
+        m, v = result.predict(X_new[rows], client=g, observation_noise=True)
+        np.testing.assert_allclose(mean[rows], m.numpy(), rtol=1e-10, atol=1e-12)
+        np.testing.assert_allclose(std[rows], v.sqrt().numpy(), rtol=1e-10, atol=1e-12)
+    assert est.groups_.tolist() == ["a", "b", "c"] and est.n_features_in_ == 2
+    assert len(est.history_) == 6
+
+
+def test_groups_at_predict_select_each_rows_owner():
+    X, y, groups = owners()
+    est = FederatedGPRegressor(rounds=10).fit(X, y, groups=groups)
+    x = np.array([[2.5, 2.5]])
+    per_owner = [float(est.predict(x, groups=[g])[0]) for g in "abc"]
+    assert per_owner[1] > per_owner[0] + 1 > per_owner[2] + 2  # the owners' shifts of +2 and -2
+    score = est.score(X, y, groups=groups)
+    assert score == r2_score(y, est.predict(X, groups=groups))
+    assert score > est.score(X, y, groups=["a"] * len(y)) + 0.1  # the right owners predict better
+    with pytest.raises(ValueError, match="fitted on 3 owners, so predict needs each row's owner"):
+        est.predict(x)
+
+
+def test_an_unknown_owner_gets_the_prior_or_an_error():
+    X, y, groups = owners()
+    est = FederatedGPRegressor(rounds=5).fit(X, y, groups=groups)
+    x = np.array([[1.0, 1.0], [4.0, 0.5]])
+    mean, std = est.predict(x, groups=["newcomer", "newcomer"], return_std=True)
+    cold = est.result_.posterior(x, ClientData(np.empty((0, 2)), np.empty(0), id="newcomer"))
+    np.testing.assert_allclose(mean, cold.mean.numpy(), rtol=1e-12)
+    np.testing.assert_allclose(std, cold.variance_y.sqrt().numpy(), rtol=1e-12)
+    with pytest.raises(
+        ValueError, match=r"groups: owner 'newcomer' was not seen in fit \(owners: 'a', 'b', 'c'\)"
+    ):
+        est.set_params(unknown_groups="error").predict(x, groups=["a", "newcomer"])
+
+
+def test_without_groups_all_rows_are_one_owner():
+    X, y, _ = owners()
+    est = FederatedGPRegressor(rounds=4).fit(X, y)
+    fed = Federation([ClientData(X, y, id=0)])
+    result = fedgp.fit(make_spec("rbf", "constant", d=2), fed, FGPR(), rounds=4, progress=False)
+    np.testing.assert_allclose(est.predict(X[:5]), result.predict(X[:5], client=0)[0].numpy(), rtol=1e-10)
+
+
+@pytest.mark.parametrize(
+    "groups, message",
+    [
+        (["a"] * 46 + ["z"], r"groups: owner 'z' has 1 row \(row 46\); training needs at least 2"),
+        (["a"] * 46 + [None], r"groups: row 46 has no owner label"),
+        (["a"] * 10, r"inconsistent numbers of samples"),
+    ],
+)
+def test_bad_groups_are_named(groups, message):
+    X, y, _ = owners()
+    with pytest.raises(ValueError, match=message):
+        FederatedGPRegressor(rounds=2).fit(X, y, groups=groups)
+
+
+def test_pandas_in_feature_names_and_a_gpytorch_kernel_left_unchanged():
+    X, y, groups = owners()
+    frame = pd.DataFrame(X, columns=["speed", "load"])
+    kernel = gpytorch.kernels.ScaleKernel(gpytorch.kernels.RBFKernel(ard_num_dims=2))
+    before = {k: v.clone() for k, v in kernel.state_dict().items()}
+    est = FederatedGPRegressor(kernel=kernel, rounds=3).fit(frame, pd.Series(y), groups=pd.Series(groups))
+    assert est.feature_names_in_.tolist() == ["speed", "load"]
+    assert all((kernel.state_dict()[k] == v).all() for k, v in before.items())
+    with pytest.warns(UserWarning, match="X does not have valid feature names"):
+        from_array = est.predict(X[:3], groups=groups[:3])
+    np.testing.assert_array_equal(est.predict(frame.iloc[:3], groups=groups[:3]), from_array)
+    with pytest.raises(ValueError, match="feature names should match"):
+        est.predict(frame.iloc[:3].rename(columns={"load": "weight"}), groups=groups[:3])
+
+
+def test_clone_grid_search_and_routed_groups():
+    X, y, groups = owners()
+    est = FederatedGPRegressor(rounds=3)
+    copy = clone(est.set_params(kernel="matern52"))
+    assert copy.get_params()["kernel"] == "matern52" and not hasattr(copy, "result_")
+    with sklearn.config_context(enable_metadata_routing=True):
+        routed = FederatedGPRegressor(rounds=3).set_fit_request(groups=True).set_score_request(groups=True)
+        pipe = make_pipeline(routed)
+        scores = cross_validate(pipe, X, y, cv=GroupKFold(3), params={"groups": groups})
+        assert len(scores["test_score"]) == 3  # each fold's owners are unseen: prior predictions
+        search = GridSearchCV(routed, {"kernel": ["rbf", "matern12"]}, cv=GroupKFold(3)).fit(
+            X, y, groups=groups
+        )
+        assert search.best_params_["kernel"] in ("rbf", "matern12")
