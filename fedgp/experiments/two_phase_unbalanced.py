@@ -56,6 +56,7 @@ __all__ = [
     "reproduce",
 ]
 
+#: The held-out-style setting: cluster data shares, dimension, and the Pareto client sizes.
 SETTING = {
     "k": 4,
     "d": 50,
@@ -65,11 +66,13 @@ SETTING = {
     "max_size": 200,
     "pareto_shape": 1.5,
 }
+#: The runs of one seed: the paper's and the within-cluster weighting, each from Phase 1 and from θ*.
 METHODS = ("two_phase", "two_phase_cluster", "oracle", "oracle_cluster")
 #: Every cluster's state changed by less than 1e-7 (relative) over 20 rounds. ``stop="auto"`` also
 #: stops at a plateau of the training NLL, which the large clusters dominate: it would end a run
 #: while the 4 % cluster still moves.
 STOP = StateChange(tol=1e-7, window=20)
+#: Phase-2 round budget of every run (the rule held well before it in all five seeds).
 BUDGET = 10_000
 ETA, LOCAL_STEPS, WITHIN = 0.05, 5, 1.2
 
