@@ -626,9 +626,6 @@ def table1(
 
 #: The sweep holds the optimiser at Table 1's settings: batch 40 (CURRIN) and 50 (PARK).
 SWEEP_BATCH = {"currin": 40, "park": 50}
-#: FGPR-converged in the sweep runs on the first 5 repeats of each HF size: one run costs 60 s
-#: (CURRIN) to 120 s (PARK) on this machine, and 30 repeats × 10 settings would take 5 CPU-hours.
-SWEEP_CONVERGED_REPEATS = 5
 
 
 def hf_sweep(
@@ -641,7 +638,6 @@ def hf_sweep(
     progress: bool | None = None,
     return_runs: bool = False,
     reuse: pd.DataFrame | None = None,
-    converged_repeats: int | None = SWEEP_CONVERGED_REPEATS,
 ):
     """RMSE vs HF training size with the paper's LF size (beyond the paper).
 
@@ -649,24 +645,14 @@ def hf_sweep(
     fewer points uses all of them), so only the amount of HF data changes along the sweep. Repeat
     seeds are shared across sizes, so the LF design of a repeat is the same at every HF size.
     ``reuse``: earlier per-repeat rows (``table1_sweep_runs.csv``) kept instead of rerunning them.
-    ``converged_repeats``: FGPR-converged runs on the first this many repeats of each size only
-    (None: all); the summary's ``repeats`` column says how many each row averages.
     """
     protocol = Protocol() if protocol is None else protocol
     _check_methods(methods)
-    if converged_repeats is not None and converged_repeats < 1:
-        raise ValueError(f"converged_repeats must be >= 1 or None, got {converged_repeats}")
-
-    def methods_for(r: int) -> tuple[str, ...]:
-        if converged_repeats is None or r < converged_repeats:
-            return tuple(methods)
-        return tuple(m for m in methods if m != "FGPR-converged")
-
     jobs = [
-        (f, s, methods_for(r), {"high": int(n)}, SWEEP_BATCH.get(f))
+        (f, s, tuple(methods), {"high": int(n)}, SWEEP_BATCH.get(f))
         for f in functions
         for n in hf_sizes
-        for r, s in enumerate(_repeat_seeds(seed, repeats))
+        for s in _repeat_seeds(seed, repeats)
     ]
     runs = _runs(jobs, protocol, progress, "HF-size sweep", reuse)
     summary = summarise(runs, ("function", "hf_size", "method"))
