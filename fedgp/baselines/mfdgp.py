@@ -49,6 +49,7 @@ import torch
 from gpytorch.distributions import MultivariateNormal
 from gpytorch.models.deep_gps import DeepGP, DeepGPLayer
 
+from fedgp.models.mle import MLEError
 from fedgp.models.multifidelity import _as_inputs, _check_levels, mle_with_restarts
 from fedgp.models.posterior import Prediction, condition
 from fedgp.models.spec import GPSpec
@@ -56,6 +57,11 @@ from fedgp.models.spec import GPSpec
 __all__ = ["MFDGP", "Stage", "emukit_stages"]
 
 Levels = Sequence[tuple[torch.Tensor, torch.Tensor]]
+# Restarts of a level's exact-GP start when its default and interpolating starts both fail
+# (NARGP's default number).
+FALLBACK_RESTARTS = 4
+# The raw value a start's zero variance takes instead of -inf (softplus(-20) = 2e-9).
+RAW_FLOOR = -20.0
 
 
 @dataclass(frozen=True)
@@ -260,7 +266,10 @@ class MFDGP:
                 fitted = [dict(kernel.named_parameters()) for kernel, _, _ in start[t]]
                 for name, param in layer.covar_module.named_parameters():
                     for b, values in enumerate(fitted):
-                        param[b] = values[name].reshape(param[b].shape)
+                        # A variance the start fitted to exactly 0 (BRANIN's middle level drops the
+                        # linear term) is raw -inf: its gradient would be NaN from the first step.
+                        raw = torch.nan_to_num(values[name], neginf=RAW_FLOOR)
+                        param[b] = raw.reshape(param[b].shape)
                 strategy = layer.variational_strategy
                 q = strategy._variational_distribution
                 q.variational_mean.copy_(torch.stack([mean for _, _, mean in start[t]]))
@@ -292,13 +301,22 @@ class MFDGP:
             for t, (X, y) in enumerate(levels):
                 spec = GPSpec(kernel=_x_kernel(d, torch.Size()) if t == 0 else _link_kernel(d, torch.Size()))
                 inputs = X if t == 0 else torch.cat([X, below(X)[:, None]], 1)
-                state, _ = mle_with_restarts(
-                    spec,
-                    [(inputs, y)],
-                    restarts=1,
-                    seed=self.seeds_[b] + 1000 * t,
-                    max_iter=self.start_iterations,
-                )
+                try:
+                    state, _ = mle_with_restarts(
+                        spec,
+                        [(inputs, y)],
+                        restarts=1,
+                        seed=self.seeds_[b] + 1000 * t,
+                        max_iter=self.start_iterations,
+                    )
+                except MLEError:  # both starts failed (BRANIN's middle level, 1 repeat in 30)
+                    state, _ = mle_with_restarts(
+                        spec,
+                        [(inputs, y)],
+                        restarts=FALLBACK_RESTARTS,
+                        seed=self.seeds_[b] + 1000 * t,
+                        max_iter=self.start_iterations,
+                    )
                 model = spec.build()
                 spec.load(model, state)
                 mean = condition(spec, state, inputs, y, inducing[t][b]).mean

@@ -124,3 +124,18 @@ def test_bad_input_raises_clear_errors(nonlinear):
         MFDGP(SHORT).predict(nonlinear.X_test)
     with pytest.raises(ValueError, match="shape"):
         MFDGP((Stage(1, 0.01, False, False, False),)).fit(nonlinear.levels).predict(torch.zeros(3, 2))
+
+
+@pytest.mark.parametrize("seed", [3, 7])
+def test_branin_draws_whose_middle_level_start_is_degenerate_still_train(seed):
+    # Table 1's BRANIN (three levels): on draw 7 the middle level's exact fit drops the linear term
+    # (variance exactly 0, raw -inf: NaN gradients from the first step); on draw 3 both of its
+    # starts fail and the fallback restarts find one. Both once failed the whole batch of 30.
+    p = multifidelity_federation("branin", seed=seed)
+    one_step = (Stage(2, 0.01, False, False, False),)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", gpytorch.utils.warnings.NumericalWarning)
+        model = MFDGP(one_step, samples=2, predict_samples=5, low_inducing_stride=2, seed=seed).fit(p.levels)
+        pred = model.predict(p.X_test[:50])
+    assert all(torch.isfinite(p_).all() for p_ in model.net_.parameters())
+    assert torch.isfinite(pred.mean).all() and torch.isfinite(pred.variance_y).all()
