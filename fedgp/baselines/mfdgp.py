@@ -201,7 +201,7 @@ class MFDGP:
         inducing_stride: layer ``t ≥ 1`` takes every ``inducing_stride``-th point of the level
             below as an inducing input (emukit: 2).
         low_inducing_stride: layer 0 takes every ``low_inducing_stride``-th point of the lowest
-            level (emukit: 1, every point; the cost of a step grows with the cube of that number).
+            level (emukit: 1, every point; its share of a step's cost falls about with the stride's cube).
         noise_floor: the smallest noise variance of any level (the test functions are noise-free).
         start_iterations: L-BFGS iterations of each exact-GP fit that the training starts from
             (:meth:`_exact_start`).
