@@ -58,8 +58,9 @@ __all__ = ["MFDGP", "Stage", "emukit_stages"]
 
 Levels = Sequence[tuple[torch.Tensor, torch.Tensor]]
 # Restarts of a level's exact-GP start when its default and interpolating starts both fail
-# (NARGP's default number).
+# (NARGP's default number), and the lengthscale floor of the last try (NARGP's).
 FALLBACK_RESTARTS = 4
+FALLBACK_FLOOR = 1e-4
 # The raw value a start's zero variance takes instead of -inf (softplus(-20) = 2e-9).
 RAW_FLOOR = -20.0
 
@@ -112,18 +113,25 @@ class _FidelityLayer(DeepGPLayer):
         return MultivariateNormal(self.mean_module(x), self.covar_module(x))
 
 
-def _x_kernel(d: int, batch: torch.Size) -> gpytorch.kernels.Kernel:
-    rbf = gpytorch.kernels.RBFKernel(ard_num_dims=d, active_dims=tuple(range(d)), batch_shape=batch)
+def _lengthscale(floor: float | None) -> dict:
+    return {} if floor is None else {"lengthscale_constraint": gpytorch.constraints.GreaterThan(floor)}
+
+
+def _x_kernel(d: int, batch: torch.Size, floor: float | None = None) -> gpytorch.kernels.Kernel:
+    rbf = gpytorch.kernels.RBFKernel(
+        ard_num_dims=d, active_dims=tuple(range(d)), batch_shape=batch, **_lengthscale(floor)
+    )
     return gpytorch.kernels.ScaleKernel(rbf, batch_shape=batch)
 
 
-def _link_kernel(d: int, batch: torch.Size) -> gpytorch.kernels.Kernel:
-    """``k_ρ(x) · (k_f(f) + linear(f)) + k_δ(x)`` on ``z = [x, f]`` (emukit, ``add_linear=True``)."""
+def _link_kernel(d: int, batch: torch.Size, floor: float | None = None) -> gpytorch.kernels.Kernel:
+    """``k_ρ(x) · (k_f(f) + linear(f)) + k_δ(x)`` on ``z = [x, f]`` (emukit, ``add_linear=True``);
+    ``floor``: a lower bound on every lengthscale (the exact-GP start's last try)."""
     k_f = gpytorch.kernels.ScaleKernel(
-        gpytorch.kernels.RBFKernel(active_dims=(d,), batch_shape=batch), batch_shape=batch
+        gpytorch.kernels.RBFKernel(active_dims=(d,), batch_shape=batch, **_lengthscale(floor)), batch_shape=batch
     )
     linear = gpytorch.kernels.LinearKernel(active_dims=(d,), batch_shape=batch)
-    return _x_kernel(d, batch) * (k_f + linear) + _x_kernel(d, batch)
+    return _x_kernel(d, batch, floor) * (k_f + linear) + _x_kernel(d, batch, floor)
 
 
 def _posterior_mean(spec: GPSpec, state, inputs: torch.Tensor, y: torch.Tensor, below):
@@ -299,24 +307,28 @@ class MFDGP:
         for b, levels in enumerate(self.levels_):
             below = None
             for t, (X, y) in enumerate(levels):
-                spec = GPSpec(kernel=_x_kernel(d, torch.Size()) if t == 0 else _link_kernel(d, torch.Size()))
+                kernel = _x_kernel if t == 0 else _link_kernel
+                spec = GPSpec(kernel=kernel(d, torch.Size()))
                 inputs = X if t == 0 else torch.cat([X, below(X)[:, None]], 1)
-                try:
-                    state, _ = mle_with_restarts(
-                        spec,
-                        [(inputs, y)],
-                        restarts=1,
-                        seed=self.seeds_[b] + 1000 * t,
-                        max_iter=self.start_iterations,
-                    )
-                except MLEError:  # both starts failed (BRANIN's middle level, 1 repeat in 30)
-                    state, _ = mle_with_restarts(
-                        spec,
-                        [(inputs, y)],
-                        restarts=FALLBACK_RESTARTS,
-                        seed=self.seeds_[b] + 1000 * t,
-                        max_iter=self.start_iterations,
-                    )
+                # Tried in turn until one fits: the default and interpolating starts; with NARGP's
+                # 4 restarts (BRANIN's middle level, 1 draw in 30); and with NARGP's lengthscale
+                # floor too (Borehole's HF level on [x, f]: L-BFGS drives a lengthscale to 0 and
+                # the likelihood to NaN). The state is then read in the layers' own parameters.
+                tries = ((spec, 1), (spec, FALLBACK_RESTARTS))
+                tries += ((GPSpec(kernel=kernel(d, torch.Size(), FALLBACK_FLOOR)), FALLBACK_RESTARTS),)
+                for i, (fit_spec, restarts) in enumerate(tries):
+                    try:
+                        state, _ = mle_with_restarts(
+                            fit_spec,
+                            [(inputs, y)],
+                            restarts=restarts,
+                            seed=self.seeds_[b] + 1000 * t,
+                            max_iter=self.start_iterations,
+                        )
+                        break
+                    except MLEError:
+                        if i == len(tries) - 1:
+                            raise
                 model = spec.build()
                 spec.load(model, state)
                 mean = condition(spec, state, inputs, y, inducing[t][b]).mean
