@@ -278,6 +278,7 @@ SETTING_OPTIONS = {
     "--outputs": "outputs",
     "--partition-seed": "partition_seed",
     "--function": "function",
+    "--reuse": "reuse",
 }
 
 
@@ -516,6 +517,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="table1: multi-fidelity functions by name (e.g. forrester) or as module:attribute of "
         "your own fedgp.data.multifidelity.MultiFidelityFunction",
+    )
+    held.add_argument(
+        "--reuse",
+        default=None,
+        metavar="DIR",
+        help="table1: keep the per-repeat rows already in DIR's table1_runs.csv / table1_sweep_runs.csv "
+        "(same protocol) and run only the methods they lack",
     )
     rep.set_defaults(func=_reproduce)
 

@@ -6,12 +6,15 @@
   (FGPR's SARCOS baseline).
 * :class:`LocalGP` / :class:`CentralGP` — an exact GP per client with no federation, and one exact
   GP on all clients' data pooled (the ceiling).
+* :class:`MFDGP` — the multi-fidelity deep GP of Cutajar et al. (2019), centralised (FGPR's Table 1
+  "Deep"), on GPyTorch's deep GP module; AR1 and NARGP are in :mod:`fedgp.models.multifidelity`.
 
 The network and polynomial baselines are point predictors; ``posterior`` gives them a Gaussian
 predictive with a held-out residual variance so that NLL and coverage can be reported for them.
 """
 
 from fedgp.baselines.gp import CentralGP, LocalGP
+from fedgp.baselines.mfdgp import MFDGP
 from fedgp.baselines.neural import Ditto, FedAvgMLP, fit_ditto
 from fedgp.baselines.polynomial import FedAvgPolynomial, legendre_features, select_degree
 
@@ -24,4 +27,5 @@ __all__ = [
     "fit_ditto",
     "LocalGP",
     "CentralGP",
+    "MFDGP",
 ]

@@ -55,8 +55,11 @@ def gaussian_mixed_regression(
 
     ``theta_scale`` defaults to ``2/√d`` (so ‖θ*_j‖ ≈ 2). ``labels="iid"`` draws each client's
     cluster with probabilities ``shares`` (the paper's model); ``"balanced"`` deals the clients out
-    in exact proportions in random order. ``random_effect = τ > 0`` gives each client its own
-    θ_i = θ*_z + τ N(0, I_d) (within-cluster heterogeneity, the linear-kernel GP's model).
+    in exact proportions in random order; ``"data_shares"`` makes ``shares`` the clusters' shares of
+    the *data* (with unequal client sizes the client counts then differ): clients, in random order,
+    each join the cluster furthest below its target number of points. ``random_effect = τ > 0``
+    gives each client its own θ_i = θ*_z + τ N(0, I_d) (within-cluster heterogeneity, the
+    linear-kernel GP's model).
     """
     sizes = [int(s) for s in sizes]
     m = len(sizes)
@@ -78,8 +81,14 @@ def gaussian_mixed_regression(
         counts = np.floor(shares * m).astype(int)
         counts[np.argsort(-(shares * m - counts))[: m - counts.sum()]] += 1
         z = rng.permutation(np.repeat(np.arange(k), counts))
+    elif labels == "data_shares":
+        z = np.empty(m, dtype=np.int64)
+        target, held = shares * float(sum(sizes)), np.zeros(k)
+        for i in rng.permutation(m):
+            z[i] = int(np.argmax(target - held))
+            held[z[i]] += sizes[i]
     else:
-        raise ValueError(f"labels must be 'iid' or 'balanced', got {labels!r}")
+        raise ValueError(f"labels must be 'iid', 'balanced' or 'data_shares', got {labels!r}")
     clients = []
     for i, n in enumerate(sizes):
         theta_i = thetas[z[i]] + (random_effect * rng.standard_normal(d) if random_effect else 0.0)

@@ -46,8 +46,9 @@ logger = logging.getLogger(__name__)
 Datasets = Sequence[tuple[torch.Tensor, torch.Tensor]]
 #: An optimiser run: ``optimizer(params, loss)`` minimises the zero-argument ``loss`` in place.
 Optimizer = Callable[[list[torch.nn.Parameter], Callable[[], torch.Tensor]], None]
-#: What a failed attempt raises (a non-finite likelihood or state is a failure too).
-NUMERICAL_ERRORS: tuple[type[Exception], ...] = (NotPSDError, NanError)
+#: What a failed attempt raises (a non-finite likelihood or state is a failure too); an
+#: eigendecomposition that does not converge (torch's LinAlgError) ends the attempt as well.
+NUMERICAL_ERRORS: tuple[type[Exception], ...] = (NotPSDError, NanError, torch.linalg.LinAlgError)
 
 
 class MLEError(RuntimeError):

@@ -1,6 +1,8 @@
 """Table 1 experiment: the CI check of FGPR vs a converged HF-only GP, the p₁ ablation's strategy,
 the comparison with the paper, and the ``fedgp reproduce table1`` files."""
 
+from dataclasses import replace
+
 import pandas as pd
 import pytest
 import torch
@@ -11,12 +13,16 @@ from fedgp.data import Federation
 from fedgp.data.multifidelity import multifidelity_federation
 from fedgp.experiments.table1 import (
     PAPER_TABLE1,
+    QUICK_PROTOCOL,
+    RUN_COLUMNS,
     SUMMARY_COLUMNS,
     Protocol,
     WeightedFGPR,
     compare_with_paper,
     hf_sweep,
+    run_batched,
     run_once,
+    table1,
     winners,
 )
 from fedgp.models.multifidelity import rbf_spec
@@ -129,3 +135,71 @@ def test_hf_weight_changes_aggregation_weights_only():
     ctx = ServerContext(rbf_spec(2), fed.sizes, ctx_weights, fed.ids, 0)
     plan = strategy.configure(0, rbf_spec(2).initial_state(), ctx, None)
     assert torch.allclose(plan.weights, torch.tensor([0.75, 0.25], dtype=torch.float64))
+
+
+def test_fgpr_converged_is_fgpr_run_until_its_rule_holds():
+    protocol = Protocol(rounds=20, converged_rounds=400, converged_patience=10, n_test=50)
+    rows = run_once("currin", 0, ("FGPR", "FGPR-converged"), protocol, sizes={"high": 10, "low": 30})
+    fgpr, conv = rows.set_index("method").loc["FGPR"], rows.set_index("method").loc["FGPR-converged"]
+    assert fgpr["rounds"] == 20 and pd.isna(fgpr["converged"])
+    assert bool(conv["converged"])
+    assert 20 < conv["rounds"] < 400  # it ran on past the protocol's budget and stopped by itself
+    # The same run with the budget at the stop round gives the same fit: the rule only ended the loop.
+    same = replace(protocol, rounds=int(conv["rounds"]))
+    again = run_once("currin", 0, ("FGPR",), same, sizes={"high": 10, "low": 30})
+    assert again["rmse"].iloc[0] == pytest.approx(conv["rmse"], rel=1e-12)
+    with pytest.raises(ValueError, match="converged_rounds"):
+        Protocol(converged_rounds=0)
+
+
+def test_mf_dgp_fitted_for_all_repeats_at_once_equals_one_repeat_alone():
+    protocol = replace(QUICK_PROTOCOL, n_test=40)
+    batch = run_batched("currin", [0, 1], "MF-DGP", protocol, sizes={"high": 8, "low": 20})
+    alone = run_once("currin", 1, ("MF-DGP",), protocol, sizes={"high": 8, "low": 20})
+    assert list(batch.columns) == RUN_COLUMNS and batch["seed"].tolist() == [0, 1]
+    assert batch["rmse"].iloc[1] == pytest.approx(alone["rmse"].iloc[0], rel=1e-4)
+    assert batch["rounds"].tolist() == [30, 30]  # the quick protocol's 10 + 10 + 10 Adam steps
+    with pytest.raises(ValueError, match="run_batched: method"):
+        run_batched("currin", [0], "AR1", protocol)
+
+
+def test_reuse_keeps_earlier_rows_and_runs_only_what_is_missing():
+    protocol = replace(QUICK_PROTOCOL, n_test=40)
+    _, first = table1(
+        2, 0, functions=("currin",), methods=("FGPR", "AR1"), protocol=protocol, return_runs=True
+    )
+    earlier = first.copy()
+    earlier.loc[earlier["method"] == "AR1", "rmse"] = 123.0  # a marker: kept rows are not recomputed
+    methods = ("FGPR", "FGPR-converged", "AR1", "MF-DGP")
+    summary, runs = table1(
+        2, 0, functions=("currin",), methods=methods, protocol=protocol, return_runs=True, reuse=earlier
+    )
+    assert runs["method"].tolist() == list(methods) * 2 and runs["seed"].tolist() == [0] * 4 + [1] * 4
+    assert (runs.loc[runs["method"] == "AR1", "rmse"] == 123.0).all()
+    assert (
+        runs.loc[runs["method"] == "FGPR", "rmse"].tolist()
+        == first.loc[first["method"] == "FGPR", "rmse"].tolist()
+    )
+    assert runs.loc[runs["method"].isin(["FGPR-converged", "MF-DGP"]), "rmse"].lt(10).all()
+    assert summary.set_index("method")["repeats"].tolist() == [2, 2, 2, 2]
+
+
+def test_cli_reuse_runs_nothing_twice(tmp_path, monkeypatch):
+    monkeypatch.setenv("FEDGP_CACHE", str(tmp_path / "cache"))
+    args = ["reproduce", "table1", "--quick", "--repeats", "1", "--function", "forrester", "--no-progress"]
+    assert main([*args, "--out", str(tmp_path / "a")]) == 0
+    assert len(list((tmp_path / "cache" / "table1").glob("forrester-*.csv"))) == 2  # per-repeat + MF-DGP jobs
+    monkeypatch.delenv("FEDGP_CACHE")
+    calls = []
+    monkeypatch.setattr("fedgp.experiments.table1.run_once", lambda *a, **k: calls.append(a))
+    monkeypatch.setattr("fedgp.experiments.table1.run_batched", lambda *a, **k: calls.append(a))
+    assert main([*args, "--out", str(tmp_path / "b"), "--reuse", str(tmp_path / "a")]) == 0
+    assert calls == []  # every row came from the first run
+    a = pd.read_csv(tmp_path / "a" / "table1_forrester_runs.csv")
+    b = pd.read_csv(tmp_path / "b" / "table1_forrester_runs.csv")
+    pd.testing.assert_frame_equal(a, b)
+    assert set(a["method"]) >= {"FGPR", "FGPR-converged", "MF-DGP", "NARGP"}
+    with pytest.raises(SystemExit, match="--reuse is not an option of table2"):
+        main(["reproduce", "table2", "--quick", "--reuse", str(tmp_path / "a")])
+    with pytest.raises(ValueError, match="not a folder"):
+        main([*args, "--out", str(tmp_path / "c"), "--reuse", str(tmp_path / "missing")])

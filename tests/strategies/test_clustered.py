@@ -39,22 +39,26 @@ def small():
     return mr, linear_spec(6, 0.09)
 
 
-def lemma1(federation, thetas, eta, s, kind):
+def lemma1(federation, thetas, eta, s, kind, weighting="global"):
     """Su–Xu–Yang Lemma 1 in numpy: θ_j − (η/N) Σ_{i: z_i=j} X_iᵀ P_i (X_i θ_j − y_i),
-    P_i = Σ_{l<s} (I − η X Xᵀ/n_i)^l (FedAvg) or (I + η X Xᵀ/n_i)^{-1} (FedProx); z_i by squared error."""
+    P_i = Σ_{l<s} (I − η X Xᵀ/n_i)^l (FedAvg) or (I + η X Xᵀ/n_i)^{-1} (FedProx); z_i by squared error.
+    ``weighting="cluster"``: N_j = Σ_{i: z_i=j} n_i in place of N (within-cluster averaging)."""
     thetas = np.asarray(thetas, dtype=float)
     N = sum(c.n for c in federation)
+    labels = [
+        int(np.argmin([np.sum((c.y.numpy() - c.X.numpy() @ th) ** 2) for th in thetas])) for c in federation
+    ]
+    N_j = np.bincount(labels, weights=[c.n for c in federation], minlength=len(thetas))
     new = thetas.copy()
-    for c in federation:
+    for c, j in zip(federation, labels):
         X, y = c.X.numpy(), c.y.numpy()
-        j = int(np.argmin([np.sum((y - X @ th) ** 2) for th in thetas]))
         n = len(y)
         K = eta * X @ X.T / n
         if kind == "fedavg":
             P = sum(np.linalg.matrix_power(np.eye(n) - K, ell) for ell in range(s))
         else:
             P = np.linalg.inv(np.eye(n) + K)
-        new[j] -= eta / N * X.T @ P @ (X @ thetas[j] - y)
+        new[j] -= eta / (N if weighting == "global" else N_j[j]) * X.T @ P @ (X @ thetas[j] - y)
     return new
 
 
@@ -291,3 +295,52 @@ def test_checkpoint_resume_through_phase_1_is_bit_identical(small, tmp_path):
     )
     assert full.state.allclose(resumed.state, rtol=0.0)
     assert full.history.equals(resumed.history)
+
+
+@pytest.mark.parametrize("weighting", ["global", "cluster"])
+def test_one_round_of_each_phase2_weighting_is_its_lemma_1(small, weighting):
+    mr, spec = small
+    thetas = np.random.default_rng(3).normal(size=(2, 6))
+    strategy = C.oracle(cluster_states(spec, thetas), lr=0.08, local_steps=3, weighting=weighting)
+    result = fedgp.fit(spec, mr.federation, strategy, rounds=1, progress=False)
+    ours = result.state[W][..., 0].numpy()
+    other = "cluster" if weighting == "global" else "global"
+    assert np.allclose(
+        ours, lemma1(mr.federation, thetas, 0.08, 3, "fedavg", weighting), rtol=1e-10, atol=1e-12
+    )
+    assert not np.allclose(ours, lemma1(mr.federation, thetas, 0.08, 3, "fedavg", other), rtol=1e-3)
+
+
+def test_cluster_weighting_reaches_the_same_fixed_point_and_the_small_cluster_sooner():
+    # one cluster holds 10 % of the data: under the paper's n_i/N weighting it moves by a tenth of
+    # its members' change per round; weighted within the cluster it moves by all of it
+    mr = gaussian_mixed_regression(
+        k=2, d=4, sizes=[12] * 40, shares=(0.1, 0.9), noise=0.1, labels="data_shares", seed=5
+    )
+    spec = linear_spec(4, 0.01)
+    sizes = np.array([c.n for c in mr.federation])
+    assert sizes[mr.labels.numpy() == 0].sum() / sizes.sum() == pytest.approx(0.1, abs=0.02)
+    start = cluster_states(spec, np.zeros((2, 4)) + mr.thetas.numpy() + 0.5)
+
+    def run(weighting, rounds):
+        strategy = C.oracle(start, lr=0.2, local_steps=2, weighting=weighting)
+        return (
+            fedgp.fit(spec, mr.federation, strategy, rounds=rounds, progress=False).state[W][..., 0].numpy()
+        )
+
+    fixed = run("cluster", 150)  # converged to 1e-12 by round 100 (measured)
+    assert np.allclose(run("global", 800), fixed, rtol=0, atol=1e-7)  # the same estimates in the end
+    small = lambda est: float(np.linalg.norm(est[0] - fixed[0]))  # noqa: E731
+    slow, fast = small(run("global", 30)), small(run("cluster", 30))
+    # 30 rounds: with its own weighting the small cluster has nearly arrived; with n_i/N it has not
+    assert fast < 0.05 * slow and slow > 0.1
+
+
+def test_weighting_option_builds_its_aggregator_and_refuses_conflicts():
+    assert isinstance(C.two_phase(3, weighting="cluster").aggregator, C.ClusterAverage)
+    assert isinstance(C.two_phase(3).aggregator, C.GlobalWeighted)
+    assert C.two_phase(3, weighting="cluster").aggregator.weighted
+    with pytest.raises(ValueError, match="weighting must be one of"):
+        C.ifca(2, weighting="per-client")
+    with pytest.raises(ValueError, match="not both"):
+        C.two_phase(2, weighting="cluster", aggregator=C.GlobalWeighted())
