@@ -127,9 +127,8 @@ def _x_kernel(d: int, batch: torch.Size, floor: float | None = None) -> gpytorch
 def _link_kernel(d: int, batch: torch.Size, floor: float | None = None) -> gpytorch.kernels.Kernel:
     """``k_ρ(x) · (k_f(f) + linear(f)) + k_δ(x)`` on ``z = [x, f]`` (emukit, ``add_linear=True``);
     ``floor``: a lower bound on every lengthscale (the exact-GP start's last try)."""
-    k_f = gpytorch.kernels.ScaleKernel(
-        gpytorch.kernels.RBFKernel(active_dims=(d,), batch_shape=batch, **_lengthscale(floor)), batch_shape=batch
-    )
+    rbf = gpytorch.kernels.RBFKernel(active_dims=(d,), batch_shape=batch, **_lengthscale(floor))
+    k_f = gpytorch.kernels.ScaleKernel(rbf, batch_shape=batch)
     linear = gpytorch.kernels.LinearKernel(active_dims=(d,), batch_shape=batch)
     return _x_kernel(d, batch, floor) * (k_f + linear) + _x_kernel(d, batch, floor)
 

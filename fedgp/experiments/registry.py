@@ -36,7 +36,7 @@ REPRODUCTIONS: dict[str, str] = {
 #: One line each for ``fedgp reproduce --help``.
 DESCRIPTIONS: dict[str, str] = {
     "mixed-regression": "Su, Xu & Yang: two-phase mixed linear regression vs FedAvg, IFCA, one-shot, oracle",
-    "two-phase-unbalanced": "two-phase on clusters holding 4-50 % of the data, run to convergence (beyond the paper)",
+    "two-phase-unbalanced": "two-phase on clusters holding 4-50 % of the data, trained to convergence",
     "ifca-synthetic": "Ghosh et al. Fig. 3: IFCA's success probability vs separation and data size",
     "clustered-gp": "clustered FGPR on mixed GP populations, and the clustered model's kernel variants",
     "table1": "Yue & Kontar Table 1: multi-fidelity FGPR vs AR1, NARGP, ...; HF-size sweep; p1 ablation",
