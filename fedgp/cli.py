@@ -279,6 +279,7 @@ SETTING_OPTIONS = {
     "--partition-seed": "partition_seed",
     "--function": "function",
     "--reuse": "reuse",
+    "--methods": "methods",
 }
 
 
@@ -524,6 +525,12 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="DIR",
         help="table1: keep the per-repeat rows already in DIR's table1_runs.csv / table1_sweep_runs.csv "
         "(same protocol) and run only the methods they lack",
+    )
+    held.add_argument(
+        "--methods",
+        nargs="+",
+        default=None,
+        help="table1: only these methods (e.g. FGPR AR1 MF-DGP; default all of Table 1's)",
     )
     rep.set_defaults(func=_reproduce)
 

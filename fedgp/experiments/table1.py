@@ -625,6 +625,8 @@ def table1(
     return (summary, runs) if return_runs else summary
 
 
+#: The sweep's methods (``methods`` of :func:`hf_sweep`).
+SWEEP_METHODS: tuple[str, ...] = ("FGPR", "FGPR-converged", "SeparateMLE", "AR1")
 #: The sweep holds the optimiser at Table 1's settings: batch 40 (CURRIN) and 50 (PARK).
 SWEEP_BATCH = {"currin": 40, "park": 50}
 
@@ -634,7 +636,7 @@ def hf_sweep(
     repeats: int = 30,
     seed: int = 0,
     functions: Sequence[str] = ("currin", "park"),
-    methods: Sequence[str] = ("FGPR", "FGPR-converged", "SeparateMLE", "AR1"),
+    methods: Sequence[str] = SWEEP_METHODS,
     protocol: Protocol | None = None,
     progress: bool | None = None,
     return_runs: bool = False,
@@ -914,8 +916,12 @@ def reproduce(
     progress: bool | None = None,
     function: Sequence[str | MultiFidelityFunction] | None = None,
     reuse: str | os.PathLike | None = None,
+    methods: Sequence[str] | None = None,
 ) -> list[Path]:
     """``fedgp reproduce table1``: Table 1, the HF-size sweep and the p₁ ablation, CSV + markdown.
+
+    ``methods`` (``--methods FGPR AR1 ...``): only these of :data:`METHODS` in Table 1 and the sweep
+    (default all); rows of ``reuse`` for the others are not carried over.
 
     ``reuse`` (``--reuse DIR``): keep the per-repeat rows of DIR's ``table1_runs.csv`` and
     ``table1_sweep_runs.csv`` (``table1_<names>_runs.csv`` with ``function``) for the methods they
@@ -944,11 +950,13 @@ def reproduce(
         reused = None if reuse is None else Path(reuse)
         if reused is not None and not reused.is_dir():
             raise ValueError(f"reuse: {reused} is not a folder")
+        methods = METHODS if methods is None else tuple(methods)
+        _check_methods(methods)
         if function is not None:
             return _reproduce_functions(
-                [resolve_function(f) for f in function], repeats, out, seed, quick, progress, reused
+                [resolve_function(f) for f in function], repeats, out, seed, quick, progress, reused, methods
             )
-        return _reproduce(repeats, out, seed, quick, progress, reused)
+        return _reproduce(repeats, out, seed, quick, progress, reused, methods)
     finally:
         torch.set_num_threads(threads)
 
@@ -1005,6 +1013,7 @@ def _reproduce_functions(
     quick: bool,
     progress,
     reuse: Path | None = None,
+    methods: Sequence[str] = METHODS,
 ) -> list[Path]:
     if not functions:
         raise ValueError("function: name at least one multi-fidelity function")
@@ -1015,6 +1024,7 @@ def _reproduce_functions(
         repeats,
         seed,
         functions=functions,
+        methods=methods,
         protocol=protocol,
         progress=progress,
         return_runs=True,
@@ -1055,6 +1065,7 @@ def _reproduce(
     quick: bool,
     progress: bool | None,
     reuse: Path | None = None,
+    methods: Sequence[str] = METHODS,
 ) -> list[Path]:
     if quick:
         protocol = QUICK_PROTOCOL
@@ -1076,12 +1087,15 @@ def _reproduce(
         repeats,
         seed,
         functions=functions,
+        methods=methods,
         protocol=protocol,
         progress=progress,
         return_runs=True,
         reuse=old_runs,
     )
+    sweep_methods = [m for m in SWEEP_METHODS if m in methods] or list(SWEEP_METHODS)
     sweep, sweep_runs = hf_sweep(
+        methods=sweep_methods,
         repeats=repeats,
         seed=seed,
         protocol=protocol,

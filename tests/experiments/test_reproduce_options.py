@@ -158,3 +158,12 @@ def test_caches_written_before_the_partition_seed_still_resume(tmp_path):
     TaskCache(tmp_path, settings, 0)  # accepted: the default partition seed is the old behaviour
     with pytest.raises(ValueError, match="holds results of different settings or seed"):
         TaskCache(tmp_path, replace(settings, partition_seed=3), 0)
+
+
+def test_table1_methods_runs_only_those(tmp_path):
+    argv = ["reproduce", "table1", "--quick", "--repeats", "1", "--function", "forrester", "--out", str(tmp_path)]
+    assert main([*argv, "--methods", "FGPR", "AR1", "--no-progress"]) == 0
+    table = pd.read_csv(tmp_path / "table1_forrester.csv")
+    assert list(table["method"]) == ["FGPR", "AR1"] and table["rmse_mean"].notna().all()
+    with pytest.raises(ValueError, match="Deep"):
+        main([*argv, "--methods", "FGPR", "Deep", "--no-progress"])
