@@ -558,6 +558,13 @@ def _reusable(reuse: pd.DataFrame | None, function, sizes, seed: int, methods: S
     return rows.reindex(columns=RUN_COLUMNS)
 
 
+def _as_flag(value) -> bool | None:
+    """A ``converged`` cell as read back from any CSV (True, 1.0, "True") or None when empty."""
+    if value is None or (isinstance(value, float) and np.isnan(value)) or value is pd.NA or value == "":
+        return None
+    return str(value).strip().lower() in ("true", "1", "1.0")
+
+
 def _runs(
     jobs: list[tuple],
     protocol: Protocol,
@@ -598,7 +605,11 @@ def _runs(
     runs = pd.concat([f for f in frames if not f.empty], ignore_index=True)
     runs["_method"] = [list(jobs[j][2]).index(m) for j, m in zip(runs["_job"], runs["method"])]
     runs = runs.sort_values(["_job", "_method"], kind="stable").drop(columns=["_job", "_method"])
-    return runs.reset_index(drop=True).reindex(columns=RUN_COLUMNS)
+    runs = runs.reset_index(drop=True).reindex(columns=RUN_COLUMNS)
+    # rows of methods without rounds leave NaN in these columns: keep them integers and booleans
+    runs["rounds"] = pd.to_numeric(runs["rounds"]).astype("Int64")
+    runs["converged"] = runs["converged"].map(_as_flag).astype("boolean")
+    return runs
 
 
 def table1(
@@ -751,9 +762,13 @@ def compare_with_paper(summary: pd.DataFrame) -> pd.DataFrame:
             if theirs is not None and f"paper {theirs}" not in row:
                 row[f"paper {theirs}"] = f"{paper[f'{theirs}_mean']:.3f} ± {paper[f'{theirs}_std']:.3f}"
             if ours in mean.columns:
-                row[f"ours {ours}"] = f"{mean.loc[f, ours]:.3f} ± {std.loc[f, ours]:.3f}"
+                ran = pd.notna(mean.loc[f, ours])  # a method run on some functions only: "—" elsewhere
+                row[f"ours {ours}"] = f"{mean.loc[f, ours]:.3f} ± {std.loc[f, ours]:.3f}" if ran else "—"
         for theirs, ours in pairs:
             if theirs is not None and ours in mean.columns:
+                if pd.isna(mean.loc[f, ours]):
+                    row[f"{ours} verdict"] = "—"
+                    continue
                 row[f"{ours} verdict"] = verdict(
                     mean.loc[f, ours], paper[f"{theirs}_mean"], std.loc[f, ours], paper[f"{theirs}_std"]
                 )
@@ -776,9 +791,12 @@ def winners(summary: pd.DataFrame) -> pd.DataFrame:
         row = {"function": f}
         for ours in (m for m in FEDERATED if m in mean.columns):
             for m in mean.columns:
-                if m not in FEDERATED:
-                    better = mean.loc[f, ours] < mean.loc[f, m]
-                    row[f"{ours} vs {m}"] = ours if better else m
+                if m in FEDERATED:
+                    continue
+                if pd.isna(mean.loc[f, m]):  # a method not run on this function
+                    row[f"{ours} vs {m}"] = "—"
+                    continue
+                row[f"{ours} vs {m}"] = ours if mean.loc[f, ours] < mean.loc[f, m] else m
         row["best"] = mean.loc[f].idxmin()
         rows.append(row)
     return pd.DataFrame(rows)

@@ -112,6 +112,7 @@ def test_methods_added_to_table1_later_are_picked_up(tmp_path):
     for name in ("table1.csv", "table2_per_repeat.csv"):
         shutil.copy(RESULTS / name, tmp_path / name)
     t1 = pd.read_csv(tmp_path / "table1.csv")
+    t1 = t1[~t1["method"].isin(["FGPR-converged", "MF-DGP"])]  # the committed file may hold them already
     extra = []
     for method, scale in (("FGPR-converged", 0.9), ("MF-DGP", 1.1), ("SomethingNew", 1.0)):
         rows = t1[t1["method"] == "FGPR"].copy()
