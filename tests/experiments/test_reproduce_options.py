@@ -161,7 +161,8 @@ def test_caches_written_before_the_partition_seed_still_resume(tmp_path):
 
 
 def test_table1_methods_runs_only_those(tmp_path):
-    argv = ["reproduce", "table1", "--quick", "--repeats", "1", "--function", "forrester", "--out", str(tmp_path)]
+    argv = ["reproduce", "table1", "--quick", "--repeats", "1", "--function", "forrester"]
+    argv += ["--out", str(tmp_path)]
     assert main([*argv, "--methods", "FGPR", "AR1", "--no-progress"]) == 0
     table = pd.read_csv(tmp_path / "table1_forrester.csv")
     assert list(table["method"]) == ["FGPR", "AR1"] and table["rmse_mean"].notna().all()
