@@ -530,7 +530,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--methods",
         nargs="+",
         default=None,
-        help="table1: only these methods (e.g. FGPR AR1 MF-DGP; default all of Table 1's)",
+        help="table1: only these methods (e.g. FGPR AR1 MF-DGP; default all of Table 1's); "
+        "the HF-size sweep runs those of its methods named, and is skipped if none is",
     )
     rep.set_defaults(func=_reproduce)
 

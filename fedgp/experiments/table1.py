@@ -842,8 +842,8 @@ def _convergence_text(runs: pd.DataFrame) -> str:
 def _markdown(
     summary: pd.DataFrame,
     runs: pd.DataFrame,
-    sweep: pd.DataFrame,
-    sweep_runs: pd.DataFrame,
+    sweep: pd.DataFrame | None,
+    sweep_runs: pd.DataFrame | None,
     ablation: pd.DataFrame,
     choices: pd.DataFrame,
     protocol: Protocol,
@@ -862,15 +862,36 @@ def _markdown(
                 wins = _paired_wins(runs, ["function"], base, ours)
                 text = ", ".join(f"{r.function} {r.wins}/{r.repeats}" for r in wins.itertuples())
                 lines.append(f"- {ours}'s RMSE below {base}'s (paired, same data): {text}")
-    for name, frame in (("Table 1", runs), ("sweep", sweep_runs)):
+    parts = [("Table 1", runs)] + ([] if sweep_runs is None else [("sweep", sweep_runs)])
+    for name, frame in parts:
         lines.append(f"- {name}: {_convergence_text(frame)}")
-    for name, frame in (("Table 1", runs), ("sweep", sweep_runs)):
+    for name, frame in parts:
         failed = frame[frame["error"].fillna("").astype(str) != ""] if "error" in frame else frame.iloc[:0]
         lines.append(
             f"- Failed fits ({name}): {len(failed)}"
             + "".join(f"\n  - {r.function} {r.method} seed {r.seed}: {r.error}" for r in failed.itertuples())
         )
     lines += ["", "## HF-size sweep (beyond the paper)", ""]
+    if sweep is None:
+        lines += [f"Not run: `--methods` names none of its methods ({', '.join(SWEEP_METHODS)}).", ""]
+    else:
+        lines += _sweep_lines(sweep, sweep_runs)
+    lines += ["## Fig. 9 ablation: FGPR on CURRIN with the HF weight p₁ forced", ""]
+    lines += [_md_table(ablation), ""]
+    n = int(choices["repeats"].min())
+    lines += [f"## Protocol choices: FGPR with uniform/nearest minibatches × ARD/isotropic ({n} repeats)", ""]
+    wide = choices.copy()
+    wide["variant"] = choices["minibatch"] + np.where(choices["ard"], " + ARD", " + isotropic")
+    lines += [
+        _md_table(wide.pivot(index="function", columns="variant", values="rmse_mean").reset_index()),
+        "",
+    ]
+    lines += ["## Protocol", "", "```", repr(protocol), "```", ""]
+    return "\n".join(lines)
+
+
+def _sweep_lines(sweep: pd.DataFrame, sweep_runs: pd.DataFrame) -> list[str]:
+    """The sweep's table: RMSE mean ± std per function and HF size, paired wins vs SeparateMLE."""
     table = sweep.pivot(index=["function", "hf_size"], columns="method", values="rmse_mean")
     table_std = sweep.pivot(index=["function", "hf_size"], columns="method", values="rmse_std")
     shown = table.copy().astype(object)
@@ -884,19 +905,7 @@ def _markdown(
             shown[f"{ours} paired wins vs SeparateMLE"] = [
                 f"{w}/{n}" for w, n in zip(wins["wins"], wins["repeats"])
             ]
-    lines += [_md_table(shown.reset_index()), ""]
-    lines += ["## Fig. 9 ablation: FGPR on CURRIN with the HF weight p₁ forced", ""]
-    lines += [_md_table(ablation), ""]
-    n = int(choices["repeats"].min())
-    lines += [f"## Protocol choices: FGPR with uniform/nearest minibatches × ARD/isotropic ({n} repeats)", ""]
-    wide = choices.copy()
-    wide["variant"] = choices["minibatch"] + np.where(choices["ard"], " + ARD", " + isotropic")
-    lines += [
-        _md_table(wide.pivot(index="function", columns="variant", values="rmse_mean").reset_index()),
-        "",
-    ]
-    lines += ["## Protocol", "", "```", repr(protocol), "```", ""]
-    return "\n".join(lines)
+    return [_md_table(shown.reset_index()), ""]
 
 
 def resolve_function(name: str | MultiFidelityFunction) -> MultiFidelityFunction:
@@ -939,7 +948,9 @@ def reproduce(
     """``fedgp reproduce table1``: Table 1, the HF-size sweep and the p₁ ablation, CSV + markdown.
 
     ``methods`` (``--methods FGPR AR1 ...``): only these of :data:`METHODS` in Table 1 and the sweep
-    (default all); rows of ``reuse`` for the others are not carried over.
+    (default all); rows of ``reuse`` for the others are not carried over. A selection without any
+    of the sweep's methods (:data:`SWEEP_METHODS`) skips the sweep: no ``table1_sweep*.csv``, and
+    ``table1.md`` says so.
 
     ``reuse`` (``--reuse DIR``): keep the per-repeat rows of DIR's ``table1_runs.csv`` and
     ``table1_sweep_runs.csv`` (``table1_<names>_runs.csv`` with ``function``) for the methods they
@@ -1006,9 +1017,10 @@ def _read_runs(folder: Path | None, name: str) -> pd.DataFrame | None:
     return runs.reindex(columns=RUN_COLUMNS)
 
 
-def _kept_text(*frames: pd.DataFrame | None) -> str:
-    methods = sorted({m for f in frames if f is not None for m in f["method"]}, key=METHODS.index)
-    return ", ".join(methods) if methods else "none"
+def _kept_text(*frames: pd.DataFrame | None, methods: Sequence[str] = METHODS) -> str:
+    """The selected methods that ``frames`` (earlier per-repeat rows) hold."""
+    held = {m for f in frames if f is not None for m in f["method"] if m in methods}
+    return ", ".join(sorted(held, key=METHODS.index)) if held else "none"
 
 
 def _read_summary(folder: Path | None, name: str, repeats: int, key: str, values) -> pd.DataFrame | None:
@@ -1111,17 +1123,19 @@ def _reproduce(
         return_runs=True,
         reuse=old_runs,
     )
-    sweep_methods = [m for m in SWEEP_METHODS if m in methods] or list(SWEEP_METHODS)
-    sweep, sweep_runs = hf_sweep(
-        methods=sweep_methods,
-        repeats=repeats,
-        seed=seed,
-        protocol=protocol,
-        progress=progress,
-        return_runs=True,
-        reuse=old_sweep,
-        **sweep_kw,
-    )
+    sweep_methods = [m for m in SWEEP_METHODS if m in methods]
+    sweep = sweep_runs = None  # not run when the selection names none of its methods
+    if sweep_methods:
+        sweep, sweep_runs = hf_sweep(
+            methods=sweep_methods,
+            repeats=repeats,
+            seed=seed,
+            protocol=protocol,
+            progress=progress,
+            return_runs=True,
+            reuse=old_sweep,
+            **sweep_kw,
+        )
     ablation = _read_summary(reuse, "table1_p1.csv", repeats, "p1", p1_values)
     if ablation is None:
         ablation = p1_ablation(p1_values, repeats=repeats, seed=seed, protocol=protocol, progress=progress)
@@ -1141,10 +1155,15 @@ def _reproduce(
     }
     written = []
     for name, frame in paths.items():
+        if frame is None:
+            continue
         frame.to_csv(out / name, index=False)
         written.append(out / name)
     kept = (
-        "" if reuse is None else f" Rows kept from `{reuse}` (`--reuse`): {_kept_text(old_runs, old_sweep)}."
+        ""
+        if reuse is None
+        else f" Rows kept from `{reuse}` (`--reuse`): "
+        f"{_kept_text(old_runs, old_sweep if sweep_methods else None, methods=methods)}."
     )
     header = (
         f"# FGPR Table 1 reproduction ({repeats} repeats, seed {seed}{', QUICK MODE' if quick else ''})\n\n"

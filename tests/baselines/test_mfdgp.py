@@ -1,5 +1,5 @@
 """MF-DGP (Cutajar et al. 2019) on GPyTorch's deep GP module: against NARGP on the 1-D nonlinear
-example, batched fits equal separate ones, bad input."""
+example, batched fits equal separate ones, the dense link kernel, bad input."""
 
 import warnings
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from fedgp.baselines import MFDGP
-from fedgp.baselines.mfdgp import Stage, emukit_stages
+from fedgp.baselines.mfdgp import Stage, _link_kernel, _x_kernel, emukit_stages
 from fedgp.data.multifidelity import multifidelity_federation
 from fedgp.models.multifidelity import NARGP, mle_with_restarts, rbf_spec
 from fedgp.models.posterior import condition
@@ -104,6 +104,26 @@ def test_three_levels_and_the_emukit_schedule():
         1e-3,
     ]
     assert [s.iterations for s in emukit_stages(0.2)] == [1000, 3000, 3000]
+
+
+def test_the_dense_link_kernel_equals_gpytorchs_own_composition():
+    # k_rho * (k_f + linear) + k_delta as gpytorch builds it (MulLinearOperator, low-rank update):
+    # same parameter names, so the exact-GP start's parameters load into either, and same entries
+    d, batch = 3, torch.Size([2])
+    rbf = gpytorch.kernels.RBFKernel(active_dims=(d,), batch_shape=batch)
+    linear = gpytorch.kernels.LinearKernel(active_dims=(d,), batch_shape=batch)
+    k_f = gpytorch.kernels.ScaleKernel(rbf, batch_shape=batch)
+    reference = (_x_kernel(d, batch) * (k_f + linear) + _x_kernel(d, batch)).double()
+    dense = _link_kernel(d, batch).double()
+    torch.manual_seed(0)
+    for param in reference.parameters():
+        param.data.normal_()
+    dense.load_state_dict(reference.state_dict())
+    x, y = torch.rand(5, 2, 12, d + 1, dtype=torch.float64), torch.rand(5, 2, 4, d + 1, dtype=torch.float64)
+    with torch.no_grad():
+        for a, b in ((x, x), (x, y)):
+            torch.testing.assert_close(dense(a, b).to_dense(), reference(a, b).to_dense(), rtol=0, atol=1e-14)
+        torch.testing.assert_close(dense(x, diag=True), reference(x, diag=True), rtol=0, atol=1e-14)
 
 
 def test_bad_input_raises_clear_errors(nonlinear):

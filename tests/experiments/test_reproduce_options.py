@@ -168,3 +168,13 @@ def test_table1_methods_runs_only_those(tmp_path):
     assert list(table["method"]) == ["FGPR", "AR1"] and table["rmse_mean"].notna().all()
     with pytest.raises(ValueError, match="Deep"):
         main([*argv, "--methods", "FGPR", "Deep", "--no-progress"])
+
+
+def test_table1_methods_without_a_sweep_method_skip_the_sweep(tmp_path):
+    # NARGP is not one of the sweep's methods: the sweep is not run (it once ran all of its own)
+    argv = ["reproduce", "table1", "--quick", "--repeats", "1", "--out", str(tmp_path)]
+    assert main([*argv, "--methods", "NARGP", "--no-progress"]) == 0
+    table = pd.read_csv(tmp_path / "table1.csv")
+    assert set(table["method"]) == {"NARGP"} and table["rmse_mean"].notna().all()
+    assert not (tmp_path / "table1_sweep.csv").exists() and not (tmp_path / "table1_sweep_runs.csv").exists()
+    assert "Not run: `--methods` names none of its methods" in (tmp_path / "table1.md").read_text()
