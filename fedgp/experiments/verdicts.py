@@ -123,7 +123,6 @@ TABLE1_COUNTERPARTS = {
     "MF-DGP": "Deep",
     "NARGP": "Deep",
 }
-TABLE1_PAPER_NAMES = {"AR": "AR", "Deep": "Deep (MF-DGP)"}
 FUNCTION_NAMES = {
     "currin": "CURRIN",
     "park": "PARK",
@@ -178,7 +177,7 @@ def _table1(results: Path) -> list[dict]:
                     "Table 1",
                     f"RMSE, {FUNCTION_NAMES.get(paper.function, paper.function)}",
                     method,
-                    TABLE1_PAPER_NAMES.get(theirs, theirs),
+                    theirs,
                     float(ours.loc[(paper.function, method), "rmse_mean"]),
                     float(ours.loc[(paper.function, method), "rmse_std"]),
                     float(getattr(paper, f"{theirs}_mean")),

@@ -123,7 +123,7 @@ def test_methods_added_to_table1_later_are_picked_up(tmp_path):
     table = collect(tmp_path)
     t1_rows = table[table["source"] == "Table 1"]
     assert set(t1_rows["method"]) == {"FGPR", "FGPR-converged", "Separate", "AR1", "MF-DGP"}
-    deep = t1_rows[t1_rows["paper_method"] == "Deep (MF-DGP)"]
+    deep = t1_rows[t1_rows["paper_method"] == "Deep"]
     assert set(deep["method"]) == {"MF-DGP"}  # NARGP stood in only while there was no MF-DGP
     headline = table[table["headline"]]
     assert set(headline["method"]) == {"FGPR", "FGPR-converged"}
