@@ -236,6 +236,10 @@ class MFDGP:
         low_inducing_stride: layer 0 takes every ``low_inducing_stride``-th point of the lowest
             level (emukit: 1, every point; its share of a step's cost falls about with the stride's cube).
         noise_floor: the smallest noise variance of any level (the test functions are noise-free).
+        top_noise: the top level's starting noise as a share of its output variance (emukit: 0.01,
+            held there by the first stage); ``None`` starts it at the exact-GP start's fitted noise.
+            From 0.01 Adam cannot bring it much below 7e-4 in Table 1's 400 free steps, which is
+            what held MF-DGP back on the nearly noiseless PARK (benchmarks/mfdgp_top_noise.py).
         start_iterations: L-BFGS iterations of each exact-GP fit that the training starts from
             (:meth:`_exact_start`).
         device: where the training and prediction run (e.g. ``"cuda"``; default the CPU). The
@@ -257,6 +261,7 @@ class MFDGP:
         inducing_stride: int = 2,
         low_inducing_stride: int = 1,
         noise_floor: float = 1e-6,
+        top_noise: float | None = 0.01,
         start_iterations: int = 200,
         seed: int = 0,
         device: str | torch.device | None = None,
@@ -274,6 +279,9 @@ class MFDGP:
         self.low_inducing_stride = low_inducing_stride
         if not noise_floor > 0:
             raise ValueError(f"MFDGP: noise_floor must be > 0, got {noise_floor}")
+        if top_noise is not None and not top_noise > 0:
+            raise ValueError(f"MFDGP: top_noise must be > 0 or None, got {top_noise}")
+        self.top_noise = top_noise
         if start_iterations < 1:
             raise ValueError(f"MFDGP: start_iterations must be >= 1, got {start_iterations}")
         self.start_iterations = start_iterations
@@ -312,7 +320,8 @@ class MFDGP:
                 q.chol_variational_covar.copy_(L * scale[:, None, None])
                 strategy.variational_params_initialized.fill_(1)
                 noise = torch.stack([noise for _, noise, _ in start[t]])
-                noise = 0.01 * top_var if top else noise  # emukit: the top noise starts (and stays) at 1 %
+                if top and self.top_noise is not None:  # emukit: the top noise starts (and stays) at 1 %
+                    noise = self.top_noise * top_var
                 net.likelihoods[t].noise = noise.clamp_min(self.noise_floor)[:, None]
         return net
 

@@ -126,6 +126,23 @@ def test_the_dense_link_kernel_equals_gpytorchs_own_composition():
         torch.testing.assert_close(dense(x, diag=True), reference(x, diag=True), rtol=0, atol=1e-14)
 
 
+def test_the_top_noise_starts_at_its_share_of_the_variance_or_at_the_exact_fit(nonlinear):
+    # No training steps: the noise read back is where the training would start.
+    held = (Stage(0, 0.01, False, False, False),)
+    kw = dict(samples=2, predict_samples=5, start_iterations=40)
+    y_high = nonlinear.levels[-1][1]
+    emukit = MFDGP(held, **kw).fit(nonlinear.levels).net_.likelihoods[-1].noise.item()
+    assert emukit == pytest.approx(0.01 * float(y_high.var()), rel=1e-9)
+    exact = MFDGP(held, top_noise=None, **kw).fit(nonlinear.levels)
+    # the exact start of the HF level fits [x, mu_low(x)]: its noise is what the layer now holds
+    start = exact._exact_start([layer.variational_strategy.inducing_points for layer in exact.net_.layers])
+    fitted = float(start[-1][0][1])
+    assert exact.net_.likelihoods[-1].noise.item() == pytest.approx(max(fitted, exact.noise_floor), rel=1e-9)
+    assert exact.net_.likelihoods[-1].noise.item() < 0.1 * emukit
+    with pytest.raises(ValueError, match="top_noise must be > 0 or None"):
+        MFDGP(top_noise=0.0)
+
+
 def test_bad_input_raises_clear_errors(nonlinear):
     with pytest.raises(ValueError, match="at least 2 levels"):
         MFDGP(SHORT).fit(nonlinear.levels[:1])
