@@ -16,10 +16,11 @@ about 1.8 s on a 2-core machine, so ``import fedgp`` itself imports nothing heav
 from __future__ import annotations
 
 import importlib
-import sys
-import types
-from importlib import metadata as _metadata
 from typing import TYPE_CHECKING
+
+from fedgp.errors import MissingExtraError
+from fedgp.errors import __all__ as _ERRORS
+from fedgp.version import DISTRIBUTION, __version__
 
 if TYPE_CHECKING:  # what static tools (type checkers, IDEs, the API docs) see
     from fedgp import (
@@ -29,43 +30,35 @@ if TYPE_CHECKING:  # what static tools (type checkers, IDEs, the API docs) see
         clustering,
         data,
         engines,
+        errors,
         experiments,
         export,
         messages,
         models,
         plotting,
-        stopping,
+        run,
         strategies,
+        testing,
         transforms,
     )
-    from fedgp.export.saved import load_result as load
-    from fedgp.fit import FitResult, fit
+    from fedgp.errors import *  # noqa: F403
     from fedgp.models import GPSpec, HyperState
-    from fedgp.stopping import ConvergenceWarning
-
-DISTRIBUTION = "fedgp-gpytorch"
-"""The name on PyPI: ``fedgp`` there is an unrelated package, so fedgp is installed as this."""
-
-try:
-    __version__ = _metadata.version(DISTRIBUTION)
-except _metadata.PackageNotFoundError:  # a source tree that was never installed says so
-    __version__ = "0+unknown"
+    from fedgp.run import FitResult, fit, load
 
 #: The objects at the top level, and where each is defined: ``name -> (module, attribute)``.
 _OBJECTS = {
-    "fit": ("fedgp.fit", "fit"),
-    "FitResult": ("fedgp.fit", "FitResult"),
-    "load": ("fedgp.export.saved", "load_result"),
+    "fit": ("fedgp.run", "fit"),
+    "FitResult": ("fedgp.run", "FitResult"),
+    "load": ("fedgp.run", "load"),
     "GPSpec": ("fedgp.models", "GPSpec"),
     "HyperState": ("fedgp.models", "HyperState"),
-    "ConvergenceWarning": ("fedgp.stopping", "ConvergenceWarning"),
+    **{name: ("fedgp.errors", name) for name in _ERRORS},
 }
 
-#: Every public module, each an attribute of ``fedgp`` on first use. ``fedgp.fit`` is the function
-#: (its module is ``sys.modules["fedgp.fit"]``), so the module ``fit`` is not listed. ``__all__``
-#: (what ``from fedgp import *`` imports) leaves out ``flower`` and ``sklearn``, which need the
-#: extras of those names, and the plumbing the layers share (checks, cli, files, presets, progress,
-#: rng, rounds, state_codec).
+#: Every public module, each an attribute of ``fedgp`` on first use. ``__all__`` (what
+#: ``from fedgp import *`` imports) leaves out ``flower`` and ``sklearn``, which need the extras of
+#: those names, ``testing``, which needs pytest, and the plumbing the layers share (checks, cli,
+#: files, presets, rng, version).
 _SUBMODULES = (
     "aggregators",
     "attacks",
@@ -75,6 +68,7 @@ _SUBMODULES = (
     "clustering",
     "data",
     "engines",
+    "errors",
     "experiments",
     "export",
     "files",
@@ -83,14 +77,13 @@ _SUBMODULES = (
     "models",
     "plotting",
     "presets",
-    "progress",
     "rng",
-    "rounds",
+    "run",
     "sklearn",
-    "state_codec",
-    "stopping",
     "strategies",
+    "testing",
     "transforms",
+    "version",
 )
 
 #: Subpackages that need an optional extra, named in the error when it is missing.
@@ -102,20 +95,22 @@ __all__ = [
     "load",
     "GPSpec",
     "HyperState",
-    "ConvergenceWarning",
     "DISTRIBUTION",
+    "__version__",
+    *_ERRORS,
     "aggregators",
     "attacks",
     "baselines",
     "clustering",
     "data",
     "engines",
+    "errors",
     "experiments",
     "export",
     "messages",
     "models",
     "plotting",
-    "stopping",
+    "run",
     "strategies",
     "transforms",
 ]
@@ -131,7 +126,7 @@ def __getattr__(name: str):
                 raise
             missing, extra = err.name.split(".")[0], _EXTRAS.get(name)
             fix = f"pip install 'fedgp-gpytorch[{extra}]'" if extra else f"install {missing}"
-            raise ModuleNotFoundError(f"fedgp.{name} needs {missing!r}: {fix}", name=missing) from err
+            raise MissingExtraError(f"fedgp.{name} needs {missing!r}: {fix}", name=missing) from err
     if name in _OBJECTS:
         module, attribute = _OBJECTS[name]
         value = getattr(importlib.import_module(module), attribute)
@@ -142,17 +137,3 @@ def __getattr__(name: str):
 
 def __dir__() -> list[str]:
     return sorted({*globals(), *_OBJECTS, *_SUBMODULES})
-
-
-class _Package(types.ModuleType):
-    """``fedgp`` itself. Importing the submodule ``fedgp.fit`` would bind the module over the function
-    ``fedgp.fit`` (the import system sets a loaded submodule as its parent's attribute); refused here,
-    so ``fedgp.fit`` is the function whatever was imported first."""
-
-    def __setattr__(self, name: str, value) -> None:
-        if name in _OBJECTS and isinstance(value, types.ModuleType):
-            return
-        super().__setattr__(name, value)
-
-
-sys.modules[__name__].__class__ = _Package

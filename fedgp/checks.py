@@ -13,6 +13,8 @@ from dataclasses import MISSING, fields
 from numbers import Integral, Real
 from typing import Any
 
+from fedgp.errors import InputError
+
 __all__ = ["RULES", "check_settings"]
 
 
@@ -43,4 +45,4 @@ def check_settings(obj: Any, **rules: str) -> None:
         value = getattr(obj, name)
         if not test(value):
             hint = f" (default {defaults[name]!r})" if name in defaults else ""
-            raise ValueError(f"{type(obj).__name__}: {name} must be {wanted}, got {value!r}{hint}")
+            raise InputError(f"{type(obj).__name__}: {name} must be {wanted}, got {value!r}{hint}")

@@ -16,19 +16,18 @@ import sys
 import warnings
 from pathlib import Path
 
+from fedgp.errors import CommandError, TableError
+from fedgp.version import __version__
+
 __all__ = ["main", "build_parser", "default_out", "CommandError", "MODEL_FILE", "COLUMNS_FILE"]
 
-#: What ``fedgp fit`` writes into its folder, and ``fedgp predict`` reads back.
-#: The saved model in a ``fedgp fit`` output folder (``fedgp.load`` reads it).
-MODEL_FILE = "model.safetensors"
+#: The saved model in a ``fedgp fit`` output folder (``fedgp.load`` reads it; ``FitResult.save``'s
+#: sealed container, :mod:`fedgp.run.saved`).
+MODEL_FILE = "model.fedgp"
 #: The feature, target and owner columns ``fedgp fit`` trained on, which ``fedgp predict`` reads.
 COLUMNS_FILE = "columns.json"
 #: The exit status of a command whose input was refused (argparse uses it for usage errors too).
 INPUT_ERROR = 2
-
-
-class CommandError(Exception):
-    """A mistake in a command's input: printed as one line naming what to fix, exit status 2."""
 
 
 def default_out(command: str, now: datetime.datetime | None = None) -> Path:
@@ -62,9 +61,9 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _fit(args: argparse.Namespace) -> int:
-    import fedgp
     from fedgp.data.table import read_owner_table
     from fedgp.presets import make_spec, make_strategy
+    from fedgp.run import Progress, fit
 
     table = read_owner_table(args.data, group=args.group, target=args.target, features=args.features)
     federation = table.federation(args.test_fraction, args.seed)
@@ -84,15 +83,15 @@ def _fit(args: argparse.Namespace) -> int:
         raise CommandError(f"{out} already holds a model ({MODEL_FILE}); choose another --out or remove it")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        result = fedgp.fit(
+        result = fit(
             spec,
             federation,
             strategy,
             rounds=args.rounds,
             engine=args.engine,
             seed=args.seed,
-            progress=_progress(args),
             stop=None if args.stop == "none" else args.stop,
+            callbacks=[Progress(_progress(args))],
         )
     for warning in caught:  # fedgp's warnings, one line each (a ConvergenceWarning says what to change)
         if issubclass(warning.category, UserWarning):
@@ -192,9 +191,9 @@ def _read_columns(folder: Path) -> dict:
 def _predict(args: argparse.Namespace) -> int:
     import numpy as np
 
-    import fedgp
     from fedgp.data import ClientData
     from fedgp.data.table import read_owner_table
+    from fedgp.run import load
 
     if not 0.0 < args.level < 1.0:
         raise CommandError(f"--level must be in (0, 1), got {args.level}")
@@ -202,7 +201,7 @@ def _predict(args: argparse.Namespace) -> int:
     columns = _read_columns(folder)
     group = args.group or columns["group"]
     try:
-        model = fedgp.load(folder / MODEL_FILE)
+        model = load(folder / MODEL_FILE)
     except ValueError as err:
         raise CommandError(str(err)) from None
     features = columns["features"]
@@ -225,10 +224,10 @@ def _predict(args: argparse.Namespace) -> int:
             "A saved model holds no owner's data, so a "
             "personalised prediction conditions on the owner's own rows: pass the owners' training "
             "table with --data, or --unknown prior to predict for such owners from the shared prior "
-            f"alone. The model was trained on owners {', '.join(map(repr, model.registry.ids[:10]))}"
-            + (", ..." if len(model.registry.ids) > 10 else "")
+            f"alone. The model was trained on owners {', '.join(map(repr, model.roster.ids[:10]))}"
+            + (", ..." if len(model.roster.ids) > 10 else "")
         )
-    trained = set(model.registry.ids)
+    trained = set(model.roster.ids)
     n, d = len(new.X), len(features)
     mean, var_y, var_f = np.empty(n), np.empty(n), np.empty(n)
     for owner, rows in asked.items():
@@ -326,7 +325,8 @@ def _reproduce(args: argparse.Namespace) -> int:
 
 
 def _download(args: argparse.Namespace) -> int:
-    from fedgp.data.registry import DataFileError, default_registry, locate
+    from fedgp.data.registry import default_registry, locate
+    from fedgp.errors import DataFileError
 
     registry = default_registry()
     if args.dataset not in registry.datasets():
@@ -455,15 +455,9 @@ def _add_predict(sub) -> None:
     pred.set_defaults(func=_predict)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The ``fedgp`` argument parser: fit, predict, demo, reproduce, download."""
-    parser = argparse.ArgumentParser(prog="fedgp", description="Federated Gaussian-process regression.")
-    parser.add_argument("--version", action="version", version=f"fedgp {__import__('fedgp').__version__}")
+def _add_demo(sub) -> None:
     from fedgp.experiments.registry import quick_runtime
 
-    sub = parser.add_subparsers(dest="command", required=True)
-    _add_fit(sub)
-    _add_predict(sub)
     demo = sub.add_parser("demo", help="personalisation demo and a small FGPR study (table + PNG)")
     demo.add_argument("--out", default=None, help=OUT_HELP.format(command="demo"))
     demo.add_argument("--rounds", type=int, default=None, help="rounds for both parts (default 60 / 100)")
@@ -472,6 +466,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _quiet_option(demo)
     demo.set_defaults(func=_demo)
+
+
+def _add_reproduce(sub) -> None:
     from fedgp.experiments.registry import DESCRIPTIONS, REPRODUCTIONS, quick_runtime
 
     listing = "\n".join(
@@ -535,6 +532,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     rep.set_defaults(func=_reproduce)
 
+
+def _add_download(sub) -> None:
     dl = sub.add_parser("download", help="fetch and verify a dataset's files (see datasets/registry.json)")
     dl.add_argument("dataset", help="a dataset of the registry, e.g. cmapss or sarcos")
     dl.add_argument("files", nargs="*", help="file names (default: all of the dataset's files)")
@@ -542,14 +541,21 @@ def build_parser() -> argparse.ArgumentParser:
     dl.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for the server (default 60)")
     _quiet_option(dl)
     dl.set_defaults(func=_download)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``fedgp`` argument parser: fit, predict, demo, reproduce, download."""
+    parser = argparse.ArgumentParser(prog="fedgp", description="Federated Gaussian-process regression.")
+    parser.add_argument("--version", action="version", version=f"fedgp {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+    for add in (_add_fit, _add_predict, _add_demo, _add_reproduce, _add_download):
+        add(sub)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run ``fedgp`` with ``argv`` (default: the command line); returns the exit status, 2 for
     refused input (printed as one line on stderr)."""
-    from fedgp.data.table import TableError
-
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)

@@ -7,6 +7,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from fedgp.errors import InputError
+
 __all__ = ["plot_personalised", "plot_convergence"]
 
 
@@ -19,7 +21,7 @@ def plot_personalised(
     ax = plt.gca() if ax is None else ax
     data = result.federation[client] if not hasattr(client, "X") else client
     if data.n_features != 1:
-        raise ValueError(f"plot_personalised needs 1-D inputs, client {data.id!r} has {data.n_features}")
+        raise InputError(f"plot_personalised needs 1-D inputs, client {data.id!r} has {data.n_features}")
     if X is None:
         lo, hi = float(data.X.min()), float(data.X.max())
         X = torch.linspace(lo, hi, 300, dtype=torch.float64)[:, None]

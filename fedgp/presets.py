@@ -11,6 +11,7 @@ from typing import Any
 
 import gpytorch
 
+from fedgp.errors import InputError
 from fedgp.models.spec import GPSpec
 from fedgp.strategies.base import Strategy
 from fedgp.strategies.fgpr import FGPR
@@ -37,7 +38,7 @@ STRATEGIES = {"fgpr": FGPR, "ifca": IFCA}
 
 def _pick(kind: str, name: Any, table: dict, instead: str) -> Any:
     if not isinstance(name, str) or name.lower() not in table:
-        raise ValueError(f"{kind} {name!r}: use one of {', '.join(table)}, or pass {instead}")
+        raise InputError(f"{kind} {name!r}: use one of {', '.join(table)}, or pass {instead}")
     return table[name.lower()]
 
 
@@ -66,7 +67,7 @@ def make_spec(
 ) -> GPSpec:
     """A :class:`~fedgp.GPSpec` from names (or modules) for ``d`` input features."""
     if not isinstance(d, int) or d < 1:
-        raise ValueError(f"d must be a positive number of input features, got {d!r}")
+        raise InputError(f"d must be a positive number of input features, got {d!r}")
     return GPSpec(kernel=make_kernel(kernel, d, ard), mean=make_mean(mean, d))
 
 
@@ -77,11 +78,11 @@ def make_strategy(strategy: str | Strategy = "fgpr", **settings: Any) -> Strateg
     given = {k: v for k, v in settings.items() if v is not None}
     if isinstance(strategy, Strategy):
         if given:
-            raise ValueError(
+            raise InputError(
                 f"settings {sorted(given)} apply to a strategy given by name, not to {strategy!r}"
             )
         return strategy
     cls = _pick("strategy", strategy, STRATEGIES, "a fedgp.strategies.Strategy")
     if "num_clusters" in given and cls is not IFCA:
-        raise ValueError(f"num_clusters (--clusters) applies to ifca, not to {strategy!r}")
+        raise InputError(f"num_clusters (--clusters) applies to ifca, not to {strategy!r}")
     return cls(**given)

@@ -21,6 +21,8 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+from fedgp.errors import InputError
+
 try:  # optional: compiles the one scalar loop below
     import numba as _numba
 except ImportError:  # pragma: no cover - exercised only where numba is absent
@@ -108,9 +110,9 @@ def uniform_minibatches(u: torch.Tensor, sizes: torch.Tensor, batch_size: int) -
     """
     rows, m = u.shape
     if m != batch_size:
-        raise ValueError(f"expected {batch_size} uniforms per row, got {m}")
+        raise InputError(f"expected {batch_size} uniforms per row, got {m}")
     if bool((sizes < batch_size).any()):
-        raise ValueError("every client must hold at least batch_size points")
+        raise InputError("every client must hold at least batch_size points")
     # Floyd: at step j draw t in [0, top_j], top_j = N - m + j; if t is taken, take top_j instead.
     # Every draw is computed up front; only the "taken" test has to run step by step.
     top = sizes.to(torch.float64).unsqueeze(1) - m + torch.arange(m, dtype=torch.float64)

@@ -42,8 +42,9 @@ from sklearn.utils.validation import check_consistent_length, check_is_fitted, v
 
 from fedgp.data.client import MIN_TRAINING_POINTS, ClientData, Federation
 from fedgp.data.table import rows_by_owner
-from fedgp.fit import fit
+from fedgp.errors import InputError
 from fedgp.presets import make_spec, make_strategy
+from fedgp.run import Progress, fit
 
 __all__ = ["FederatedGPRegressor"]
 
@@ -64,19 +65,21 @@ class FederatedGPRegressor(RegressorMixin, BaseEstimator):
         ``"fgpr"``, ``"ifca"`` or a strategy instance (e.g. ``FGPR(lr=0.1)``).
     rounds : int, default 100
         Communication rounds (the budget when ``stop`` is given).
-    engine : str, default "auto"
-        ``fedgp.fit``'s engine.
+    engine : str or fedgp.engines config, default "auto"
+        ``fedgp.fit``'s engine (e.g. ``fedgp.engines.Batched(device="cuda")``).
     seed : int, default 0
         Master seed of every random draw.
-    stop : None, "auto" or a fedgp.stopping rule, default None
+    stop : None, "auto" or a fedgp.run stopping rule, default None
         Stop when converged (``fedgp.fit``'s ``stop``).
-    outcome_transform, input_transform : default "auto"
+    transforms : "auto", None or fedgp.transforms.Transforms, default "auto"
         ``fedgp.fit``'s data transforms (federated standardisation of y, inputs to the unit cube);
         predictions are in the original units either way.
+    faults : fedgp.run.Faults or None, default None
+        ``fedgp.fit``'s failure tolerance and simulated faults.
     unknown_groups : {"prior", "error"}, default "prior"
         What ``predict`` does for an owner not seen at ``fit`` (see the module docstring).
-    progress : bool or None, default False
-        ``fedgp.fit``'s progress display.
+    callbacks : tuple, default ()
+        ``fedgp.fit``'s callbacks; without a ``fedgp.run.Progress`` among them, none is shown.
     """
 
     def __init__(
@@ -89,10 +92,10 @@ class FederatedGPRegressor(RegressorMixin, BaseEstimator):
         engine: str = "auto",
         seed: int = 0,
         stop: Any = None,
-        outcome_transform: Any = "auto",
-        input_transform: Any = "auto",
+        transforms: Any = "auto",
+        faults: Any = None,
         unknown_groups: str = "prior",
-        progress: bool | None = False,
+        callbacks: tuple = (),
     ) -> None:
         self.kernel = kernel
         self.mean = mean
@@ -102,10 +105,10 @@ class FederatedGPRegressor(RegressorMixin, BaseEstimator):
         self.engine = engine
         self.seed = seed
         self.stop = stop
-        self.outcome_transform = outcome_transform
-        self.input_transform = input_transform
+        self.transforms = transforms
+        self.faults = faults
         self.unknown_groups = unknown_groups
-        self.progress = progress
+        self.callbacks = callbacks
 
     def fit(self, X: Any, y: Any, groups: Any = None) -> FederatedGPRegressor:
         """Train on the owners' rows: ``groups[i]`` is the owner of row ``i`` (``None``: one owner)."""
@@ -116,12 +119,15 @@ class FederatedGPRegressor(RegressorMixin, BaseEstimator):
         owners = _owners(groups)
         for owner, rows in owners.items():
             if len(rows) < MIN_TRAINING_POINTS:
-                raise ValueError(
+                raise InputError(
                     f"groups: owner {owner!r} has {len(rows)} row (row {int(rows[0])}); training needs "
                     f"at least {MIN_TRAINING_POINTS} per owner. Leave it out of fit; predict gives it the "
                     "shared prior (unknown_groups='prior')"
                 )
         federation = Federation.from_partition(X, y, list(owners.values()), ids=list(owners))
+        callbacks = list(self.callbacks)
+        if not any(isinstance(c, Progress) for c in callbacks):
+            callbacks.append(Progress(False))  # an estimator inside a search stays quiet unless asked
         self.result_ = fit(
             make_spec(self.kernel, self.mean, d=X.shape[1], ard=self.ard),
             federation,
@@ -129,10 +135,10 @@ class FederatedGPRegressor(RegressorMixin, BaseEstimator):
             rounds=self.rounds,
             engine=self.engine,
             seed=self.seed,
-            progress=self.progress,
+            transforms=self.transforms,
+            faults=self.faults,
             stop=self.stop,
-            outcome_transform=self.outcome_transform,
-            input_transform=self.input_transform,
+            callbacks=callbacks,
         )
         self.groups_ = np.array(list(owners), dtype=object)
         self.history_ = self.result_.history
@@ -144,10 +150,10 @@ class FederatedGPRegressor(RegressorMixin, BaseEstimator):
         check_is_fitted(self)
         X = validate_data(self, X, dtype=np.float64, reset=False)
         if self.unknown_groups not in ("prior", "error"):
-            raise ValueError(f"unknown_groups must be 'prior' or 'error', got {self.unknown_groups!r}")
+            raise InputError(f"unknown_groups must be 'prior' or 'error', got {self.unknown_groups!r}")
         if groups is None:
             if len(self.groups_) != 1:
-                raise ValueError(
+                raise InputError(
                     f"groups: the model was fitted on {len(self.groups_)} owners, so predict needs each "
                     "row's owner (groups=...); an owner not seen in fit gets the shared prior"
                 )
@@ -161,7 +167,7 @@ class FederatedGPRegressor(RegressorMixin, BaseEstimator):
             elif self.unknown_groups == "prior":  # a new owner without data: fedgp's cold start
                 client = ClientData(np.empty((0, X.shape[1])), np.empty(0), id=owner)
             else:
-                raise ValueError(
+                raise InputError(
                     f"groups: owner {owner!r} was not seen in fit (owners: "
                     f"{', '.join(map(repr, self.groups_[:10]))}{', ...' if len(self.groups_) > 10 else ''})"
                 )
@@ -180,4 +186,4 @@ def _owners(groups: Any) -> dict[Any, np.ndarray]:
     try:
         return rows_by_owner(groups)
     except ValueError as err:
-        raise ValueError(f"groups: {err}") from None
+        raise InputError(f"groups: {err}") from None

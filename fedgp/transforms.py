@@ -35,18 +35,16 @@ import numpy as np
 import torch
 
 from fedgp.data.client import ClientData
-from fedgp.messages import Field
+from fedgp.errors import InputError, InputTypeError
 
 __all__ = [
+    "Transforms",
     "Standardize",
     "Normalize",
     "DataTransform",
     "learn",
-    "resolve_transforms",
-    "summary_fields",
-    "summarise",
+    "client_summaries",
     "outward_bounds",
-    "auto_reason",
 ]
 
 #: Names under which a transform travels in a task's shared record.
@@ -85,12 +83,12 @@ class Normalize:
             return
         bounds = torch.as_tensor(np.asarray(self.bounds, dtype=np.float64))
         if bounds.dim() != 2 or bounds.shape[0] != 2:
-            raise ValueError(f"Normalize bounds must have shape (2, d), got {tuple(bounds.shape)}")
+            raise InputError(f"Normalize bounds must have shape (2, d), got {tuple(bounds.shape)}")
         if not bool(torch.isfinite(bounds).all()):
-            raise ValueError("Normalize bounds must be finite")
+            raise InputError("Normalize bounds must be finite")
         if not bool((bounds[1] > bounds[0]).all()):
             bad = torch.nonzero(bounds[1] <= bounds[0]).flatten().tolist()
-            raise ValueError(f"Normalize bounds: upper must exceed lower for every feature; not for {bad}")
+            raise InputError(f"Normalize bounds: upper must exceed lower for every feature; not for {bad}")
         object.__setattr__(self, "bounds", bounds)
 
     def describe(self) -> str:
@@ -201,21 +199,9 @@ def _fmt(values: Sequence[float]) -> str:
 # -- the summarise exchange ---------------------------------------------------------------------------
 
 
-def summary_fields(d: int, stage: str, bounds: bool = False) -> dict[str, Field]:
-    """What a client replies to ``summarise``. Stage ``"mean"``: its count and Σy (summed), and its
-    own per-feature minimum and maximum when the server learns the input bounds (individual).
-    Stage ``"spread"``: Σ(y − ȳ)² about the federation's mean ȳ (summed) — two passes, because
-    Σy² − nȳ² would lose about 2·log10(|ȳ|/sd) of float64's 16 digits to cancellation."""
-    if stage == "spread":
-        return {"y_sumsq": Field((), torch.float64, summed=True)}
-    fields = {"count": Field((), torch.float64, summed=True), "y_sum": Field((), torch.float64, summed=True)}
-    if bounds:
-        fields.update(x_min=Field((d,)), x_max=Field((d,)))
-    return fields
-
-
-def summarise(clients: Sequence[ClientData], stage: str, bounds: bool = False, center: float = 0.0):
-    """A batch of clients' ``summarise`` reply (one row per client, tensors), from their raw data."""
+def client_summaries(clients: Sequence[ClientData], stage: str, bounds: bool = False, center: float = 0.0):
+    """A batch of clients' reply to the ``summarise`` task (one row per client, tensors), from their
+    raw data (:func:`fedgp.messages.summary_fields` declares it)."""
     if stage == "spread":
         return {"y_sumsq": torch.stack([((c.y - center) ** 2).sum() for c in clients]).to(torch.float64)}
     out = {
@@ -256,10 +242,8 @@ def _through_origin(spec) -> bool:
     )
 
 
-def auto_reason(spec) -> str | None:
+def _auto_reason(spec) -> str | None:
     """Why ``"auto"`` leaves this spec's data alone, or ``None`` (then it transforms them)."""
-    if spec is None:
-        return None
     fixed = [p.name for p in spec.params if not p.trainable]
     if fixed:
         return f"the spec fixes {', '.join(fixed)} in the data's units"
@@ -268,24 +252,57 @@ def auto_reason(spec) -> str | None:
     return None
 
 
-def resolve_transforms(spec, outcome, inputs) -> tuple[Standardize | None, Normalize | None]:
-    """``fit``'s ``"auto"``: ``Standardize()`` and ``Normalize()``, unless :func:`auto_reason` says
-    the spec's values are tied to the data's units: a fixed hyper-parameter, or regression through
-    the origin (a bias-free ``LinearMean``), which either shift would change."""
-    origin = auto_reason(spec) is not None
-    if outcome == "auto":
-        outcome = None if origin else Standardize()
-    if inputs == "auto":
-        inputs = None if origin else Normalize()
-    if outcome is not None and not isinstance(outcome, Standardize):
-        raise TypeError(
-            f"outcome_transform must be 'auto', fedgp.transforms.Standardize(...) or None, got {outcome!r}"
+@dataclass(frozen=True)
+class Transforms:
+    """The data transforms of a run (``fit(..., transforms=...)``).
+
+    ``outcome``: :class:`Standardize` (the federation's mean and sd, from summed counts and sums),
+    ``Standardize(local=True)`` (each client's own), or ``None``. ``inputs``: :class:`Normalize`
+    (the unit cube from the federation's min/max, or ``Normalize(bounds=...)``), or ``None``.
+    ``"auto"`` (both defaults): ``Standardize()`` and ``Normalize()``, except when the spec fixes a
+    hyper-parameter (its value is in the data's units) or its mean is linear without a bias
+    (regression through the origin, which a shift would change): then none, and the history says
+    why. Predictions, variances and metrics always come back in the original units; the learned
+    hyper-parameters are in the transformed ones.
+    """
+
+    outcome: Standardize | str | None = "auto"
+    inputs: Normalize | str | None = "auto"
+
+    def __post_init__(self) -> None:
+        if not (self.outcome in (None, "auto") or isinstance(self.outcome, Standardize)):
+            raise InputTypeError(
+                f"Transforms(outcome=...) must be 'auto', fedgp.transforms.Standardize(...) or None, "
+                f"got {self.outcome!r}"
+            )
+        if not (self.inputs in (None, "auto") or isinstance(self.inputs, Normalize)):
+            raise InputTypeError(
+                f"Transforms(inputs=...) must be 'auto', fedgp.transforms.Normalize(...) or None, "
+                f"got {self.inputs!r}"
+            )
+
+    @classmethod
+    def of(cls, transforms: Transforms | str | None) -> Transforms:
+        """``fit``'s ``transforms`` argument as an object: ``"auto"``, ``None`` (none) or a ``Transforms``."""
+        if isinstance(transforms, Transforms):
+            return transforms
+        if transforms == "auto":
+            return cls()
+        if transforms is None:
+            return cls(None, None)
+        raise InputTypeError(
+            f"transforms must be 'auto', None or fedgp.transforms.Transforms(outcome=..., inputs=...), "
+            f"got {transforms!r}"
         )
-    if inputs is not None and not isinstance(inputs, Normalize):
-        raise TypeError(
-            f"input_transform must be 'auto', fedgp.transforms.Normalize(...) or None, got {inputs!r}"
-        )
-    return outcome, inputs
+
+    def resolve(self, spec) -> tuple[Standardize | None, Normalize | None, str]:
+        """``(outcome, inputs, note)`` for ``spec``: ``"auto"`` decided, and why it left the data
+        alone if it did (``""`` otherwise)."""
+        auto = "auto" in (self.outcome, self.inputs)
+        reason = _auto_reason(spec) if auto else None
+        outcome = (None if reason else Standardize()) if self.outcome == "auto" else self.outcome
+        inputs = (None if reason else Normalize()) if self.inputs == "auto" else self.inputs
+        return outcome, inputs, f"'auto' transforms nothing: {reason}" if reason else ""
 
 
 def learn(
@@ -301,7 +318,7 @@ def learn(
     if inputs is not None:
         if inputs.bounds is not None:
             if inputs.bounds.shape[1] != d:
-                raise ValueError(
+                raise InputError(
                     f"Normalize bounds are for {inputs.bounds.shape[1]} features; the data have {d}"
                 )
             lower, upper = inputs.bounds[0], inputs.bounds[1]
@@ -318,11 +335,11 @@ def learn(
             float(sums["y_sumsq"]),
         )
         if n < 2:
-            raise ValueError("Standardize needs at least two training targets in the federation")
+            raise InputError("Standardize needs at least two training targets in the federation")
         sd = math.sqrt(sqdev / (n - 1))
         if not sd > 0:
-            raise ValueError(
-                "Standardize: the federation's targets are constant (sd 0); pass outcome_transform=None"
+            raise InputError(
+                "Standardize: the federation's targets are constant (sd 0); pass Transforms(outcome=None)"
             )
         fields.update(
             y_offset=torch.tensor(mean, dtype=torch.float64), y_scale=torch.tensor(sd, dtype=torch.float64)

@@ -23,6 +23,7 @@ from abc import ABC, abstractmethod
 import numpy as np
 import torch
 
+from fedgp.errors import InputError
 from fedgp.messages import Configurable
 from fedgp.models.spec import GPSpec
 from fedgp.models.state import HyperState
@@ -36,14 +37,14 @@ SPACES = ("constrained", "raw")
 def check_space(space: str) -> None:
     """Refuse an ``average_space`` other than ``"constrained"`` or ``"raw"`` with a ``ValueError``."""
     if space not in SPACES:
-        raise ValueError(f"average_space must be 'constrained' or 'raw', got {space!r}")
+        raise InputError(f"average_space must be 'constrained' or 'raw', got {space!r}")
 
 
 def check_count(name: str, value, minimum: int) -> None:
     """Refuse a count that is not an ``int`` of at least ``minimum`` (a ``bool`` is refused too), naming the
     setting."""
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
+        raise InputError(f"{name} must be an int >= {minimum}, got {value!r}")
 
 
 class StateAggregator(Configurable, ABC):
@@ -64,9 +65,9 @@ class StateAggregator(Configurable, ABC):
         """Combine ``states`` (batch ``(P,)``) with ``weights`` ``(P,)``; ``rng`` drives randomised
         rules (bucketing), which otherwise use their own seed."""
         if len(weights) == 0:
-            raise ValueError(f"{type(self).__name__}: cannot aggregate an empty set of states")
+            raise InputError(f"{type(self).__name__}: cannot aggregate an empty set of states")
         if tuple(states.batch_shape[:1]) != (len(weights),):
-            raise ValueError(
+            raise InputError(
                 f"{type(self).__name__}: {tuple(states.batch_shape)} states for {len(weights)} weights"
             )
         check_space(self.space)
@@ -85,7 +86,7 @@ class StateAggregator(Configurable, ABC):
 
     def _vector(self, values, centre, trained, weights, rng) -> dict[str, torch.Tensor]:
         if len(values.batch_shape) != 1:
-            raise ValueError(
+            raise InputError(
                 f"{type(self).__name__} combines one state per participant, "
                 f"got batch {tuple(values.batch_shape)}"
             )

@@ -9,6 +9,7 @@ import torch
 
 from fedgp.aggregators.base import StateAggregator, check_count, check_space
 from fedgp.aggregators.coordinate import CoordinateMedian
+from fedgp.errors import InputError
 
 __all__ = ["Bucketing"]
 
@@ -35,7 +36,7 @@ class Bucketing(StateAggregator):
         check_space(self.space)
         check_count("Bucketing: size", self.size, 1)
         if isinstance(self.inner, Bucketing):
-            raise ValueError("Bucketing: the inner rule cannot itself be Bucketing")
+            raise InputError("Bucketing: the inner rule cannot itself be Bucketing")
 
     def combine(self, values, weights, rng=None):
         n = values.shape[0]

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from fedgp.aggregators.base import StateAggregator, check_count, check_space
+from fedgp.errors import InputError
 
 __all__ = ["CenteredClipping"]
 
@@ -29,7 +30,7 @@ class CenteredClipping(StateAggregator):
         check_space(self.space)
         check_count("CenteredClipping: iterations", self.iterations, 1)
         if not self.tau > 0:
-            raise ValueError(f"CenteredClipping: tau must be > 0, got {self.tau}")
+            raise InputError(f"CenteredClipping: tau must be > 0, got {self.tau}")
 
     def combine(self, values, weights, rng=None):
         v = torch.zeros(values.shape[1], dtype=values.dtype)

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from fedgp.aggregators.base import StateAggregator, check_count, check_space
+from fedgp.errors import InputError
 
 __all__ = ["CoordinateMedian", "TrimmedMean"]
 
@@ -46,6 +47,6 @@ class TrimmedMean(StateAggregator):
     def combine(self, values, weights, rng=None):
         n = values.shape[0]
         if n <= 2 * self.f:
-            raise ValueError(f"TrimmedMean(f={self.f}) needs more than {2 * self.f} participants, got {n}")
+            raise InputError(f"TrimmedMean(f={self.f}) needs more than {2 * self.f} participants, got {n}")
         ordered = torch.sort(values, dim=0).values
         return ordered[self.f : n - self.f].mean(0)

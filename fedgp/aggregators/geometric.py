@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from fedgp.aggregators.base import StateAggregator, check_count, check_space
+from fedgp.errors import InputError
 
 __all__ = ["GeometricMedian", "weiszfeld"]
 
@@ -40,7 +41,7 @@ class GeometricMedian(StateAggregator):
         check_space(self.space)
         check_count("GeometricMedian: iterations", self.iterations, 1)
         if not self.smoothing > 0:
-            raise ValueError(f"GeometricMedian: smoothing must be > 0, got {self.smoothing}")
+            raise InputError(f"GeometricMedian: smoothing must be > 0, got {self.smoothing}")
 
     def combine(self, values, weights, rng=None):
         return weiszfeld(values, self.iterations, self.smoothing)

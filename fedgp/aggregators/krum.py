@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from fedgp.aggregators.base import StateAggregator, check_count, check_space
+from fedgp.errors import InputError
 
 __all__ = ["Krum", "MultiKrum", "krum_scores"]
 
@@ -16,7 +17,7 @@ def krum_scores(points: torch.Tensor, f: int) -> torch.Tensor:
     n = points.shape[0]
     k = n - f - 2
     if k < 1:
-        raise ValueError(f"Krum with f = {f} needs at least f + 3 = {f + 3} participants, got {n}")
+        raise InputError(f"Krum with f = {f} needs at least f + 3 = {f + 3} participants, got {n}")
     d2 = ((points.unsqueeze(0) - points.unsqueeze(1)) ** 2).sum(-1)
     d2.fill_diagonal_(float("inf"))
     return torch.sort(d2, dim=1).values[:, :k].sum(1)
@@ -59,6 +60,6 @@ class MultiKrum(StateAggregator):
         n = values.shape[0]
         m = n - self.f if self.m is None else self.m
         if m > n:
-            raise ValueError(f"MultiKrum: m = {m} exceeds the {n} participants")
+            raise InputError(f"MultiKrum: m = {m} exceeds the {n} participants")
         chosen = torch.sort(krum_scores(values, self.f), stable=True).indices[:m]
         return values[chosen].mean(0)

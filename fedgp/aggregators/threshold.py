@@ -8,6 +8,7 @@ import torch
 
 from fedgp.aggregators.base import StateAggregator, check_count, check_space
 from fedgp.clustering.threshold import QuantileRadius, Radius, threshold_clustering
+from fedgp.errors import InputError
 
 __all__ = ["ThresholdMean"]
 
@@ -35,7 +36,7 @@ class ThresholdMean(StateAggregator):
         check_space(self.space)
         check_count("ThresholdMean: iterations", self.iterations, 1)
         if self.start not in ("previous", "median"):
-            raise ValueError(f"ThresholdMean: start must be 'previous' or 'median', got {self.start!r}")
+            raise InputError(f"ThresholdMean: start must be 'previous' or 'median', got {self.start!r}")
 
     def combine(self, values, weights, rng=None):
         if self.start == "median":

@@ -6,7 +6,7 @@ of the seed only) or given by id (``clients``). Then, every training round:
 
 * a **reply attack** (:mod:`fedgp.attacks.replies`) replaces the attacked clients' replies
   *on the server side*, after the engine returned them and before the strategy aggregates them —
-  in :func:`fedgp.rounds.exchange`, on the engine's outcome — so every engine goes through the same
+  in :func:`fedgp.run.exchange.exchange`, on the engine's outcome — so every engine goes through the same
   code. Omniscient attacks see every honest reply of the round. They act on *updates* in raw units,
   as the strategy describes them (:class:`~fedgp.strategies.surface.AttackSurface`): a forged
   variance stays positive, and the engine's reply checks have already run (a forged reply is
@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 
+from fedgp.errors import InputError
 from fedgp.messages import Configurable
 from fedgp.rng import generator
 
@@ -49,13 +50,13 @@ class Attack(Configurable, ABC):
     def __post_init__(self) -> None:
         given = [x is not None for x in (self.fraction, self.count, self.clients)]
         if sum(given) != 1:
-            raise ValueError(f"{type(self).__name__}: give exactly one of fraction, count or clients")
+            raise InputError(f"{type(self).__name__}: give exactly one of fraction, count or clients")
         if self.fraction is not None and not 0.0 < self.fraction < 1.0:
-            raise ValueError(f"{type(self).__name__}: fraction must be in (0, 1), got {self.fraction}")
+            raise InputError(f"{type(self).__name__}: fraction must be in (0, 1), got {self.fraction}")
         if self.count is not None and (isinstance(self.count, bool) or not isinstance(self.count, int)):
-            raise ValueError(f"{type(self).__name__}: count must be an int, got {self.count!r}")
+            raise InputError(f"{type(self).__name__}: count must be an int, got {self.count!r}")
         if self.count is not None and self.count < 1:
-            raise ValueError(f"{type(self).__name__}: count must be >= 1, got {self.count}")
+            raise InputError(f"{type(self).__name__}: count must be >= 1, got {self.count}")
         if self.clients is not None:
             object.__setattr__(self, "clients", tuple(self.clients))
 
@@ -65,17 +66,17 @@ class Attack(Configurable, ABC):
         if self.clients is not None:
             missing = [c for c in self.clients if c not in ids]
             if missing:
-                raise ValueError(f"{type(self).__name__}: no client with id(s) {missing[:5]}")
+                raise InputError(f"{type(self).__name__}: no client with id(s) {missing[:5]}")
             chosen = sorted({list(ids).index(c) for c in self.clients})
         else:
             count = self.count if self.count is not None else int(round(self.fraction * n))
             if not 1 <= count < n:
-                raise ValueError(
+                raise InputError(
                     f"{type(self).__name__}: {count} attacked clients of {n}; need at least one of each"
                 )
             chosen = sorted(generator(seed, "attackers").choice(n, size=count, replace=False).tolist())
         if len(chosen) >= n:
-            raise ValueError(f"{type(self).__name__}: every client is attacked; at least one must be honest")
+            raise InputError(f"{type(self).__name__}: every client is attacked; at least one must be honest")
         return torch.tensor(chosen, dtype=torch.long)
 
     def task_options(self, attackers: torch.Tensor) -> dict[str, Any]:
@@ -100,7 +101,7 @@ class Attack(Configurable, ABC):
 
 @dataclass(frozen=True)
 class BoundAttack:
-    """An attack bound to a run. ``tamper(rnd, plan)`` is the hook :func:`fedgp.rounds.exchange`
+    """An attack bound to a run. ``tamper(rnd, plan)`` is the hook :func:`fedgp.run.exchange.exchange`
     applies to the engine's outcome."""
 
     attack: Attack

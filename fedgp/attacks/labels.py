@@ -23,6 +23,7 @@ import gpytorch
 import torch
 
 from fedgp.attacks.base import Attack
+from fedgp.errors import InputError
 from fedgp.models.linear import linear_model
 from fedgp.strategies.base import TrainResult
 
@@ -52,7 +53,7 @@ def _mean_names(spec, client) -> list[str]:
         model.features(client.X, client)
         return list(model.names)
     except ValueError as err:
-        raise ValueError(
+        raise InputError(
             f"LabelFlip needs a mean linear in its parameters (or ZeroMean), so that training on −y is "
             f"training at the negated mean parameters: {err}"
         ) from None

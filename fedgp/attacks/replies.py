@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import torch
 
 from fedgp.attacks.base import Attack
+from fedgp.errors import InputError
 
 __all__ = ["Gaussian", "BitFlip", "SignFlip", "IPM", "ALIE", "Mimic", "EdgeOfBall"]
 
@@ -100,7 +101,7 @@ class ALIE(Attack):
         s = (n // 2 + 1) - f
         p = (n - s) / n
         if not 0.0 < p < 1.0:
-            raise ValueError(f"ALIE: no finite z for n = {n} participants and f = {f} attackers; give z")
+            raise InputError(f"ALIE: no finite z for n = {n} participants and f = {f} attackers; give z")
         return float(torch.special.ndtri(torch.tensor(p, dtype=torch.float64)))
 
     def forge(self, updates, honest, attacked, owners, positions, rng):
@@ -146,7 +147,7 @@ class EdgeOfBall(Attack):
 
     def check(self, num_clients: int) -> None:
         if self.labels is not None and len(self.labels) != num_clients:
-            raise ValueError(f"EdgeOfBall: {len(self.labels)} labels for {num_clients} clients")
+            raise InputError(f"EdgeOfBall: {len(self.labels)} labels for {num_clients} clients")
 
     def forge(self, updates, honest, attacked, owners, positions, rng):
         good = torch.nonzero(honest).flatten()

@@ -7,6 +7,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from fedgp.errors import InputError
+
 __all__ = ["kmeans_plus_plus", "lloyd", "kmeans", "assign"]
 
 
@@ -14,9 +16,9 @@ def _array(points) -> np.ndarray:
     points = points.numpy() if isinstance(points, torch.Tensor) else np.asarray(points)
     points = np.asarray(points, dtype=np.float64)
     if points.ndim != 2 or len(points) == 0:
-        raise ValueError(f"k-means needs points of shape (N, P) with N >= 1, got {points.shape}")
+        raise InputError(f"k-means needs points of shape (N, P) with N >= 1, got {points.shape}")
     if not np.isfinite(points).all():
-        raise ValueError("k-means: the points contain NaN or inf")
+        raise InputError("k-means: the points contain NaN or inf")
     return points
 
 
@@ -26,7 +28,7 @@ def kmeans_plus_plus(points, k: int, rng: np.random.Generator) -> np.ndarray:
     points = _array(points)
     n = len(points)
     if not 1 <= k <= n:
-        raise ValueError(f"k-means: k must be in [1, {n}] (the number of points), got {k}")
+        raise InputError(f"k-means: k must be in [1, {n}] (the number of points), got {k}")
     chosen = [int(rng.integers(n))]
     for _ in range(1, k):
         d2 = np.min(((points[:, None, :] - points[chosen][None]) ** 2).sum(-1), axis=1)
@@ -62,7 +64,7 @@ def kmeans(
     within-cluster sum of squares wins. Returns ``(centres (k, P), labels (N,))`` as numpy arrays."""
     points = _array(points)
     if len(points) < k:
-        raise ValueError(f"k-means needs at least k = {k} points, got {len(points)}")
+        raise InputError(f"k-means needs at least k = {k} points, got {len(points)}")
     best = None
     for _ in range(restarts):
         c, labels = lloyd(points, points[kmeans_plus_plus(points, k, rng)], iterations)

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import torch
 
 from fedgp.clustering.kmeans import lloyd
+from fedgp.errors import InputError
 from fedgp.messages import Configurable
 
 __all__ = [
@@ -59,7 +60,7 @@ class FixedRadius(Radius):
         if tau == "inf" or (isinstance(tau, float) and math.isinf(tau) and tau > 0):
             object.__setattr__(self, "tau", "inf")
         elif isinstance(tau, bool) or not isinstance(tau, (int, float)) or not tau >= 0:
-            raise ValueError(f"FixedRadius: tau must be a number >= 0 or math.inf, got {tau!r}")
+            raise InputError(f"FixedRadius: tau must be a number >= 0 or math.inf, got {tau!r}")
 
     def __call__(self, distances, mask):
         return torch.full(distances.shape[:1], float(self.tau), dtype=torch.float64)
@@ -80,9 +81,9 @@ class QuantileRadius(Radius):
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.q <= 1.0:
-            raise ValueError(f"QuantileRadius: q must be in [0, 1], got {self.q}")
+            raise InputError(f"QuantileRadius: q must be in [0, 1], got {self.q}")
         if not self.scale > 0:
-            raise ValueError(f"QuantileRadius: scale must be > 0, got {self.scale}")
+            raise InputError(f"QuantileRadius: scale must be > 0, got {self.scale}")
 
     def __call__(self, distances, mask):
         n = mask.sum(-1)
@@ -102,7 +103,7 @@ class KMeansRadius(Radius):
 
     def __post_init__(self) -> None:
         if self.clusters < 2:
-            raise ValueError(f"KMeansRadius: clusters must be >= 2, got {self.clusters}")
+            raise InputError(f"KMeansRadius: clusters must be >= 2, got {self.clusters}")
 
     def __call__(self, distances, mask):
         out = torch.empty(distances.shape[0], dtype=torch.float64)
@@ -146,7 +147,7 @@ def threshold_clustering(
     """
     radius = QuantileRadius() if radius is None else radius
     if not isinstance(iterations, int) or iterations < 1:
-        raise ValueError(f"threshold_clustering: iterations must be an int >= 1, got {iterations!r}")
+        raise InputError(f"threshold_clustering: iterations must be an int >= 1, got {iterations!r}")
     points = torch.as_tensor(points, dtype=torch.float64)
     centres = torch.as_tensor(centres, dtype=torch.float64)
     single = points.dim() == 2
@@ -154,23 +155,23 @@ def threshold_clustering(
         points, centres = points.unsqueeze(0), centres.unsqueeze(0)
         mask = None if mask is None else torch.as_tensor(mask).unsqueeze(0)
     if points.dim() != 3 or centres.dim() != 3:
-        raise ValueError(
+        raise InputError(
             f"threshold_clustering: points must be (N, P) or (B, N, P) and centres (K, P) or (B, K, P); "
             f"got {tuple(points.shape)} and {tuple(centres.shape)}"
         )
     B, N, P = points.shape
     if centres.shape[0] != B or centres.shape[2] != P:
-        raise ValueError(
+        raise InputError(
             f"threshold_clustering: centres {tuple(centres.shape)} do not match points {tuple(points.shape)}"
         )
     mask = torch.ones(B, N, dtype=torch.bool) if mask is None else torch.as_tensor(mask, dtype=torch.bool)
     if mask.shape != (B, N):
-        raise ValueError(f"threshold_clustering: mask has shape {tuple(mask.shape)}, expected {(B, N)}")
+        raise InputError(f"threshold_clustering: mask has shape {tuple(mask.shape)}, expected {(B, N)}")
     count = mask.sum(-1)
     if bool((count == 0).any()):
-        raise ValueError("threshold_clustering: a problem has no points (its mask is all False)")
+        raise InputError("threshold_clustering: a problem has no points (its mask is all False)")
     if not bool(torch.isfinite(points[mask]).all()) or not bool(torch.isfinite(centres).all()):
-        raise ValueError("threshold_clustering: points or centres contain NaN or inf")
+        raise InputError("threshold_clustering: points or centres contain NaN or inf")
     K = centres.shape[1]
     v = centres.clone()
     rows_mask = mask.unsqueeze(1).expand(B, K, N)

@@ -22,7 +22,7 @@ from fedgp.data.partition import (
     SizeSkewedPartitioner,
     skewed_sizes,
 )
-from fedgp.data.registry import DataFileError, DataFileMissing, data_root
+from fedgp.data.registry import data_root
 from fedgp.data.sarcos import SARCOS, load_sarcos
 from fedgp.data.synthetic import (
     GPDraws,
@@ -63,8 +63,6 @@ __all__ = [
     "CMAPSS",
     "load_sarcos",
     "SARCOS",
-    "DataFileError",
-    "DataFileMissing",
     "data_root",
     "MultiFidelityFunction",
     "MultiFidelityProblem",

@@ -15,6 +15,8 @@ import numpy as np
 import pandas as pd
 import torch
 
+from fedgp.errors import InputError, UnknownNameError
+
 __all__ = ["ClientData", "Federation"]
 
 ArrayLike = Any  # numpy array, torch tensor, pandas object or nested sequence
@@ -25,7 +27,7 @@ MIN_TRAINING_POINTS = 2
 def check_trainable(client: Any, n: int) -> None:
     """Refuse a client with fewer than ``MIN_TRAINING_POINTS`` for training, naming it and the fix."""
     if n < MIN_TRAINING_POINTS:
-        raise ValueError(
+        raise InputError(
             f"client {client!r}: {n} training point(s); training needs at least {MIN_TRAINING_POINTS} "
             "per client. Leave it out of the federation and predict for it as a new client after "
             "fitting: result.predict(X, client=<its ClientData>)"
@@ -91,24 +93,24 @@ def _as_float_tensor(value: ArrayLike, client: Any, name: str) -> torch.Tensor:
         value = _from_pandas(value, client, name)
     if isinstance(value, torch.Tensor):
         if value.is_sparse or value.layout != torch.strided:
-            raise ValueError(f"{label}: {name} is a {value.layout} tensor; pass a dense tensor (.to_dense())")
+            raise InputError(f"{label}: {name} is a {value.layout} tensor; pass a dense tensor (.to_dense())")
         if value.dtype not in _TORCH_REAL:
             raise _refuse_dtype(client, name, value.dtype)
         try:
             source = value.detach().to("cpu")
         except (RuntimeError, NotImplementedError) as err:
-            raise ValueError(f"{label}: {name} cannot be copied to the CPU ({err})") from None
+            raise InputError(f"{label}: {name} cannot be copied to the CPU ({err})") from None
         tensor = source.to(torch.float64, copy=True)
         wide = source.is_floating_point() and bool(torch.isfinite(source).all())
     else:
         if isinstance(value, np.ma.MaskedArray) and bool(np.ma.getmaskarray(value).any()):
-            raise ValueError(
+            raise InputError(
                 f"{label}: {name} is a masked array with masked entries; fill or drop them first"
             )
         try:
             array = np.asarray(value)
         except (ValueError, TypeError) as err:
-            raise ValueError(f"{label}: {name} cannot be read as a numeric array ({err})") from None
+            raise InputError(f"{label}: {name} cannot be read as a numeric array ({err})") from None
         if array.dtype.kind not in "iuf":
             raise _refuse_dtype(client, name, array.dtype)
         with np.errstate(over="ignore"):
@@ -116,7 +118,7 @@ def _as_float_tensor(value: ArrayLike, client: Any, name: str) -> torch.Tensor:
         tensor = torch.from_numpy(converted)
         wide = array.dtype.kind == "f" and bool(np.isfinite(array).all())
     if wide and not bool(torch.isfinite(tensor).all()):
-        raise ValueError(f"{label}: {name} has finite values beyond float64's range; rescale the data")
+        raise InputError(f"{label}: {name} has finite values beyond float64's range; rescale the data")
     return tensor.contiguous()
 
 
@@ -125,14 +127,14 @@ def _check_finite(tensor: torch.Tensor, client: Any, name: str) -> None:
     if bool(bad.any()):
         rows = torch.nonzero(bad.reshape(tensor.shape[0], -1).any(dim=1)).flatten()
         kind = "NaN" if bool(torch.isnan(tensor).any()) else "inf"
-        raise ValueError(
+        raise InputError(
             f"{_client_label(client)}: {name} contains {int(bad.sum())} non-finite value(s) ({kind}), "
             f"first at row {int(rows[0])}"
         )
     if tensor.numel():
         peak = float(tensor.abs().max())
         if peak >= MAX_MAGNITUDE:
-            raise ValueError(
+            raise InputError(
                 f"{_client_label(client)}: {name} has values up to {peak:.3g} in magnitude; fedgp refuses "
                 f"|values| >= {MAX_MAGNITUDE:g}, whose squares near float64's limit in the kernel and "
                 "likelihood. Rescale (standardise) the data."
@@ -142,19 +144,19 @@ def _check_finite(tensor: torch.Tensor, client: Any, name: str) -> None:
 def _check_shapes(X: torch.Tensor, y: torch.Tensor, client: Any, xname: str, yname: str) -> None:
     label = _client_label(client)
     if X.dim() != 2:
-        raise ValueError(
+        raise InputError(
             f"{label}: {xname} must be 2-D (n_points, n_features), got shape {tuple(X.shape)}"
             + ("; for one feature use X[:, None]" if X.dim() == 1 else "")
         )
     if y.dim() != 1:
-        raise ValueError(
+        raise InputError(
             f"{label}: {yname} must be 1-D (n_points,), got shape {tuple(y.shape)}"
             + ("; for a column vector use y.ravel()" if y.dim() == 2 and y.shape[1] == 1 else "")
         )
     if X.shape[0] != y.shape[0]:
-        raise ValueError(f"{label}: {xname} has {X.shape[0]} rows but {yname} has {y.shape[0]}")
+        raise InputError(f"{label}: {xname} has {X.shape[0]} rows but {yname} has {y.shape[0]}")
     if X.shape[1] == 0:
-        raise ValueError(f"{label}: {xname} has no features")
+        raise InputError(f"{label}: {xname} has no features")
 
 
 def _check_pair(X: torch.Tensor, y: torch.Tensor, client: Any, xname: str, yname: str) -> None:
@@ -166,11 +168,11 @@ def _check_pair(X: torch.Tensor, y: torch.Tensor, client: Any, xname: str, yname
 def _check_id(client_id: Any, where: str) -> None:
     """Ids key clients in dicts and messages: they must be hashable, equal to themselves, scalars."""
     if isinstance(client_id, (torch.Tensor, np.ndarray)):
-        raise ValueError(f"{where}: id {client_id!r} is an array; use a str or an int (e.g. .item())")
+        raise InputError(f"{where}: id {client_id!r} is an array; use a str or an int (e.g. .item())")
     try:
         hash(client_id)
     except TypeError:
-        raise ValueError(
+        raise InputError(
             f"{where}: id {client_id!r} is not hashable ({type(client_id).__name__}); use a str or an int"
         ) from None
     try:
@@ -178,7 +180,7 @@ def _check_id(client_id: Any, where: str) -> None:
     except Exception:  # an __eq__ that does not give a truth value cannot key a client
         itself = False
     if not itself:
-        raise ValueError(f"{where}: id {client_id!r} is not equal to itself (NaN?); use a str or an int")
+        raise InputError(f"{where}: id {client_id!r} is not equal to itself (NaN?); use a str or an int")
 
 
 @dataclass(frozen=True, eq=False)
@@ -213,39 +215,39 @@ class ClientData:
         y = _as_float_tensor(self.y, cid, "y")
         _check_pair(X, y, cid, "X", "y")
         if X.shape[0] >= 2 and bool((y == y[0]).all()):
-            raise ValueError(
+            raise InputError(
                 f"client {cid!r}: y is constant ({float(y[0])!r} at all {y.shape[0]} points); "
                 "its marginal likelihood has no information about the kernel"
             )
         object.__setattr__(self, "X", X)
         object.__setattr__(self, "y", y)
         if (self.X_test is None) != (self.y_test is None):
-            raise ValueError(f"client {cid!r}: give both X_test and y_test, or neither")
+            raise InputError(f"client {cid!r}: give both X_test and y_test, or neither")
         if self.X_test is not None:
             Xt = _as_float_tensor(self.X_test, cid, "X_test")
             yt = _as_float_tensor(self.y_test, cid, "y_test")
             _check_pair(Xt, yt, cid, "X_test", "y_test")
             if Xt.shape[0] == 0:
-                raise ValueError(f"client {cid!r}: X_test is empty; pass None for no test split")
+                raise InputError(f"client {cid!r}: X_test is empty; pass None for no test split")
             if Xt.shape[1] != X.shape[1]:
-                raise ValueError(f"client {cid!r}: X_test has {Xt.shape[1]} features but X has {X.shape[1]}")
+                raise InputError(f"client {cid!r}: X_test has {Xt.shape[1]} features but X has {X.shape[1]}")
             object.__setattr__(self, "X_test", Xt)
             object.__setattr__(self, "y_test", yt)
         if not isinstance(self.metadata, Mapping):
-            raise ValueError(
+            raise InputError(
                 f"client {cid!r}: metadata must be a mapping (a dict), got {type(self.metadata).__name__}"
             )
         object.__setattr__(self, "metadata", dict(self.metadata))
         if self.noise is not None:
             noise = _as_float_tensor(self.noise, cid, "noise")
             if noise.shape != y.shape:
-                raise ValueError(
+                raise InputError(
                     f"client {cid!r}: noise must have one variance per training point, shape "
                     f"{tuple(y.shape)}, got {tuple(noise.shape)}"
                 )
             _check_finite(noise, cid, "noise")
             if bool((noise <= 0).any()):
-                raise ValueError(f"client {cid!r}: noise variances must be > 0, got min {float(noise.min())}")
+                raise InputError(f"client {cid!r}: noise variances must be > 0, got min {float(noise.min())}")
             object.__setattr__(self, "noise", noise)
 
     @property
@@ -274,12 +276,12 @@ class ClientData:
         raises ``ValueError``.
         """
         if not 0.0 < test_fraction < 1.0:
-            raise ValueError(f"test_fraction must be in (0, 1), got {test_fraction}")
+            raise InputError(f"test_fraction must be in (0, 1), got {test_fraction}")
         rng = np.random.default_rng(rng)
         n_test = int(round(test_fraction * self.n))
         n_test = min(max(n_test, 1), self.n - 2)
         if n_test < 1:
-            raise ValueError(f"client {self.id!r}: {self.n} points are too few to split off a test set")
+            raise InputError(f"client {self.id!r}: {self.n} points are too few to split off a test set")
         perm = torch.from_numpy(rng.permutation(self.n))
         test, train = perm[:n_test].sort().values, perm[n_test:].sort().values
         noise = None if self.noise is None else self.noise[train]
@@ -304,22 +306,22 @@ class Federation(Sequence[ClientData]):
     def __init__(self, clients: Iterable[ClientData]) -> None:
         clients = list(clients)
         if not clients:
-            raise ValueError("a federation needs at least one client")
+            raise InputError("a federation needs at least one client")
         seen: dict[Any, int] = {}
         for index, client in enumerate(clients):
             if not isinstance(client, ClientData):
-                raise ValueError(f"client at position {index} is a {type(client).__name__}, not ClientData")
+                raise InputError(f"client at position {index} is a {type(client).__name__}, not ClientData")
             if client.id is None:
                 client = replace(client, id=index)
                 clients[index] = client
             if client.id in seen:
-                raise ValueError(
+                raise InputError(
                     f"duplicate client id {client.id!r} at positions {seen[client.id]} and {index}"
                 )
             seen[client.id] = index
             check_trainable(client.id, client.n)
             if client.n_features != clients[0].n_features:
-                raise ValueError(
+                raise InputError(
                     f"client {client.id!r}: {client.n_features} features, but client "
                     f"{clients[0].id!r} has {clients[0].n_features}"
                 )
@@ -347,7 +349,7 @@ class Federation(Sequence[ClientData]):
         try:
             return self._index[client_id]
         except KeyError:
-            raise KeyError(f"no client with id {client_id!r}") from None
+            raise UnknownNameError(f"no client with id {client_id!r}") from None
 
     # -- summaries ----------------------------------------------------------------------------
     @property
@@ -414,12 +416,12 @@ class Federation(Sequence[ClientData]):
         try:
             parts = list(parts)
         except TypeError:
-            raise ValueError(
+            raise InputError(
                 f"from_partition: parts must be a sequence of row-index arrays, got {type(parts).__name__}"
             ) from None
         ids = list(range(len(parts))) if ids is None else list(ids)
         if len(ids) != len(parts):
-            raise ValueError(f"from_partition: {len(parts)} partitions but {len(ids)} ids")
+            raise InputError(f"from_partition: {len(parts)} partitions but {len(ids)} ids")
         rows = [_rows(p, X.shape[0], i) for i, p in zip(ids, parts)]
         return cls(ClientData(X[r], y[r], id=i) for i, r in zip(ids, rows))
 
@@ -437,14 +439,14 @@ def _rows(selection: Any, n: int, client: Any) -> torch.Tensor:
     try:
         array = np.asarray(selection.numpy(force=True) if isinstance(selection, torch.Tensor) else selection)
     except (ValueError, TypeError) as err:
-        raise ValueError(
+        raise InputError(
             f"client {client!r}: its partition cannot be read as an index array ({err})"
         ) from None
     if array.ndim != 1:
-        raise ValueError(f"client {client!r}: its partition must be 1-D, got shape {array.shape}")
+        raise InputError(f"client {client!r}: its partition must be 1-D, got shape {array.shape}")
     if array.dtype.kind == "b":
         if array.shape[0] != n:
-            raise ValueError(
+            raise InputError(
                 f"client {client!r}: its boolean mask has {array.shape[0]} entries but the pooled data have "
                 f"{n} rows"
             )
@@ -452,13 +454,13 @@ def _rows(selection: Any, n: int, client: Any) -> torch.Tensor:
     if array.size == 0 and array.dtype.kind == "f":
         array = array.astype(np.int64)  # np.asarray([]) is float64; an empty list selects no rows
     if array.dtype.kind not in "iu":
-        raise ValueError(
+        raise InputError(
             f"client {client!r}: its partition has dtype {array.dtype}; row indices must be integers "
             "(or a boolean mask)"
         )
     if array.size and (int(array.min()) < 0 or int(array.max()) >= n):
         bad = int(array.min()) if int(array.min()) < 0 else int(array.max())
-        raise ValueError(
+        raise InputError(
             f"client {client!r}: row index {bad} is outside [0, {n}) (negative indices are not wrapped)"
         )
     return torch.from_numpy(array.astype(np.int64))

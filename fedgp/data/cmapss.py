@@ -18,7 +18,8 @@ import numpy as np
 import pandas as pd
 
 from fedgp.data.client import ClientData, Federation
-from fedgp.data.registry import DataFileError, FileEntry, Registry, default_registry, locate
+from fedgp.data.registry import DataRegistry, FileEntry, default_registry, locate
+from fedgp.errors import DataFileError, InputError
 
 __all__ = ["CMAPSS", "load_cmapss", "COLUMNS", "SENSORS", "SENSOR_NAMES", "SUBSETS"]
 
@@ -42,7 +43,7 @@ def _sensor_column(sensor: str | int) -> str:
         by_name = {v.lower(): k for k, v in SENSOR_NAMES.items()}
         name = by_name.get(name.lower(), name)
     if name not in SENSORS:
-        raise ValueError(
+        raise InputError(
             f"unknown C-MAPSS sensor {sensor!r}; use s1..s21, 1..21 or a name such as 'T24' "
             f"({', '.join(f'{k}={v}' for k, v in SENSOR_NAMES.items())})"
         )
@@ -124,7 +125,7 @@ class CMAPSS:
     def frame(self, split: str = "train") -> pd.DataFrame:
         """The ``"train"`` or ``"test"`` table as loaded."""
         if split not in ("train", "test"):
-            raise ValueError(f"split must be 'train' or 'test', got {split!r}")
+            raise InputError(f"split must be 'train' or 'test', got {split!r}")
         return self.train if split == "train" else self.test
 
     def units(self, split: str = "train") -> list[int]:
@@ -138,7 +139,7 @@ class CMAPSS:
         rows = frame[frame["unit"] == unit]
         if rows.empty:
             units = self.units(split)
-            raise ValueError(f"C-MAPSS {self.subset} {split}: no unit {unit!r}; units are {units}")
+            raise InputError(f"C-MAPSS {self.subset} {split}: no unit {unit!r}; units are {units}")
         return rows[["unit", "cycle", column]].reset_index(drop=True)
 
     def federation(
@@ -157,7 +158,7 @@ class CMAPSS:
         the client's ``metadata`` (``y_mean``, ``y_std``) with ``unit``, ``sensor`` and ``split``.
         """
         if not x_scale > 0:
-            raise ValueError(f"x_scale must be positive, got {x_scale}")
+            raise InputError(f"x_scale must be positive, got {x_scale}")
         column = _sensor_column(sensor)
         frame = self.frame(split)
         chosen = self.units(split) if units is None else [int(u) for u in units]
@@ -165,12 +166,12 @@ class CMAPSS:
         clients = []
         for unit in chosen:
             if unit not in groups:
-                raise ValueError(f"C-MAPSS {self.subset} {split}: no unit {unit}")
+                raise InputError(f"C-MAPSS {self.subset} {split}: no unit {unit}")
             rows = groups[unit]
             y = rows[column].to_numpy(dtype=np.float64)
             mean, std = float(y.mean()), float(y.std())
             if std == 0.0:
-                raise ValueError(
+                raise InputError(
                     f"C-MAPSS {self.subset} {split} unit {unit}: sensor {column} ({SENSOR_NAMES[column]}) "
                     f"is constant ({mean!r}); it carries no degradation signal. In FD001 sensors "
                     "s1, s5, s10, s16, s18 and s19 are constant."
@@ -207,7 +208,7 @@ def load_cmapss(
     root: str | os.PathLike | None = None,
     download: bool = False,
     *,
-    registry: Registry | None = None,
+    registry: DataRegistry | None = None,
     progress: bool | None = None,
     timeout: float = 60.0,
 ) -> CMAPSS:
@@ -221,7 +222,7 @@ def load_cmapss(
     """
     subset = str(subset).upper()
     if subset not in SUBSETS:
-        raise ValueError(f"unknown C-MAPSS subset {subset!r}; one of {', '.join(SUBSETS)}")
+        raise InputError(f"unknown C-MAPSS subset {subset!r}; one of {', '.join(SUBSETS)}")
     registry = default_registry() if registry is None else registry
     paths, frames = {}, {}
     for split in ("train", "test"):

@@ -20,6 +20,7 @@ import torch
 
 from fedgp.data.client import ClientData, Federation
 from fedgp.data.synthetic import GPDraws, MixedRegression, gp_federation
+from fedgp.errors import InputError
 from fedgp.models.spec import GPSpec
 from fedgp.models.state import HyperState
 
@@ -64,14 +65,14 @@ def gaussian_mixed_regression(
     sizes = [int(s) for s in sizes]
     m = len(sizes)
     if k < 1 or d < 1 or m < 1:
-        raise ValueError(f"need k, d and the number of clients >= 1, got k={k}, d={d}, clients={m}")
+        raise InputError(f"need k, d and the number of clients >= 1, got k={k}, d={d}, clients={m}")
     if any(s < 2 for s in sizes):
-        raise ValueError(f"every client needs at least 2 points; sizes include {min(sizes)}")
+        raise InputError(f"every client needs at least 2 points; sizes include {min(sizes)}")
     shares = np.full(k, 1.0 / k) if shares is None else np.asarray(shares, dtype=np.float64)
     if len(shares) != k or not np.isclose(shares.sum(), 1.0) or (shares < 0).any():
-        raise ValueError(f"shares must be {k} non-negative fractions summing to 1, got {shares}")
+        raise InputError(f"shares must be {k} non-negative fractions summing to 1, got {shares}")
     if noise < 0 or random_effect < 0:
-        raise ValueError("noise and random_effect must be >= 0")
+        raise InputError("noise and random_effect must be >= 0")
     rng = np.random.default_rng(seed)
     scale = 2.0 / np.sqrt(d) if theta_scale is None else float(theta_scale)
     thetas = scale * rng.standard_normal((k, d))
@@ -88,7 +89,7 @@ def gaussian_mixed_regression(
             z[i] = int(np.argmax(target - held))
             held[z[i]] += sizes[i]
     else:
-        raise ValueError(f"labels must be 'iid', 'balanced' or 'data_shares', got {labels!r}")
+        raise InputError(f"labels must be 'iid', 'balanced' or 'data_shares', got {labels!r}")
     clients = []
     for i, n in enumerate(sizes):
         theta_i = thetas[z[i]] + (random_effect * rng.standard_normal(d) if random_effect else 0.0)
@@ -105,7 +106,7 @@ def su_xu_yang_setting(name: str, seed: int = 0, n_test: int = 0) -> MixedRegres
     try:
         cfg = SU_XU_YANG_SETTINGS[name.upper()]
     except KeyError:
-        raise ValueError(
+        raise InputError(
             f"unknown setting {name!r}; choose one of {', '.join(SU_XU_YANG_SETTINGS)}"
         ) from None
     return gaussian_mixed_regression(
@@ -138,14 +139,14 @@ def gp_mixture_federation(
     (missing entries drawn as in FGPR's Example 1). Clients are interleaved in random order and carry
     ``metadata["cluster"]``."""
     if not populations:
-        raise ValueError("give at least one population")
+        raise InputError("give at least one population")
     counts = (
         [int(clients_per_population)] * len(populations)
         if np.isscalar(clients_per_population)
         else [int(c) for c in clients_per_population]
     )
     if len(counts) != len(populations):
-        raise ValueError(f"{len(counts)} client counts for {len(populations)} populations")
+        raise InputError(f"{len(counts)} client counts for {len(populations)} populations")
     draws: list[GPDraws] = []
     clients, labels = [], []
     for j, (theta, count) in enumerate(zip(populations, counts)):

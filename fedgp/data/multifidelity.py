@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from fedgp.data.client import ClientData, Federation
+from fedgp.errors import InputError
 
 __all__ = [
     "MultiFidelityFunction",
@@ -59,9 +60,9 @@ def _check_x(X, d: int, name: str) -> np.ndarray:
     if X.ndim == 1 and d == 1:
         X = X[:, None]
     if X.ndim != 2 or X.shape[1] != d:
-        raise ValueError(f"{name}: X must have shape (n, {d}), got {X.shape}")
+        raise InputError(f"{name}: X must have shape (n, {d}), got {X.shape}")
     if not np.isfinite(X).all():
-        raise ValueError(f"{name}: X contains NaN or inf")
+        raise InputError(f"{name}: X contains NaN or inf")
     return X
 
 
@@ -189,11 +190,11 @@ class MultiFidelityFunction:
     def __post_init__(self) -> None:
         bounds = np.asarray(self.bounds, dtype=np.float64)
         if bounds.ndim != 2 or bounds.shape[1] != 2 or not (bounds[:, 0] < bounds[:, 1]).all():
-            raise ValueError(f"{self.name}: bounds must be (d, 2) with lower < upper, got {bounds}")
+            raise InputError(f"{self.name}: bounds must be (d, 2) with lower < upper, got {bounds}")
         if len(self.levels) < 2:
-            raise ValueError(f"{self.name}: 2 or more fidelity levels needed, got {len(self.levels)}")
+            raise InputError(f"{self.name}: 2 or more fidelity levels needed, got {len(self.levels)}")
         if len(self.paper_sizes) != len(self.levels):
-            raise ValueError(f"{self.name}: paper_sizes needs one size per level")
+            raise InputError(f"{self.name}: paper_sizes needs one size per level")
         object.__setattr__(self, "bounds", bounds)
         object.__setattr__(self, "level_names", level_names(len(self.levels)))
 
@@ -211,10 +212,10 @@ class MultiFidelityFunction:
         """``"high"``/``"medium"``/``"low"`` or an index (0 = lowest, -1 = highest)."""
         if isinstance(level, str):
             if level not in self.level_names:
-                raise ValueError(f"{self.name}: level must be one of {self.level_names}, got {level!r}")
+                raise InputError(f"{self.name}: level must be one of {self.level_names}, got {level!r}")
             return self.level_names.index(level)
         if not -self.num_levels <= int(level) < self.num_levels:
-            raise ValueError(f"{self.name}: level index {level} out of range for {self.num_levels} levels")
+            raise InputError(f"{self.name}: level index {level} out of range for {self.num_levels} levels")
         return int(level) % self.num_levels
 
     def __call__(self, X, level: int | str = "high") -> np.ndarray:
@@ -321,7 +322,7 @@ def get_function(function: str | MultiFidelityFunction) -> MultiFidelityFunction
     try:
         return MF_FUNCTIONS[function]
     except KeyError:
-        raise ValueError(f"function must be one of {sorted(MF_FUNCTIONS)}, got {function!r}") from None
+        raise InputError(f"function must be one of {sorted(MF_FUNCTIONS)}, got {function!r}") from None
 
 
 # -- the federation ------------------------------------------------------------------------------
@@ -379,17 +380,17 @@ def multifidelity_federation(
     elif isinstance(sizes, Mapping):
         unknown = set(sizes) - set(fn.level_names)
         if unknown:
-            raise ValueError(f"sizes: unknown level(s) {sorted(unknown)}; {fn.name} has {fn.level_names}")
+            raise InputError(f"sizes: unknown level(s) {sorted(unknown)}; {fn.name} has {fn.level_names}")
         counts = [int(sizes.get(name, default)) for name, default in zip(fn.level_names, fn.paper_sizes)]
     else:
         counts = [int(s) for s in sizes]
         if len(counts) != fn.num_levels:
-            raise ValueError(f"sizes: {fn.name} has {fn.num_levels} levels, got {len(counts)} sizes")
+            raise InputError(f"sizes: {fn.name} has {fn.num_levels} levels, got {len(counts)} sizes")
     for name, n in zip(fn.level_names, counts):
         if n < 2:
-            raise ValueError(f"sizes: level {name!r} needs at least 2 points, got {n}")
+            raise InputError(f"sizes: level {name!r} needs at least 2 points, got {n}")
     if n_test < 1:
-        raise ValueError(f"n_test must be >= 1, got {n_test}")
+        raise InputError(f"n_test must be >= 1, got {n_test}")
 
     streams = np.random.SeedSequence(int(seed)).spawn(fn.num_levels + 1)
     corners = np.array(list(itertools.product([0.0, 1.0], repeat=fn.d)))
@@ -401,7 +402,7 @@ def multifidelity_federation(
         y = fn(fn.from_unit(U), index)
         mean, std = float(y.mean()), float(y.std())
         if not std > 0:
-            raise ValueError(f"sizes: level {fn.level_names[index]!r} drew constant outputs")
+            raise InputError(f"sizes: level {fn.level_names[index]!r} drew constant outputs")
         levels.append((torch.from_numpy(U), torch.from_numpy((y - mean) / std)))
         means.append(mean)
         stds.append(std)

@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from fedgp.errors import InputError
 from fedgp.rng import generator
 
 __all__ = [
@@ -51,14 +52,14 @@ def skewed_sizes(
     This is the unbalanced design of FGPR's Example 2 (sizes from 10 to 10,000 per device).
     """
     if not 2 <= min_size <= max_size:
-        raise ValueError(f"need 2 <= min_size <= max_size, got {min_size}, {max_size}")
+        raise InputError(f"need 2 <= min_size <= max_size, got {min_size}, {max_size}")
     rng = generator(seed, "partition-sizes")
     if distribution == "loguniform":
         sizes = np.exp(rng.uniform(np.log(min_size), np.log(max_size + 1), num_partitions))
     elif distribution == "pareto":
         sizes = min_size * (1.0 + rng.pareto(pareto_shape, num_partitions))
     else:
-        raise ValueError(f"distribution must be 'loguniform' or 'pareto', got {distribution!r}")
+        raise InputError(f"distribution must be 'loguniform' or 'pareto', got {distribution!r}")
     return np.clip(np.floor(sizes), min_size, max_size).astype(np.int64)
 
 
@@ -82,7 +83,7 @@ class SizeSkewedPartitioner:
         sizes = skewed_sizes(self.num_partitions, self.min_size, self.max_size, self.distribution, self.seed)
         if sizes.sum() > n:
             if self.min_size * self.num_partitions > n:
-                raise ValueError(
+                raise InputError(
                     f"{n} rows cannot give {self.num_partitions} clients of at least {self.min_size}"
                 )
             extra = sizes - self.min_size
@@ -112,11 +113,11 @@ class ContinuousPartitioner:
     def __call__(self, feature: Sequence[float] | np.ndarray) -> list[np.ndarray]:
         values = np.asarray(feature, dtype=np.float64)
         if values.ndim != 1:
-            raise ValueError(f"feature must be 1-D, got shape {values.shape}")
+            raise InputError(f"feature must be 1-D, got shape {values.shape}")
         if not np.isfinite(values).all():
-            raise ValueError("feature contains NaN or inf")
+            raise InputError("feature contains NaN or inf")
         if not 0.0 <= self.strictness <= 1.0:
-            raise ValueError(f"strictness must be in [0, 1], got {self.strictness}")
+            raise InputError(f"strictness must be in [0, 1], got {self.strictness}")
         _check_count(self.num_partitions, len(values))
         std = values.std()
         z = (values - values.mean()) / (std if std > 0 else 1.0)
@@ -133,7 +134,7 @@ class NaturalIdPartitioner:
     def __call__(self, ids: Sequence[Any] | np.ndarray) -> tuple[list[Any], list[np.ndarray]]:
         ids = np.asarray(ids)
         if ids.ndim != 1:
-            raise ValueError(f"ids must be 1-D, got shape {ids.shape}")
+            raise InputError(f"ids must be 1-D, got shape {ids.shape}")
         _, first, inverse = np.unique(ids, return_index=True, return_inverse=True)
         order = np.argsort(first)
         # numpy scalars become Python values; an object column (pandas strings) holds them already
@@ -147,6 +148,6 @@ def _plain(value: Any) -> Any:
 
 def _check_count(num_partitions: int, n: int) -> None:
     if num_partitions < 1:
-        raise ValueError(f"num_partitions must be >= 1, got {num_partitions}")
+        raise InputError(f"num_partitions must be >= 1, got {num_partitions}")
     if n < 2 * num_partitions:
-        raise ValueError(f"{n} rows are too few for {num_partitions} clients of at least 2 points")
+        raise InputError(f"{n} rows are too few for {num_partitions} clients of at least 2 points")

@@ -31,13 +31,12 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from fedgp.errors import DataFileError, DataFileMissing, InputError, UnknownNameError
 from fedgp.files import fsync_folder
 
 __all__ = [
-    "DataFileError",
-    "DataFileMissing",
     "FileEntry",
-    "Registry",
+    "DataRegistry",
     "REGISTRY_PATH",
     "default_data_root",
     "data_root",
@@ -55,25 +54,6 @@ DATASETS_DIR = Path(__file__).resolve().parents[2] / "datasets"
 REGISTRY_PATH = DATASETS_DIR / "registry.json"
 _CHUNK = 1 << 20
 _PARTIAL = ".partial"
-
-
-class DataFileError(ValueError):
-    """A data file is missing, truncated, altered or unreadable.
-
-    The message names the file, the path it was looked for at (and which setting chose that
-    folder) and how to obtain a verified copy. ``path`` and ``reason`` (``"missing"``, ``"size"``,
-    ``"checksum"``, ``"format"``, ``"download"``, ``"place"``, ``"permission"``) are kept as
-    attributes for programs.
-    """
-
-    def __init__(self, message: str, *, path: Path | str | None = None, reason: str = "format"):
-        super().__init__(message)
-        self.path = None if path is None else Path(path)
-        self.reason = reason
-
-
-class DataFileMissing(DataFileError, FileNotFoundError):
-    """The file is not there (also a ``FileNotFoundError``)."""
 
 
 @dataclass(frozen=True)
@@ -112,24 +92,24 @@ class FileEntry:
         return ", ".join(parts) or "no checksum recorded"
 
 
-class Registry:
+class DataRegistry:
     """The parsed ``registry.json``: ``entry(dataset, name)`` gives a :class:`FileEntry`."""
 
     def __init__(self, data: Mapping[str, Any], path: Path | str | None = None):
         if not isinstance(data, Mapping) or "datasets" not in data:
-            raise ValueError(f"registry {path or '<dict>'}: expected an object with a 'datasets' key")
+            raise InputError(f"registry {path or '<dict>'}: expected an object with a 'datasets' key")
         self.data = data
         self.path = None if path is None else Path(path)
         for dataset, spec in data["datasets"].items():
             for name, entry in spec.get("files", {}).items():
                 if not entry.get("sha256") and not entry.get("git_blob_sha1"):
-                    raise ValueError(
+                    raise InputError(
                         f"registry {self.path or '<dict>'}: {dataset}/{name} has neither sha256 nor "
                         "git_blob_sha1; every file must be verifiable"
                     )
 
     @classmethod
-    def load(cls, path: Path | str | None = None) -> Registry:
+    def load(cls, path: Path | str | None = None) -> DataRegistry:
         """Read a registry file (default: the repository's ``datasets/registry.json``)."""
         path = REGISTRY_PATH if path is None else Path(path)
         try:
@@ -157,7 +137,7 @@ class Registry:
         try:
             return self.data["datasets"][dataset]
         except KeyError:
-            raise KeyError(
+            raise UnknownNameError(
                 f"dataset {dataset!r} is not in the registry {self.path}; known: {', '.join(self.datasets())}"
             ) from None
 
@@ -167,7 +147,7 @@ class Registry:
         try:
             raw = spec["files"][name]
         except KeyError:
-            raise KeyError(
+            raise UnknownNameError(
                 f"file {name!r} of dataset {dataset!r} is not in the registry {self.path}; "
                 f"known: {', '.join(spec.get('files', {}))}"
             ) from None
@@ -186,11 +166,11 @@ class Registry:
 
 
 @lru_cache(maxsize=1)
-def _default_registry() -> Registry:
-    return Registry.load()
+def _default_registry() -> DataRegistry:
+    return DataRegistry.load()
 
 
-def default_registry() -> Registry:
+def default_registry() -> DataRegistry:
     """The repository's ``datasets/registry.json`` (parsed once)."""
     return _default_registry()
 
@@ -377,8 +357,6 @@ def fetch(
     seconds to wait for the connection and for each read. ``url`` overrides the source; ``mirror``
     (or ``FEDGP_DATA_MIRROR``) is a base URL with the same ``<folder>/<name>`` layout as the data root.
     """
-    from tqdm import tqdm
-
     base, where = data_root(root)
     dest = base / entry.folder / entry.name
     check_place(dest, entry, where, base)
@@ -399,21 +377,7 @@ def fetch(
     tmp = Path(handle.name)
     try:
         with handle, urllib.request.urlopen(source, timeout=timeout) as response:
-            total = response.headers.get("Content-Length")
-            bar = tqdm(
-                total=int(total) if total else entry.size,
-                unit="B",
-                unit_scale=True,
-                desc=entry.name,
-                disable=None if progress is None else not progress,
-                leave=False,
-            )
-            with bar:
-                for chunk in iter(lambda: response.read(_CHUNK), b""):
-                    handle.write(chunk)
-                    bar.update(len(chunk))
-            handle.flush()
-            os.fsync(handle.fileno())
+            _copy_with_progress(response, handle, entry, progress)
         try:
             verify_file(tmp, entry)
         except DataFileError as err:
@@ -442,12 +406,33 @@ def fetch(
     return dest
 
 
+def _copy_with_progress(response, handle, entry: FileEntry, progress: bool | None) -> None:
+    """Stream the response into ``handle`` (fsync'ed at the end) under a byte progress bar."""
+    from tqdm import tqdm
+
+    total = response.headers.get("Content-Length")
+    bar = tqdm(
+        total=int(total) if total else entry.size,
+        unit="B",
+        unit_scale=True,
+        desc=entry.name,
+        disable=None if progress is None else not progress,
+        leave=False,
+    )
+    with bar:
+        for chunk in iter(lambda: response.read(_CHUNK), b""):
+            handle.write(chunk)
+            bar.update(len(chunk))
+    handle.flush()
+    os.fsync(handle.fileno())
+
+
 def locate(
     dataset: str,
     name: str,
     root: str | os.PathLike | None = None,
     download: bool = False,
-    registry: Registry | None = None,
+    registry: DataRegistry | None = None,
     progress: bool | None = None,
     timeout: float = 60.0,
 ) -> Path:

@@ -21,14 +21,8 @@ import pandas as pd
 
 from fedgp.data.client import ClientData, Federation
 from fedgp.data.partition import ContinuousPartitioner
-from fedgp.data.registry import (
-    DataFileError,
-    FileEntry,
-    Registry,
-    data_root,
-    default_registry,
-    locate,
-)
+from fedgp.data.registry import DataRegistry, FileEntry, data_root, default_registry, locate
+from fedgp.errors import DataFileError, FedGPWarning, InputError
 from fedgp.rng import generator
 
 __all__ = ["SARCOS", "load_sarcos", "INPUTS", "OUTPUTS", "COLUMNS", "TRAIN_FILE", "TEST_FILE"]
@@ -76,11 +70,11 @@ def _read_mat(path: Path, entry: FileEntry) -> pd.DataFrame:
 def _output_column(output: int | str) -> str:
     if isinstance(output, (int, np.integer)) and not isinstance(output, bool):
         if not 1 <= int(output) <= 7:
-            raise ValueError(f"SARCOS output must be 1..7 (1-based, as in the paper), got {output}")
+            raise InputError(f"SARCOS output must be 1..7 (1-based, as in the paper), got {output}")
         return f"tau{int(output)}"
     if output in OUTPUTS:
         return str(output)
-    raise ValueError(f"unknown SARCOS output {output!r}; use 1..7 or tau1..tau7")
+    raise InputError(f"unknown SARCOS output {output!r}; use 1..7 or tau1..tau7")
 
 
 def _partition(partition: Partition, num_devices: int, n: int, seed: int, stream: str) -> list[np.ndarray]:
@@ -95,7 +89,7 @@ def _partition(partition: Partition, num_devices: int, n: int, seed: int, stream
         return partition(np.arange(n))
     if callable(partition):
         return [np.asarray(p, dtype=np.int64) for p in partition(n)]
-    raise ValueError(
+    raise InputError(
         "partition must be 'iid', 'contiguous' or a partitioner such as IidPartitioner(25), "
         f"got {partition!r}"
     )
@@ -147,36 +141,12 @@ class SARCOS:
         """
         column = _output_column(output)
         if standardize_y not in ("device", "global", "none"):
-            raise ValueError(f"standardize_y must be 'device', 'global' or 'none', got {standardize_y!r}")
+            raise InputError(f"standardize_y must be 'device', 'global' or 'none', got {standardize_y!r}")
         if not 0.0 < test_fraction < 1.0:
-            raise ValueError(f"test_fraction must be in (0, 1), got {test_fraction}")
-        if self.protocol == "paper":
-            train_src, test_src = self.train, self.test
-            train_parts = _partition(partition, num_devices, len(train_src), seed, "sarcos-train-partition")
-            if partition == "iid" or not isinstance(partition, str):
-                test_parts = _partition(
-                    "iid" if partition == "iid" else partition,
-                    len(train_parts),
-                    len(test_src),
-                    seed,
-                    "sarcos-test-partition",
-                )
-            else:
-                test_parts = _nearest_device(train_src, test_src, train_parts)
-            files = (TRAIN_FILE, TEST_FILE)
-        else:
-            train_src = test_src = self.test
-            parts = _partition(partition, num_devices, len(self.test), seed, "sarcos-partition")
-            train_parts, test_parts = [], []
-            for k, rows in enumerate(parts):
-                if len(rows) < 3:
-                    raise ValueError(f"device {k}: {len(rows)} rows are too few to split into train and test")
-                perm = generator(seed, "sarcos-split", k).permutation(rows)
-                n_test = min(max(int(round(test_fraction * len(rows))), 1), len(rows) - 2)
-                test_parts.append(np.sort(perm[:n_test]))
-                train_parts.append(np.sort(perm[n_test:]))
-            files = (TEST_FILE, TEST_FILE)
-
+            raise InputError(f"test_fraction must be in (0, 1), got {test_fraction}")
+        train_src, test_src, train_parts, test_parts, files = self._device_rows(
+            partition, num_devices, test_fraction, seed
+        )
         X_train_all = train_src[list(INPUTS)].to_numpy()
         pooled = np.concatenate(train_parts)
         x_mean = X_train_all[pooled].mean(axis=0) if standardize_inputs else np.zeros(len(INPUTS))
@@ -185,16 +155,11 @@ class SARCOS:
         clients = []
         for k, (tr, te) in enumerate(zip(train_parts, test_parts)):
             if len(tr) < 2:
-                raise ValueError(f"device {k}: {len(tr)} training rows; a device needs at least 2")
+                raise InputError(f"device {k}: {len(tr)} training rows; a device needs at least 2")
             y_tr = train_src[column].to_numpy()[tr]
-            if standardize_y == "device":
-                y_mean, y_std = float(y_tr.mean()), float(y_tr.std())
-            elif standardize_y == "global":
-                y_mean, y_std = float(y_pool.mean()), float(y_pool.std())
-            else:
-                y_mean, y_std = 0.0, 1.0
+            y_mean, y_std = _y_scale(standardize_y, y_tr, y_pool)
             if y_std == 0.0:
-                raise ValueError(f"device {k}: output {column} is constant on its training rows")
+                raise InputError(f"device {k}: output {column} is constant on its training rows")
             clients.append(
                 ClientData(
                     (X_train_all[tr] - x_mean) / x_std,
@@ -221,9 +186,46 @@ class SARCOS:
             )
         return Federation(clients)
 
+    def _device_rows(self, partition: Partition, num_devices: int, test_fraction: float, seed: int):
+        """``(training source, test source, each device's training rows, its test rows, the two
+        file names)`` under this protocol (see :meth:`federation`)."""
+        if self.protocol == "paper":
+            train_parts = _partition(partition, num_devices, len(self.train), seed, "sarcos-train-partition")
+            if partition == "iid" or not isinstance(partition, str):
+                test_parts = _partition(
+                    "iid" if partition == "iid" else partition,
+                    len(train_parts),
+                    len(self.test),
+                    seed,
+                    "sarcos-test-partition",
+                )
+            else:
+                test_parts = _nearest_device(self.train, self.test, train_parts)
+            return self.train, self.test, train_parts, test_parts, (TRAIN_FILE, TEST_FILE)
+        parts = _partition(partition, num_devices, len(self.test), seed, "sarcos-partition")
+        train_parts, test_parts = [], []
+        for k, rows in enumerate(parts):
+            if len(rows) < 3:
+                raise InputError(f"device {k}: {len(rows)} rows are too few to split into train and test")
+            perm = generator(seed, "sarcos-split", k).permutation(rows)
+            n_test = min(max(int(round(test_fraction * len(rows))), 1), len(rows) - 2)
+            test_parts.append(np.sort(perm[:n_test]))
+            train_parts.append(np.sort(perm[n_test:]))
+        return self.test, self.test, train_parts, test_parts, (TEST_FILE, TEST_FILE)
+
     def __repr__(self) -> str:
         train = "absent" if self.train is None else f"{len(self.train)} rows"
         return f"SARCOS(protocol={self.protocol!r}, train {train}, test {len(self.test)} rows)"
+
+
+def _y_scale(how: str, y_device: np.ndarray, y_pool: np.ndarray) -> tuple[float, float]:
+    """A device's target ``(mean, std)``: its own (``"device"``), the pooled rows' (``"global"``) or
+    none (``"none"``)."""
+    if how == "device":
+        return float(y_device.mean()), float(y_device.std())
+    if how == "global":
+        return float(y_pool.mean()), float(y_pool.std())
+    return 0.0, 1.0
 
 
 def _nearest_device(train: pd.DataFrame, test: pd.DataFrame, train_parts: Sequence[np.ndarray]) -> list:
@@ -250,7 +252,7 @@ def load_sarcos(
     download: bool = False,
     protocol: str = "auto",
     *,
-    registry: Registry | None = None,
+    registry: DataRegistry | None = None,
     progress: bool | None = None,
     timeout: float = 60.0,
 ) -> SARCOS:
@@ -263,7 +265,7 @@ def load_sarcos(
     seconds to wait for the server).
     """
     if protocol not in ("auto", "paper", "reduced"):
-        raise ValueError(f"protocol must be 'auto', 'paper' or 'reduced', got {protocol!r}")
+        raise InputError(f"protocol must be 'auto', 'paper' or 'reduced', got {protocol!r}")
     registry = default_registry() if registry is None else registry
     paths = {"test": locate("sarcos", TEST_FILE, root, download, registry, progress, timeout)}
     test = _read_mat(paths["test"], registry.entry("sarcos", TEST_FILE))
@@ -280,7 +282,7 @@ def load_sarcos(
                 f"SARCOS training file not found at {candidate}: using the reduced protocol on "
                 f"{TEST_FILE} alone (every output is labelled protocol='reduced'). For the paper's "
                 f"protocol get {TRAIN_FILE} ({entry.url}; {entry.describe()}) or pass download=True.",
-                UserWarning,
+                FedGPWarning,
                 stacklevel=2,
             )
     return SARCOS(test, train, "paper" if train is not None else "reduced", paths)

@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from fedgp.data.client import ClientData, Federation
+from fedgp.errors import InputError
 from fedgp.models.spec import GPSpec
 from fedgp.models.state import HyperState
 
@@ -41,7 +42,7 @@ def gp_spec(d: int, kernel: str = "rbf", ard: bool = True) -> GPSpec:
             nu={"matern12": 0.5, "matern32": 1.5, "matern52": 2.5}[kernel], ard_num_dims=ard_dims
         )
     else:
-        raise ValueError(f"kernel must be 'rbf', 'matern12', 'matern32' or 'matern52', got {kernel!r}")
+        raise InputError(f"kernel must be 'rbf', 'matern12', 'matern32' or 'matern52', got {kernel!r}")
     return GPSpec(kernel=gpytorch.kernels.ScaleKernel(base))
 
 
@@ -101,7 +102,7 @@ def gp_federation(
     """
     sizes = [int(n)] * num_clients if np.isscalar(n) else [int(s) for s in n]
     if len(sizes) != num_clients:
-        raise ValueError(f"{len(sizes)} sizes for {num_clients} clients")
+        raise InputError(f"{len(sizes)} sizes for {num_clients} clients")
     rng = np.random.default_rng(seed)
     spec = gp_spec(d, kernel)
     values = example1_theta(d, rng)
@@ -201,10 +202,10 @@ def mixed_linear_regression(
     elif scale == "coordinate":
         thetas *= separation
     else:
-        raise ValueError(f"scale must be 'norm' or 'coordinate', got {scale!r}")
+        raise InputError(f"scale must be 'norm' or 'coordinate', got {scale!r}")
     shares = np.full(k, 1.0 / k) if shares is None else np.asarray(shares, dtype=np.float64)
     if len(shares) != k or not np.isclose(shares.sum(), 1.0):
-        raise ValueError(f"shares must be {k} fractions summing to 1, got {shares}")
+        raise InputError(f"shares must be {k} fractions summing to 1, got {shares}")
     bounds = np.round(np.cumsum(shares) * m).astype(int)
     labels = np.searchsorted(bounds, np.arange(m), side="right")
     sizes = [int(n)] * m if np.isscalar(n) else [int(s) for s in n]

@@ -20,12 +20,9 @@ import numpy as np
 import pandas as pd
 
 from fedgp.data.client import MIN_TRAINING_POINTS, ClientData, Federation
+from fedgp.errors import InputError, TableError
 
-__all__ = ["TableError", "OwnerTable", "read_owner_table", "rows_by_owner"]
-
-
-class TableError(ValueError):
-    """A table fedgp cannot use; the message names the file and the column, line or owner."""
+__all__ = ["OwnerTable", "read_owner_table", "rows_by_owner"]
 
 
 def rows_by_owner(labels: Any) -> dict[Any, np.ndarray]:
@@ -36,10 +33,10 @@ def rows_by_owner(labels: Any) -> dict[Any, np.ndarray]:
     """
     labels = np.asarray(labels, dtype=object) if not isinstance(labels, pd.Series) else labels.to_numpy()
     if labels.ndim != 1:
-        raise ValueError(f"owner labels must be one per row (1-D), got shape {labels.shape}")
+        raise InputError(f"owner labels must be one per row (1-D), got shape {labels.shape}")
     codes, uniques = pd.factorize(labels, use_na_sentinel=True)
     if (codes < 0).any():
-        raise ValueError(f"row {int(np.flatnonzero(codes < 0)[0])} has no owner label (None/NaN)")
+        raise InputError(f"row {int(np.flatnonzero(codes < 0)[0])} has no owner label (None/NaN)")
     order = np.argsort(codes, kind="stable")
     bounds = np.flatnonzero(np.diff(codes[order])) + 1
     groups = np.split(order, bounds)

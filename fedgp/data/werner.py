@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from fedgp.data.client import ClientData, Federation
+from fedgp.errors import InputError
 
 __all__ = ["WernerDX", "dx_federation", "BumpClusters", "bump_federation"]
 
@@ -44,7 +45,7 @@ def dx_federation(
 ) -> WernerDX:
     """The authors' ``DX(K, n_k, n, d)`` (R = ``scale``), with their oracle start."""
     if min(clusters, clients_per_cluster, n, d) < 1 or n < 2:
-        raise ValueError("dx_federation: clusters, clients_per_cluster, d must be >= 1 and n >= 2")
+        raise InputError("dx_federation: clusters, clients_per_cluster, d must be >= 1 and n >= 2")
     rng = np.random.default_rng(seed)
     clients, labels, thetas = [], [], []
     for k in range(clusters):
@@ -94,9 +95,9 @@ def bump_federation(
     with ε ~ N(0, noise) (a variance), φ_j(x) = exp(−(x − c_j)²/(2 width²)), c = linspace(domain, F).
     ``extra`` more clients (the Byzantine ones) hold data of a uniformly drawn cluster."""
     if min(clusters, clients_per_cluster, features) < 1 or n < 2 or extra < 0:
-        raise ValueError("bump_federation: clusters, clients_per_cluster, features >= 1, n >= 2, extra >= 0")
+        raise InputError("bump_federation: clusters, clients_per_cluster, features >= 1, n >= 2, extra >= 0")
     if not noise > 0:
-        raise ValueError(f"bump_federation: noise must be a variance > 0, got {noise}")
+        raise InputError(f"bump_federation: noise must be a variance > 0, got {noise}")
     gen = torch.Generator().manual_seed(int(seed))
     centres = torch.linspace(domain[0], domain[1], features, dtype=torch.float64)
     weights = weight_scale * torch.randn(clusters, features, generator=gen, dtype=torch.float64)

@@ -19,70 +19,33 @@ from __future__ import annotations
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 
 from fedgp.data.client import ClientData
-from fedgp.engines.client import ClientFailure, handle, reply_fields
+from fedgp.engines.client import handle
+from fedgp.errors import ClientFailure, EngineError, FactorizationError, InputError, UnknownClientError
 from fedgp.messages import (
     Field,
+    Outcome,
     Record,
+    Roster,
     Task,
     check_reply,
     config_json,
     from_config,
     record_from_bytes,
     record_to_bytes,
+    reply_fields,
     reply_structure,
     task_from_bytes,
     task_to_bytes,
 )
-from fedgp.models.objective import FactorizationError
 from fedgp.models.spec import GPSpec
 from fedgp.strategies.base import ClientOps, Strategy
 from fedgp.transforms import DataTransform
 
-__all__ = ["Engine", "InProcessEngine", "Registry", "Outcome"]
-
-
-@dataclass(frozen=True)
-class Registry:
-    """What the server learns in the first exchange: each client's id, sizes and input dimension.
-    A client's position here is its key (the integer its random streams are keyed by)."""
-
-    ids: list[Any]
-    sizes: torch.Tensor
-    n_test: torch.Tensor
-    dims: torch.Tensor
-
-    def position(self, client_id: Any) -> int:
-        """The registry position of the client with this id; an unknown id is a ``KeyError``."""
-        try:
-            return self.ids.index(client_id)
-        except ValueError:
-            raise KeyError(f"no client with id {client_id!r}") from None
-
-
-@dataclass
-class Outcome:
-    """What came back from one task: ``clients`` (positions that replied, ascending), their
-    ``individual`` fields (rows aligned with ``clients``), ``sums`` of the summed fields over them,
-    ``failures`` (position -> reason), and the bytes of every message down and every reply up."""
-
-    clients: torch.Tensor
-    individual: dict[str, torch.Tensor]
-    sums: dict[str, torch.Tensor]
-    failures: dict[int, str] = field(default_factory=dict)
-    bytes_down: int = 0
-    bytes_up: int = 0
-
-    @classmethod
-    def empty(cls, fields: Mapping[str, Field], failures: Mapping[int, str] | None = None) -> Outcome:
-        """No reply: the declared individual fields with zero rows, no sums, and ``failures``."""
-        individual = {k: torch.zeros(0, *f.shape, dtype=f.dtype) for k, f in fields.items() if not f.summed}
-        return cls(torch.zeros(0, dtype=torch.long), individual, {}, dict(failures or {}))
+__all__ = ["Engine", "InProcessEngine"]
 
 
 class Engine(ABC):
@@ -91,8 +54,9 @@ class Engine(ABC):
     name: str = "engine"
 
     @abstractmethod
-    def start(self, strategy: Strategy, seed: int) -> Registry:
-        """Prepare the clients to run ``strategy`` with master ``seed``; register them (``hello``)."""
+    def start(self, strategy: Strategy, seed: int) -> Roster:
+        """Prepare the clients to run ``strategy`` with master ``seed``; register them (``hello``) and
+        return the :class:`~fedgp.messages.Roster` of what they reported."""
 
     @abstractmethod
     def run(self, task: Task, clients: torch.Tensor, fields: Mapping[str, Field]) -> Outcome:
@@ -138,7 +102,7 @@ class InProcessEngine(Engine):
         keys: torch.Tensor | None = None,
     ):
         if timeout is not None and not timeout > 0:
-            raise ValueError("timeout must be > 0 seconds")
+            raise InputError("timeout must be > 0 seconds")
         self.spec, self.clients, self.seed = spec, clients, seed
         # The clients' own data; ``clients`` is what the current task's transform made of them.
         self.raw_clients = clients
@@ -149,7 +113,7 @@ class InProcessEngine(Engine):
         self._positions = {cid: i for i, cid in enumerate(self.ids)}
         self.keys = torch.arange(len(clients)) if keys is None else torch.as_tensor(keys, dtype=torch.long)
         if self.keys.shape != (len(clients),):
-            raise ValueError(f"{len(self.keys)} keys for {len(clients)} clients")
+            raise InputError(f"{len(self.keys)} keys for {len(clients)} clients")
         self._position_of_key = {int(k): i for i, k in enumerate(self.keys.tolist())}
         self.loopback, self.timeout = loopback, timeout
         for width in {c.n_features for c in clients}:
@@ -165,7 +129,7 @@ class InProcessEngine(Engine):
         try:
             return torch.tensor([self._position_of_key[int(k)] for k in keys], dtype=torch.long)
         except KeyError as err:
-            raise KeyError(f"no client with key {err.args[0]} here") from None
+            raise UnknownClientError(f"no client with key {err.args[0]} here") from None
 
     # -- what subclasses provide ------------------------------------------------------------------
     @abstractmethod
@@ -200,19 +164,19 @@ class InProcessEngine(Engine):
         self.seed = seed
         self.client_strategy = from_config(strategy.client_view().to_config())
 
-    def start(self, strategy: Strategy, seed: int) -> Registry:
+    def start(self, strategy: Strategy, seed: int) -> Roster:
         self.prepare(strategy, seed)
         everyone = torch.arange(len(self.clients))
         fields = reply_fields("hello", self.spec, 1)
         out = self.run(Task("hello"), everyone, fields)
         if out.failures:
             bad = ", ".join(f"{self.ids[p]!r}: {r}" for p, r in list(out.failures.items())[:5])
-            raise RuntimeError(f"clients failed to register: {bad}")
-        return Registry(list(self.ids), out.individual["n"], out.individual["n_test"], out.individual["d"])
+            raise EngineError(f"clients failed to register: {bad}")
+        return Roster(list(self.ids), out.individual["n"], out.individual["n_test"], out.individual["d"])
 
     def run(self, task: Task, clients: torch.Tensor, fields: Mapping[str, Field]) -> Outcome:
         if self.client_strategy is None:
-            raise RuntimeError(f"{type(self).__name__}.start(strategy, seed) must come first")
+            raise EngineError(f"{type(self).__name__}.start(strategy, seed) must come first")
         clients = torch.as_tensor(clients, dtype=torch.long)
         self.use_transform(DataTransform.from_parts(task.shared.tensors, task.shared.settings))
         summed = {k for k, f in fields.items() if f.summed}

@@ -24,8 +24,9 @@ memory budget. GPyTorch priors enter the loss as in the sequential engine (``Bat
 ``active_dims`` are applied as GPyTorch's ``Kernel.__call__`` does. At construction the engine
 checks itself against GPyTorch on a random case; a spec it cannot reproduce (another likelihood,
 e.g. ``FixedNoiseGaussianLikelihood``, or a kernel whose ``forward`` does not broadcast over
-parameter batches) is evaluated client by client with GPyTorch instead (:class:`PerClientOps`),
-with a one-time warning: the sequential engine's numbers, without the speed-up.
+parameter batches) is evaluated client by client with GPyTorch instead
+(:class:`~fedgp.engines.per_client.PerClientOps`), with a one-time warning: the sequential
+engine's numbers, without the speed-up.
 """
 
 from __future__ import annotations
@@ -34,306 +35,26 @@ import math
 import warnings
 from collections.abc import Iterator, Sequence
 
-import gpytorch
 import torch
 
 from fedgp.data.client import ClientData
-from fedgp.engines import compiled as compiled_step
 from fedgp.engines import fused as fused_round
 from fedgp.engines.base import InProcessEngine
 from fedgp.engines.minibatch import draw_minibatches
-from fedgp.models.objective import CHOLESKY_JITTER, CHOLESKY_MAX_TRIES, FactorizationError
+from fedgp.engines.per_client import PerClientOps
+from fedgp.engines.sequential import SequentialOps
+from fedgp.engines.tensor_gp import NOISE, BatchedGP, cholesky
+from fedgp.errors import FedGPWarning, InputError, UnsupportedSpec
 from fedgp.models.posterior import Prediction
 from fedgp.models.spec import GPSpec
 from fedgp.models.state import HyperState
 from fedgp.strategies.base import TrainResult
 from fedgp.strategies.local import LocalTraining
 
-__all__ = ["BatchedEngine", "BatchedOps", "BatchedGP", "PerClientOps", "UnsupportedSpec"]
+__all__ = ["BatchedEngine", "BatchedOps", "batched_path_reason", "check_against_gpytorch"]
 
-_NOISE = "likelihood.noise_covar.raw_noise"
-_LOG_2PI = math.log(2 * math.pi)
 _WARNED: set[str] = set()
 CPU_CHUNK_SIZE, GPU_CHUNK_SIZE = 512, 16_384  # default clients per batched program (BatchedEngine)
-
-
-class UnsupportedSpec(ValueError):
-    """The tensor path cannot evaluate a spec; the engine falls back to per-client GPyTorch."""
-
-
-class _MeanKernel(gpytorch.Module):
-    """The spec's modules under the model's names, so ``functional_call`` takes the state's raw names."""
-
-    def __init__(self, model: gpytorch.models.ExactGP):
-        super().__init__()
-        self.mean_module, self.covar_module = model.mean_module, model.covar_module
-        self.likelihood = model.likelihood
-
-    def forward(
-        self, x1: torch.Tensor | None, x2: torch.Tensor | None = None, diag: bool = False, rows: int = 0
-    ):
-        if x1 is None:  # log p(θ) per row, as GPyTorch's marginal likelihood adds it
-            total = 0.0
-            for _, owner, prior, closure, _ in self.named_priors():
-                total = total + prior.log_prob(closure(owner)).reshape(rows, -1).sum(-1)
-            return total
-        if x2 is None:
-            return self.mean_module(x1)
-        # ``forward`` skips the kernel's ``__call__``, which is where GPyTorch applies active_dims
-        # (inner kernels of sums and products are called, so they apply their own).
-        active = self.covar_module.active_dims
-        if active is not None:
-            x1, x2 = x1.index_select(-1, active.to(x1.device)), x2.index_select(-1, active.to(x2.device))
-        out = self.covar_module.forward(x1, x2, diag=diag)
-        # Composite kernels return lazy tensors; evaluate them while the batched parameters are in place.
-        return out.to_dense() if hasattr(out, "to_dense") else out
-
-
-class StationaryGram(torch.autograd.Function):
-    """``s · k(‖z_i − z_j‖) + σ² I`` for RBF or Matérn-ν (ν = 3/2, 5/2) kernels on scaled inputs
-    ``Z = X / ℓ``, with a hand-written backward.
-
-    Small-M throughput is bound by passes over the ``(B, M, M)`` tensors, not by arithmetic:
-    GPyTorch's kernel ``forward`` makes about eight and autograd as many again; this fused version
-    makes five forward and four backward (benchmarks/engine_throughput.py). Tests compare it with
-    GPyTorch's kernels and with ``torch.autograd.gradcheck``.
-    """
-
-    @staticmethod
-    def forward(ctx, Z, outputscale, noise, nu):
-        sq = (Z * Z).sum(-1)
-        D = torch.baddbmm(sq.unsqueeze(-1) + sq.unsqueeze(-2), Z, Z.transpose(-1, -2), alpha=-2.0)
-        D.clamp_min_(0).diagonal(dim1=-2, dim2=-1).zero_()
-        if nu is None:  # RBF: k = exp(-D/2)
-            unit = torch.exp(D.mul_(-0.5))
-            e = None
-        else:  # Matérn: r = √(2ν D)
-            r = D.mul_(2 * nu).sqrt_()
-            e = torch.exp(-r)
-            unit = (1 + r) * e if nu == 1.5 else (1 + r + r * r / 3) * e
-            e = e if nu == 1.5 else (1 + r) * e
-        ctx.nu = nu
-        ctx.save_for_backward(Z, outputscale, unit, e)
-        K = unit * outputscale.reshape(-1, 1, 1)
-        K.diagonal(dim1=-2, dim2=-1).add_(noise.reshape(-1, 1))
-        return K
-
-    @staticmethod
-    def backward(ctx, grad):
-        Z, outputscale, unit, e = ctx.saved_tensors
-        nu = ctx.nu
-        grad_noise = torch.diagonal(grad, dim1=-2, dim2=-1).sum(-1)
-        P = grad * unit
-        grad_s = P.sum((-1, -2))
-        # dk/dD: RBF -k/2; Matérn-3/2 -(3/2) e^{-r}; Matérn-5/2 -(5/6)(1 + r) e^{-r}
-        if nu is None:
-            G, c = P, -0.5
-        else:
-            G, c = grad * e, (-1.5 if nu == 1.5 else -5.0 / 6.0)
-        H = G + G.transpose(-1, -2)  # D_ij depends on z_i and z_j symmetrically
-        grad_Z = (2 * c) * outputscale.reshape(-1, 1, 1) * (H.sum(-1, keepdim=True) * Z - H @ Z)
-        return grad_Z, grad_s.reshape(outputscale.shape), grad_noise.reshape(-1), None
-
-
-def _stationary_fast_path(spec: GPSpec):
-    """``(outputscale name or None, lengthscale name, ν or None)`` when the kernel is a (scaled)
-    RBF or Matérn-3/2, -5/2 without active_dims; else ``None`` (GPyTorch's forward). Priors are
-    added to the loss separately (:meth:`BatchedGP.nll`)."""
-    kernel = spec.kernel
-    scale = None
-    if type(kernel) is gpytorch.kernels.ScaleKernel:
-        scale, kernel = "covar_module.outputscale", kernel.base_kernel
-        prefix = "covar_module.base_kernel."
-    else:
-        prefix = "covar_module."
-    if type(kernel) is gpytorch.kernels.RBFKernel:
-        nu = None
-    elif type(kernel) is gpytorch.kernels.MaternKernel and kernel.nu in (1.5, 2.5):
-        nu = kernel.nu
-    else:
-        return None
-    if any(getattr(m, "active_dims", None) is not None for m in spec.kernel.modules()):
-        return None
-    return scale, prefix + "lengthscale", nu
-
-
-class BatchedGP:
-    """The spec's GP evaluated for many parameter sets at once (one per row)."""
-
-    def __init__(self, spec: GPSpec, compiled: bool | None = None):
-        model = spec.build()
-        if type(model.likelihood) is not gpytorch.likelihoods.GaussianLikelihood or _NOISE not in {
-            p.raw_name for p in spec.params
-        }:
-            raise UnsupportedSpec(
-                "its tensor path supports GaussianLikelihood with one homoskedastic noise; "
-                f"got {type(model.likelihood).__name__}"
-            )
-        self.spec = spec
-        self.module = _MeanKernel(model)
-        self.has_priors = any(True for _ in self.module.named_priors())
-        for p in self.module.parameters():
-            p.requires_grad_(False)
-        self.noise = next(p for p in spec.params if p.raw_name == _NOISE)
-        self.parameter_free_mean = not any(True for _ in self.module.mean_module.parameters())
-        self.fast = _stationary_fast_path(spec)
-        if compiled and (self.fast is None or not compiled_step.available()):
-            why = "numba is not installed" if self.fast is not None else "the kernel is not RBF/Matérn"
-            raise ValueError(f"compiled=True needs an RBF or Matérn kernel and numba; {why}")
-        # The compiled minibatch step (fedgp.engines.compiled) by default wherever it applies.
-        self.compiled = self.fast is not None and compiled_step.available() and compiled is not False
-
-    def _module_params(self, raw: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        return {p.raw_name: raw[p.name] for p in self.spec.params}
-
-    def log_prior(self, raw: dict[str, torch.Tensor], rows: int) -> torch.Tensor:
-        """``(rows,)`` log p(θ) of the modules' GPyTorch priors."""
-        return torch.func.functional_call(self.module, self._module_params(raw), (None,), {"rows": rows})
-
-    def mean(self, raw: dict[str, torch.Tensor], X: torch.Tensor) -> torch.Tensor:
-        """The mean module evaluated with the parameters ``raw`` (batched over clients)."""
-        if self.parameter_free_mean:  # no parameters (e.g. ZeroMean): skip functional_call's overhead
-            return self.module.mean_module(X)
-        return torch.func.functional_call(self.module, self._module_params(raw), (X,))
-
-    def kernel(self, raw: dict[str, torch.Tensor], X1: torch.Tensor, X2: torch.Tensor, diag: bool = False):
-        """The kernel evaluated with the parameters ``raw`` between ``X1`` and ``X2`` (batched over
-        clients)."""
-        return torch.func.functional_call(self.module, self._module_params(raw), (X1, X2), {"diag": diag})
-
-    def noise_variance(self, raw: dict[str, torch.Tensor]) -> torch.Tensor:
-        """``(rows,)`` observation-noise variances."""
-        return self.noise.transform(raw[self.noise.name]).reshape(-1)
-
-    def _stationary_inputs(self, raw, X):
-        """``((X - x₀) / ℓ, outputscale, noise)`` per row, for the stationary fast paths.
-
-        Each row is shifted by its first point ``x₀`` (always a real point: padding comes last).
-        The kernel is translation-invariant, so this is exact, and it keeps ``‖z_i‖²`` small: the
-        Gram matrix forms ``‖z_i − z_j‖²`` as ``‖z_i‖² + ‖z_j‖² − 2 z_i·z_j``, which cancels
-        catastrophically for inputs far from the origin (X = 1e8 + U(0, 1) was not positive
-        definite). GPyTorch centres its inputs the same way (by their mean) for the same reason."""
-        scale, lengthscale, _ = self.fast
-        ls = self.spec.param(lengthscale).transform(raw[lengthscale])
-        s = (
-            self.spec.param(scale).transform(raw[scale])
-            if scale
-            else torch.ones(len(X), dtype=X.dtype, device=X.device)
-        )
-        return (X - X[..., :1, :]) / ls, s.reshape(-1), self.noise_variance(raw)
-
-    def train_covariance(self, raw, X, mask):
-        """``K(X, X) + σ² I`` (the fused stationary path when it applies, else GPyTorch's kernel
-        ``forward``), with padded rows/columns replaced by the identity."""
-        if self.fast is not None:
-            K = StationaryGram.apply(*self._stationary_inputs(raw, X), self.fast[2])
-        else:
-            noise = self.noise_variance(raw)
-            K = self.kernel(raw, X, X) + noise.reshape(-1, 1, 1) * torch.eye(
-                X.shape[-2], dtype=X.dtype, device=X.device
-            )
-        n = X.shape[-2]
-        eye = torch.eye(n, dtype=X.dtype, device=X.device)
-        if mask is not None:
-            pair = mask.unsqueeze(-1) & mask.unsqueeze(-2)
-            K = torch.where(pair, K, eye)
-        return K
-
-    def nll(self, raw, X, y, mask, client_ids) -> torch.Tensor:
-        """Per-point exact NLL ``-log p(y | X) / n - w log p(θ)`` per row (padded points excluded;
-        ``w = 1 / n`` or the spec's ``prior_weight``, as :func:`fedgp.models.objective.minibatch_nll`).
-
-        ``mask`` marks each row's points; they must come first (padding at the end), as the
-        engine lays them out."""
-        value = self._data_nll(raw, X, y, mask, client_ids)
-        if not self.has_priors:
-            return value
-        w = self.spec.prior_weight
-        n = X.shape[-2] if mask is None else mask.sum(-1).to(X.dtype)
-        prior = self.log_prior(raw, len(value)).to(value.dtype)
-        return value - (prior / n if w is None else w * prior)
-
-    def _data_nll(self, raw, X, y, mask, client_ids) -> torch.Tensor:
-        r = y - self.mean(raw, X)
-        n = torch.full(r.shape[:1], X.shape[-2], dtype=torch.long, device=X.device)
-        if mask is not None:
-            r = torch.where(mask, r, torch.zeros((), dtype=r.dtype))
-            n = mask.sum(-1)
-        if self.compiled and X.shape[-2] <= compiled_step.MAX_POINTS and X.device.type == "cpu":
-            value = compiled_step.stationary_nll(*self._stationary_inputs(raw, X), r, n, self.fast[2])
-            if value is not None:
-                return value
-            # a matrix needs jitter: the tensor path below retries with it, or names the client
-        K = self.train_covariance(raw, X, mask)
-        return GaussianNLL.apply(K, r, n.to(X.dtype), client_ids)
-
-
-class GaussianNLL(torch.autograd.Function):
-    """``½ (rᵀK⁻¹r + log|K| + n log 2π) / n`` per row, with the closed-form backward
-    ``∂/∂K = ½ (K⁻¹ − ααᵀ) / n``, ``∂/∂r = α / n`` (α = K⁻¹r).
-
-    The forward forms K⁻¹ once from the Cholesky factor (LAPACK ``potri`` via
-    ``torch.cholesky_inverse``), so the backward is elementwise. For batches of small matrices this
-    is faster than autograd through ``cholesky`` and ``solve_triangular`` (about 2×) and than a
-    triangular inverse followed by ``L⁻ᵀL⁻¹`` (about 10 %; benchmarks/batched_kernels.py).
-    """
-
-    @staticmethod
-    def forward(ctx, K, r, n, client_ids):
-        L = cholesky(K, client_ids)
-        K_inv = torch.cholesky_inverse(L)
-        alpha = (K_inv @ r.unsqueeze(-1)).squeeze(-1)
-        logdet = 2 * torch.log(torch.diagonal(L, dim1=-2, dim2=-1)).sum(-1)
-        ctx.save_for_backward(K_inv, alpha, n)
-        return 0.5 * ((r * alpha).sum(-1) + logdet + n * _LOG_2PI) / n
-
-    @staticmethod
-    def backward(ctx, grad):
-        K_inv, alpha, n = ctx.saved_tensors
-        scale = (grad / n).reshape(-1, 1)
-        half_c = (0.5 * scale).unsqueeze(-1)
-        grad_K = (K_inv - alpha.unsqueeze(-1) * alpha.unsqueeze(-2)).mul_(half_c)
-        return grad_K, scale * alpha, None, None
-
-
-def cholesky(K: torch.Tensor, client_ids: Sequence) -> torch.Tensor:
-    """Batched Cholesky with GPyTorch's jitter schedule (``psd_safe_cholesky``), row by row.
-
-    Only rows that fail get jitter, and each gets the smallest of 1e-8, 1e-7, 1e-6 (float32: 1e-6,
-    1e-5, 1e-4) that works, added in GPyTorch's increments; rows that succeed keep their factor. A
-    :class:`FactorizationError` names exactly the clients whose rows fail at the largest jitter.
-    """
-    L, info = torch.linalg.cholesky_ex(K)
-    failed = torch.nonzero(info > 0).flatten()
-    if not len(failed):
-        return L
-    first = CHOLESKY_JITTER if K.dtype == torch.float64 else 1e-6
-    A = K[failed].clone()  # the failing rows, with GPyTorch's cumulative jitter
-    pending = torch.ones(
-        len(failed), dtype=torch.bool, device=K.device
-    )  # rows of ``failed`` still without a factor
-    previous = 0.0
-    for attempt in range(CHOLESKY_MAX_TRIES):
-        jitter = first * 10**attempt
-        # Exactly GPyTorch's increment: a bool mask times a Python float (default dtype, as there).
-        A.diagonal(dim1=-2, dim2=-1).add_((pending * (jitter - previous)).unsqueeze(-1))
-        previous = jitter
-        rows = torch.nonzero(pending).flatten()
-        L_try, info_try = torch.linalg.cholesky_ex(A[rows])
-        done = info_try == 0
-        L[failed[rows[done]]] = L_try[done]
-        pending[rows[done]] = False
-        if not bool(pending.any()):
-            return L
-    bad = [client_ids[i] for i in failed[pending].tolist()]
-    shown = bad[:5]
-    others = f" (and others: {shown[1:]!r})" if len(shown) > 1 else ""
-    raise FactorizationError(
-        f"client {shown[0]!r}{others}: covariance "
-        f"matrix not positive definite after {CHOLESKY_MAX_TRIES} jitter retries (largest jitter "
-        f"{first * 10 ** (CHOLESKY_MAX_TRIES - 1):.0e})",
-        tuple(dict.fromkeys(bad)),
-    )
 
 
 class BatchedEngine(InProcessEngine):
@@ -378,17 +99,17 @@ class BatchedEngine(InProcessEngine):
         check: bool = True,
         minibatch_dtype: torch.dtype | None = None,
         compiled: bool | None = None,
-        device: str | torch.device = "cpu",
+        device: str | torch.device | None = None,
         fused: bool | None = None,
         **options,
     ):
-        self.device = torch.device(device)
+        self.device = torch.device("cpu" if device is None else device)
         if chunk_size is None:
             chunk_size = GPU_CHUNK_SIZE if self.device.type == "cuda" else CPU_CHUNK_SIZE
         if chunk_size < 1:
-            raise ValueError("chunk_size must be >= 1")
+            raise InputError("chunk_size must be >= 1")
         if self.device.type == "cuda" and not torch.cuda.is_available():
-            raise ValueError(
+            raise InputError(
                 f"device={str(device)!r}, but this PyTorch sees no CUDA GPU (torch.cuda.is_available() "
                 "is False); install a CUDA build of PyTorch on a GPU machine, or leave device unset"
             )
@@ -397,7 +118,7 @@ class BatchedEngine(InProcessEngine):
         self.model = None  # a GPyTorch model for the per-client fallback, built when first needed
         self.minibatch_dtype = minibatch_dtype or spec.dtype
         if self.minibatch_dtype not in (torch.float32, torch.float64):
-            raise ValueError(f"minibatch_dtype must be torch.float32 or torch.float64, got {minibatch_dtype}")
+            raise InputError(f"minibatch_dtype must be torch.float32 or torch.float64, got {minibatch_dtype}")
         self.gp = _batched_gp(spec, compiled, check, clients[0].n_features if clients else 1)
         if self.gp is not None:
             self.gp.module.to(self.device)  # the modules' buffers (priors' parameters, active_dims)
@@ -424,7 +145,7 @@ class BatchedEngine(InProcessEngine):
                 return found
             why = found
         if fused:
-            raise ValueError(f"fused=True: the fused local round cannot run here: {why}")
+            raise InputError(f"fused=True: the fused local round cannot run here: {why}")
         return None
 
     def data_changed(self) -> None:
@@ -442,7 +163,10 @@ class BatchedEngine(InProcessEngine):
 
     def ops(self, clients: torch.Tensor, rnd: int) -> BatchedOps | PerClientOps:
         if self.gp is None:
-            return PerClientOps(self, clients, rnd)
+            if self.model is None:  # one GPyTorch model, reused by every client in turn
+                self.model = self.spec.build()
+            chosen = [self.clients[i] for i in clients.tolist()]
+            return PerClientOps(self.spec, self.model, chosen, self.keys[clients], rnd, self.seed)
         return BatchedOps(self, clients, rnd)
 
     # -- data access ------------------------------------------------------------------------------
@@ -490,7 +214,7 @@ class BatchedOps:
     def _rows(self, states: HyperState):
         batch = states.batch_shape
         if len(batch) < 1 or batch[0] != len(self.rows):
-            raise ValueError(f"states must have batch ({len(self.rows)}, ...), got {tuple(batch)}")
+            raise InputError(f"states must have batch ({len(self.rows)}, ...), got {tuple(batch)}")
         extra = batch[1:]
         device = self.engine.device
         flat = states.map(lambda v, e: v.reshape(-1, *v.shape[len(batch) :]).to(device))
@@ -694,7 +418,7 @@ class BatchedOps:
         joint covariance of f there)."""
         flat, extra, per_client = self._rows(states)
         if extra:
-            raise ValueError(f"predict needs one state per client, got extra batch {tuple(extra)}")
+            raise InputError(f"predict needs one state per client, got extra batch {tuple(extra)}")
         raw = dict(self.spec.to_raw(flat))
         out: list[Prediction | None] = [None] * len(self.rows)
         for group in self.engine.size_groups(self.rows, 1, test=X_new is None):
@@ -705,7 +429,7 @@ class BatchedOps:
                     self.engine.ids[i] for i in clients.tolist() if self.engine.clients[i].X_test is None
                 ]
                 if missing:
-                    raise ValueError(f"client {missing[0]!r} has no test split and no inputs were given")
+                    raise InputError(f"client {missing[0]!r} has no test split and no inputs were given")
                 tests = [self.engine.clients[i].X_test.to(X.dtype) for i in clients.tolist()]
                 lengths = torch.tensor([len(t) for t in tests])
                 Xs = torch.nn.utils.rnn.pad_sequence(tests, batch_first=True).to(X.device)
@@ -744,72 +468,36 @@ class BatchedOps:
         return mean, var_f, self.gp.noise_variance(raw).unsqueeze(-1), cov
 
 
+def batched_path_reason(spec: GPSpec, d: int, compiled: bool | None = None) -> str | None:
+    """Why the tensor path cannot reproduce GPyTorch for ``spec`` on ``d``-feature data, or ``None``
+    when it can (checked on a small random case: :func:`check_against_gpytorch`)."""
+    try:
+        BatchedGP(spec, compiled)
+        check_against_gpytorch(spec, compiled=compiled, d=d)
+    except UnsupportedSpec as err:
+        return str(err)
+    return None
+
+
 def _batched_gp(spec: GPSpec, compiled: bool | None, check: bool, d: int) -> BatchedGP | None:
     """The tensor path for ``spec``, or ``None`` (with a one-time warning) when it cannot reproduce
     GPyTorch: the engine then evaluates each client with GPyTorch, as the sequential engine does."""
-    try:
-        gp = BatchedGP(spec, compiled)
-        if check:
-            check_against_gpytorch(spec, compiled=compiled, d=d)
-        return gp
-    except UnsupportedSpec as err:
-        if compiled:
-            raise ValueError(f"compiled=True: the batched engine cannot evaluate this spec: {err}") from err
-        message = (
-            f"the batched engine evaluates this spec client by client with GPyTorch ({err}); "
-            "results are the sequential engine's, without the batched speed-up"
-        )
-        if message not in _WARNED:
-            _WARNED.add(message)
-            warnings.warn(message, UserWarning, stacklevel=4)
-        return None
-
-
-class PerClientOps:
-    """:class:`~fedgp.strategies.base.ClientOps` for a chunk, one GPyTorch model per client in turn:
-    the batched engine's fallback for specs its tensor path cannot evaluate (it computes exactly
-    what the sequential engine computes)."""
-
-    def __init__(self, engine: BatchedEngine, rows: torch.Tensor, rnd: int):
-        from fedgp.engines.sequential import SequentialOps
-
-        if engine.model is None:
-            engine.model = engine.spec.build()
-        self.spec, self.round, self.seed = engine.spec, rnd, engine.seed
-        self.indices, self.sizes = engine.keys[rows], engine.sizes[rows]
-        self.clients = [engine.clients[i] for i in rows.tolist()]
-        self._ops = [
-            SequentialOps(engine.spec, engine.model, c, int(k), rnd, engine.seed)
-            for c, k in zip(self.clients, self.indices.tolist())
-        ]
-
-    def _each(self, states: HyperState):
-        for i, ops in enumerate(self._ops):
-            yield ops, states.index(slice(i, i + 1))
-
-    def nll(self, states: HyperState) -> torch.Tensor:
-        """Per-point exact NLL, client by client with GPyTorch (the fallback path)."""
-        return torch.cat([ops.nll(s) for ops, s in self._each(states)])
-
-    def gradient(self, states: HyperState, batch_size: int | None = None) -> tuple[torch.Tensor, HyperState]:
-        """Per-point NLL and gradient, client by client with GPyTorch (the fallback path)."""
-        out = [ops.gradient(s, batch_size) for ops, s in self._each(states)]
-        return torch.cat([loss for loss, _ in out]), HyperState.cat([g for _, g in out])
-
-    def train(self, states: HyperState, local: LocalTraining) -> TrainResult:
-        """Local training, client by client with GPyTorch (the fallback path)."""
-        out = [ops.train(s, local) for ops, s in self._each(states)]
-        return TrainResult(
-            HyperState.cat([r.states for r in out]),
-            torch.cat([r.loss for r in out]),
-            torch.cat([r.steps for r in out]),
-        )
-
-    def predict(
-        self, states: HyperState, X_new: torch.Tensor | None = None, full_cov: bool = False
-    ) -> list[Prediction]:
-        """Personalised predictions, client by client with GPyTorch (the fallback path)."""
-        return [p for ops, s in self._each(states) for p in ops.predict(s, X_new, full_cov)]
+    reason = batched_path_reason(spec, d, compiled) if check else None
+    if reason is None:
+        try:
+            return BatchedGP(spec, compiled)
+        except UnsupportedSpec as err:
+            reason = str(err)
+    if compiled:
+        raise InputError(f"compiled=True: the batched engine cannot evaluate this spec: {reason}")
+    message = (
+        f"the batched engine evaluates this spec client by client with GPyTorch ({reason}); "
+        "results are the sequential engine's, without the batched speed-up"
+    )
+    if message not in _WARNED:
+        _WARNED.add(message)
+        warnings.warn(message, FedGPWarning, stacklevel=4)
+    return None
 
 
 def check_against_gpytorch(
@@ -818,8 +506,6 @@ def check_against_gpytorch(
     """Raise :class:`UnsupportedSpec` unless the batched path reproduces GPyTorch's NLL and
     gradients on a random case with ``d`` input features for this spec (guards against kernels
     whose ``forward`` does not broadcast over parameter batches, priors it cannot read ...)."""
-    from fedgp.engines.sequential import SequentialOps
-
     g = torch.Generator().manual_seed(seed)
     d = _input_dim(spec) if d is None else d
     clients = [
@@ -870,7 +556,7 @@ def _well_conditioned(spec: GPSpec, state: HyperState) -> HyperState:
     legitimate ``GreaterThan(1e-12)`` likelihood) the check case's covariance is so ill-conditioned
     that rounding alone separates them. The noise does not enter the kernel's forward, which is
     what the check is for, so the check uses a noise that keeps the case well-conditioned."""
-    info = next((p for p in spec.params if p.raw_name == _NOISE), None)
+    info = next((p for p in spec.params if p.raw_name == NOISE), None)
     if info is None:  # a fixed (known) noise: nothing to raise
         return state
     target = torch.full_like(state[info.name], 0.1)

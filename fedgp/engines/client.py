@@ -8,67 +8,16 @@ prediction (through the strategy's ``personal_state``) are the only things a cli
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import torch
 
 from fedgp.attacks.labels import flipped_ops
-from fedgp.messages import Field, Task, state_fields, state_tensors
-from fedgp.models.spec import GPSpec
+from fedgp.errors import InputError, SimulatedFailure
+from fedgp.messages import Task, state_tensors
 from fedgp.rng import client_uniform
 from fedgp.strategies.base import ClientOps, Strategy
-from fedgp.transforms import DataTransform, summarise
+from fedgp.transforms import DataTransform, client_summaries
 
-__all__ = ["ClientFailure", "SimulatedFailure", "handle", "reply_fields", "EVALUATE_FIELDS"]
-
-#: What a client reports about itself when it registers: training size, test size, input dimension.
-HELLO_FIELDS = {"n": Field((), torch.long), "n_test": Field((), torch.long), "d": Field((), torch.long)}
-#: Per-client test metrics: computed on the client, only these numbers travel.
-EVALUATE_FIELDS = {
-    "rmse": Field(),
-    "nll": Field(),
-    "coverage95": Field(),
-    "n_test": Field((), torch.long),
-    "cluster": Field((), torch.long),
-}
-
-
-class ClientFailure(RuntimeError):
-    """A client could not complete its task. ``clients`` are the keys of the clients that failed,
-    when known, so an engine running a batch can drop just them and carry on with the rest."""
-
-    def __init__(self, message: str, clients: Sequence[int] = ()):
-        super().__init__(message)
-        self.clients = tuple(int(c) for c in clients)
-
-
-class SimulatedFailure(ClientFailure):
-    """A failure drawn by ``fit(simulate_failures=p)``: raised inside the client's update, so the
-    real failure path runs."""
-
-
-def reply_fields(
-    kind: str, spec: GPSpec, num_clusters: int, points: int = 0, full_cov: bool = False
-) -> dict[str, Field]:
-    """The declared reply of the non-training tasks (``predict`` with ``full_cov``: the joint
-    covariance of f at the ``points`` inputs too)."""
-    if kind == "hello":
-        return dict(HELLO_FIELDS)
-    if kind == "summarise":
-        raise ValueError("summarise replies depend on the data's width: fedgp.transforms.summary_fields")
-    if kind == "evaluate":
-        fields = dict(EVALUATE_FIELDS)
-    elif kind == "predict":
-        fields = {"mean": Field((points,)), "variance_f": Field((points,)), "variance_y": Field((points,))}
-        if full_cov:
-            fields["covariance_f"] = Field((points, points))
-    elif kind == "personal":
-        fields = {**state_fields(spec, "state/"), "cluster": Field((), torch.long)}
-    else:
-        raise ValueError(f"no fixed reply for {kind!r} tasks: the strategy declares it")
-    if "cluster" in fields:
-        fields["cluster"] = Field((), torch.long, bounds=(0, num_clusters - 1))
-    return fields
+__all__ = ["handle"]
 
 
 def _simulated_failures(ops: ClientOps, task: Task) -> None:
@@ -101,7 +50,7 @@ def handle(
             "d": torch.tensor([c.n_features for c in ops.clients], dtype=torch.long),
         }
     if task.kind == "summarise":
-        return summarise(
+        return client_summaries(
             ops.clients,
             task.setting("stage", "mean"),
             task.setting("bounds", False),
@@ -146,4 +95,4 @@ def handle(
             covariance = torch.stack([p.covariance_f for p in predictions]).to(torch.float64)
             out["covariance_f"] = covariance * square.unsqueeze(-1)
         return out
-    raise ValueError(f"unknown task kind {task.kind!r}")
+    raise InputError(f"unknown task kind {task.kind!r}")

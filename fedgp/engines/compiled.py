@@ -230,7 +230,7 @@ def slp_vectorize():
         numba.config.SLP_VECTORIZE = previous
 
 
-class _Kernels:
+class _StepKernels:
     """The compiled functions, built on first use so that importing this module never needs numba."""
 
     def __init__(self):
@@ -319,10 +319,10 @@ def once(build):
     return get
 
 
-_build_kernels = once(lambda: _Kernels())
+_build_kernels = once(lambda: _StepKernels())
 
 
-def kernels() -> _Kernels:
+def kernels() -> _StepKernels:
     """The compiled functions of this module, compiled (or loaded from numba's cache) on first use;
     thread-safe."""
     return _build_kernels()

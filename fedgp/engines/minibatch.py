@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import torch
 
+from fedgp.errors import InputError
 from fedgp.rng import client_uniform, nearest_neighbour_minibatches, uniform_minibatches
 
 __all__ = ["draw_minibatches"]
@@ -38,7 +39,7 @@ def draw_minibatches(
         return flat.reshape(b, steps, batch_size)
     if kind == "nearest":
         if X is None:
-            raise ValueError("nearest-neighbour minibatches need the clients' inputs")
+            raise InputError("nearest-neighbour minibatches need the clients' inputs")
         u = client_uniform(seed, stream, rnd, indices, (steps,))
         return nearest_neighbour_minibatches(u, X, sizes, batch_size)
-    raise ValueError(f"unknown minibatch kind {kind!r}")
+    raise InputError(f"unknown minibatch kind {kind!r}")

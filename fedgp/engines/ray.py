@@ -22,33 +22,37 @@ import json
 import os
 import weakref
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import torch
 
 from fedgp.data.client import ClientData
-from fedgp.engines.base import Engine, Outcome, Registry
+from fedgp.engines.base import Engine
 from fedgp.engines.batched import check_against_gpytorch
-from fedgp.engines.remote import (
-    client_from_record,
-    client_to_record,
-    fields_from_json,
-    fields_to_json,
-    merge_outcomes,
-    outcome_from_record,
-    outcome_to_record,
-    registry_from_record,
-    registry_to_record,
-)
+from fedgp.errors import InputError, MissingExtraError
 from fedgp.messages import (
     Field,
+    Outcome,
+    Roster,
     Task,
     config_json,
     from_config,
+    merge_outcomes,
     record_from_bytes,
     record_to_bytes,
     task_from_bytes,
     task_to_bytes,
+)
+from fedgp.messages.remote import (
+    client_from_record,
+    client_to_record,
+    fields_from_json,
+    fields_to_json,
+    outcome_from_record,
+    outcome_to_record,
+    roster_from_record,
+    roster_to_record,
 )
 from fedgp.models.spec import GPSpec
 from fedgp.strategies.base import Strategy
@@ -63,7 +67,9 @@ def _ray():
     try:
         import ray
     except ImportError:  # pragma: no cover - exercised only without the extra
-        raise ImportError("engine='ray' needs Ray: pip install 'fedgp[ray]'") from None
+        raise MissingExtraError(
+            "engine='ray' needs Ray: pip install 'fedgp-gpytorch[ray]'", name="ray"
+        ) from None
     return ray
 
 
@@ -80,7 +86,8 @@ class _Host:
         from fedgp.engines.batched import BatchedEngine
 
         clients = [client_from_record(record_from_bytes(b)) for b in shard]
-        self.engines[key] = BatchedEngine(spec, clients, keys=torch.tensor(keys), check=False, **options)
+        options = {**options, "check": False}  # the driver checked the spec once
+        self.engines[key] = BatchedEngine(spec, clients, keys=torch.tensor(keys), **options)
         return os.getpid()
 
     def start(self, key: int, strategy_config: str, seed: int, modules: list[str]) -> bytes:
@@ -90,8 +97,8 @@ class _Host:
         for module in modules:  # the driver's own code defining the strategy's classes
             importlib.import_module(module)
         engine = self.engines[key]
-        registry = engine.start(from_config(json.loads(strategy_config)), seed)
-        return record_to_bytes(registry_to_record(registry))
+        roster = engine.start(from_config(json.loads(strategy_config)), seed)
+        return record_to_bytes(roster_to_record(roster))
 
     def run(self, key: int, task: bytes, rows: list[int], fields: str) -> bytes:
         engine = self.engines[key]
@@ -114,7 +121,7 @@ def _modules(config) -> list[str]:
             if "type" in value and "params" in value:
                 module = value["type"].partition(":")[0]
                 if module == "__main__":
-                    raise ValueError(
+                    raise InputError(
                         f"{value['type']!r} is defined in __main__; engine='ray' rebuilds the strategy on "
                         "its actors, so define it in an importable module"
                     )
@@ -170,9 +177,10 @@ class RayEngine(Engine):
         num_workers: actors (shards); default one per CPU of the cluster (local: of this machine).
         threads: torch threads per actor (1: one core each).
         timeout: seconds to wait for a shard's reply; a later shard fails its clients that round.
-
-    Other options (``chunk_size``, ``compiled``, ``minibatch_dtype`` ...) go to each shard's
-    :class:`~fedgp.engines.batched.BatchedEngine`.
+        shard: the keyword arguments of each actor's
+            :class:`~fedgp.engines.batched.BatchedEngine` (``chunk_size``, ``compiled``,
+            ``minibatch_dtype`` ...): the options of the :class:`~fedgp.engines.Ray` config's
+            ``shard``, plain values that travel to the actors.
     """
 
     name = "ray"
@@ -187,7 +195,7 @@ class RayEngine(Engine):
         num_workers: int | None = None,
         threads: int = 1,
         timeout: float | None = None,
-        **options,
+        shard: Mapping[str, Any] | None = None,
     ):
         ray = _ray()
         if not ray.is_initialized():
@@ -195,11 +203,13 @@ class RayEngine(Engine):
             ray.init(address=address, num_cpus=local_cpus, include_dashboard=False, log_to_driver=False)
         workers = num_workers or max(1, int(ray.cluster_resources().get("CPU", 1)))
         if workers < 1:
-            raise ValueError("num_workers must be >= 1")
+            raise InputError("num_workers must be >= 1")
+        options = dict(shard or {})
         check_against_gpytorch(spec, compiled=options.get("compiled"))  # once, here; actors skip it
         self.spec, self.clients, self.seed = spec, list(clients), seed
         self.ids = [c.id for c in self.clients]
-        self.timeout, self.threads, self.options = timeout, threads, dict(options)
+        # The shard's settings travel as plain values (Ray serialises them); the actors build the config.
+        self.timeout, self.threads, self.options = timeout, threads, options
         pieces = np.array_split(np.arange(len(self.clients)), min(workers, len(self.clients)))
         self.shards = [torch.from_numpy(p).to(torch.long) for p in pieces]
         self._shard_of = torch.empty(len(self.clients), dtype=torch.long)
@@ -246,7 +256,7 @@ class RayEngine(Engine):
         _ray().kill(_POOL[i], no_restart=True)
 
     # -- the contract -----------------------------------------------------------------------------
-    def start(self, strategy: Strategy, seed: int) -> Registry:
+    def start(self, strategy: Strategy, seed: int) -> Roster:
         ray = _ray()
         self.seed = seed
         self._strategy = config_json(strategy.client_view())
@@ -255,8 +265,8 @@ class RayEngine(Engine):
             self._host(i).start.remote(self.key, self._strategy, seed, self._modules)
             for i in range(len(self.shards))
         ]
-        parts = [registry_from_record(record_from_bytes(r)) for r in ray.get(refs)]
-        return Registry(
+        parts = [roster_from_record(record_from_bytes(r)) for r in ray.get(refs)]
+        return Roster(
             [cid for p in parts for cid in p.ids],
             torch.cat([p.sizes for p in parts]),
             torch.cat([p.n_test for p in parts]),

@@ -14,6 +14,7 @@ import torch
 from fedgp.data.client import ClientData
 from fedgp.engines.base import InProcessEngine
 from fedgp.engines.minibatch import draw_minibatches
+from fedgp.errors import InputError
 from fedgp.models.objective import factorization_guard, minibatch_nll
 from fedgp.models.posterior import Prediction, predict_with_model
 from fedgp.models.spec import ExactGPModel, GPSpec
@@ -28,7 +29,7 @@ def _flatten(states: HyperState) -> tuple[HyperState, torch.Size]:
     """(1, *extra) -> (n_extra,), remembering ``extra``."""
     batch = states.batch_shape
     if len(batch) < 1 or batch[0] != 1:
-        raise ValueError(f"sequential ops expect a batch of one client, got batch {tuple(batch)}")
+        raise InputError(f"sequential ops expect a batch of one client, got batch {tuple(batch)}")
     extra = batch[1:]
     return states.map(lambda v, e: v.reshape(-1, *v.shape[len(batch) :])), extra
 
@@ -137,7 +138,7 @@ class SequentialOps:
         (default: the client's test inputs)."""
         X_new = self.client.X_test if X_new is None else X_new
         if X_new is None:
-            raise ValueError(f"client {self.client.id!r} has no test split and no inputs were given")
+            raise InputError(f"client {self.client.id!r} has no test split and no inputs were given")
         self.spec.load(self.model, states.index(0))
         X_new = torch.as_tensor(X_new).to(self.spec.dtype)
         if self.noise is not None:  # the likelihood holds the training points' known noise
@@ -161,6 +162,6 @@ class SequentialEngine(InProcessEngine):
 
     def ops(self, clients: torch.Tensor, rnd: int) -> SequentialOps:
         if len(clients) != 1:
-            raise ValueError(f"the sequential engine runs one client at a time, got {len(clients)}")
+            raise InputError(f"the sequential engine runs one client at a time, got {len(clients)}")
         i = int(clients[0])
         return SequentialOps(self.spec, self.model, self.clients[i], int(self.keys[i]), rnd, self.seed)

@@ -21,6 +21,8 @@ from typing import Any
 
 import torch
 
+from fedgp.errors import MissingExtraError
+
 __all__ = ["to_botorch", "fixed_standardize"]
 
 
@@ -29,7 +31,7 @@ def _botorch():
         import botorch.models
         import botorch.models.transforms
     except ImportError:
-        raise ImportError(
+        raise MissingExtraError(
             "to_botorch needs BoTorch, an optional extra: pip install 'botorch==0.18.1' "
             "(or install fedgp with its 'botorch' extra)"
         ) from None

@@ -4,16 +4,17 @@
   (:func:`npz_loader` reads a folder named in ``node_config``) and runs their side of every round.
 * :func:`server_app` — a ``ServerApp`` whose ``main`` runs ``fedgp.fit`` over Flower's ``Grid``
   (:class:`GridEngine`), with fedgp's seeded sampling and failure-tolerant rounds.
-* ``engine="flower"`` (:class:`FlowerEngine`) — both sides in one process over an in-memory grid.
+* ``engine="flower"`` or ``engine=Flower(num_nodes=...)`` (:class:`FlowerEngine`) — both sides in one
+  process over an in-memory grid.
 
-Needs the extra: ``pip install 'fedgp[flower]'``.
+Needs the extra: ``pip install 'fedgp-gpytorch[flower]'``.
 """
 
 from fedgp.flower.capture import capture_mod
 from fedgp.flower.client import client_app, npz_loader, save_npz_clients
 from fedgp.flower.grid_engine import GridEngine
-from fedgp.flower.local import FlowerEngine, LocalGrid
-from fedgp.flower.server import load_state, save_result, server_app
+from fedgp.flower.local import Flower, FlowerEngine, LocalGrid
+from fedgp.flower.server import server_app, write_outputs
 
 __all__ = [
     "client_app",
@@ -21,9 +22,9 @@ __all__ = [
     "server_app",
     "npz_loader",
     "save_npz_clients",
-    "save_result",
-    "load_state",
+    "write_outputs",
     "GridEngine",
+    "Flower",
     "FlowerEngine",
     "LocalGrid",
 ]

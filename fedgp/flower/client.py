@@ -20,42 +20,47 @@ from flwr.app import ConfigRecord, Context, Message
 from flwr.clientapp import ClientApp
 
 from fedgp.data.client import ClientData
-from fedgp.engines.remote import fields_from_json
+from fedgp.engines.config import Batched, Sequential
+from fedgp.errors import EngineError, InputError, MissingFileError
 from fedgp.flower.records import KIND_OF, outcome_to_content, task_from_content
 from fedgp.messages import from_config
+from fedgp.messages.remote import fields_from_json
 from fedgp.models.spec import GPSpec
 
-__all__ = ["client_app", "npz_loader", "save_npz_clients"]
+__all__ = ["client_app", "node_engine", "npz_loader", "save_npz_clients"]
 
 Loader = Callable[[Context], tuple[GPSpec, Sequence[ClientData]]]
 _STATE = "fedgp.run"
 
 
-def _engine(kind: str, spec: GPSpec, clients, first_key: int):
-    from fedgp.engines.batched import BatchedEngine
-    from fedgp.engines.sequential import SequentialEngine
+def node_engine(engine: str | Sequential | Batched) -> Sequential | Batched:
+    """How a node runs its clients: a :class:`~fedgp.engines.Sequential` or
+    :class:`~fedgp.engines.Batched` config, or its name."""
+    if isinstance(engine, (Sequential, Batched)):
+        return engine
+    if engine == "sequential":
+        return Sequential()
+    if engine == "batched":
+        return Batched(check=False)
+    raise InputError(
+        f"a node's engine must be 'sequential', 'batched' or one of their configs, got {engine!r}"
+    )
 
-    keys = first_key + torch.arange(len(clients))
-    if kind == "batched":
-        return BatchedEngine(spec, clients, keys=keys, check=False)
-    if kind == "sequential":
-        return SequentialEngine(spec, clients, keys=keys)
-    raise ValueError(f"node engine must be 'sequential' or 'batched', got {kind!r}")
 
-
-def _handle(message: Message, context: Context, load: Loader, engine_kind: str) -> Message:
+def _handle(message: Message, context: Context, load: Loader, engine: Sequential | Batched) -> Message:
     task, head = task_from_content(message.content)
     if KIND_OF.get(message.metadata.message_type) != task.kind:
-        raise ValueError(f"message type {message.metadata.message_type!r} does not carry a {task.kind} task")
+        raise InputError(f"message type {message.metadata.message_type!r} does not carry a {task.kind} task")
     if task.kind == "hello":
         context.state.config_records[_STATE] = ConfigRecord(
             {"strategy": str(head["strategy"]), "seed": int(head["seed"])}
         )
     if _STATE not in context.state.config_records:
-        raise RuntimeError("this node has not been registered for the run (no hello received)")
+        raise EngineError("this node has not been registered for the run (no hello received)")
     run = context.state.config_records[_STATE]
     spec, clients = load(context)
-    engine = _engine(engine_kind, spec, list(clients), int(head["first_key"]))
+    clients = list(clients)
+    engine = engine.build(spec, clients, keys=int(head["first_key"]) + torch.arange(len(clients)))
     engine.prepare(from_config(json.loads(str(run["strategy"]))), int(run["seed"]))
     if bool(head["all_clients"]):
         rows = torch.arange(len(clients))
@@ -71,16 +76,19 @@ def _handle(message: Message, context: Context, load: Loader, engine_kind: str) 
     return Message(content, reply_to=message)
 
 
-def client_app(load: Loader, engine: str = "sequential", mods: Sequence = ()) -> ClientApp:
+def client_app(
+    load: Loader, engine: str | Sequential | Batched = "sequential", mods: Sequence = ()
+) -> ClientApp:
     """A ``ClientApp`` hosting the clients ``load(context)`` returns (with the node's ``GPSpec``).
 
     ``engine``: how the node runs its clients (``"sequential"``, or ``"batched"`` for a silo with
-    many); ``mods``: Flower mods wrapped around every message.
+    many, or a config of either); ``mods``: Flower mods wrapped around every message.
     """
     app = ClientApp(mods=list(mods))
+    config = node_engine(engine)
 
     def handle(message: Message, context: Context) -> Message:
-        return _handle(message, context, load, engine)
+        return _handle(message, context, load, config)
 
     app.train()(handle)
     app.evaluate()(handle)
@@ -115,7 +123,7 @@ def npz_loader(spec: Callable[[], GPSpec], key: str = "data-path") -> Loader:
                     test = {k: f[k] for k in ("X_test", "y_test") if k in f}
                     clients.append(ClientData(f["X"], f["y"], id=json.loads(str(f["id"])), **test))
             if not clients:
-                raise FileNotFoundError(f"no client files (*.npz) in {folder}")
+                raise MissingFileError(f"no client files (*.npz) in {folder}")
             cache[folder] = (spec(), clients)
         return cache[folder]
 

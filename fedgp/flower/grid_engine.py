@@ -20,11 +20,11 @@ import torch
 from flwr.app import Message
 from flwr.serverapp import Grid
 
-from fedgp.engines.base import Engine, Outcome, Registry
-from fedgp.engines.client import reply_fields
-from fedgp.engines.remote import fields_to_json, merge_outcomes
+from fedgp.engines.base import Engine
+from fedgp.errors import EngineError, FedGPWarning
 from fedgp.flower.records import message_type, outcome_from_content, task_to_content
-from fedgp.messages import Field, Task, config_json
+from fedgp.messages import Field, Outcome, Roster, Task, config_json, merge_outcomes, reply_fields
+from fedgp.messages.remote import fields_to_json
 from fedgp.models.spec import GPSpec
 from fedgp.strategies.base import Strategy
 
@@ -52,10 +52,10 @@ class GridEngine(Engine):
         replies = list(self.grid.send_and_receive(messages, timeout=self.timeout))
         return {m.metadata.src_node_id: m for m in replies}, len(replies)
 
-    def start(self, strategy: Strategy, seed: int) -> Registry:
+    def start(self, strategy: Strategy, seed: int) -> Roster:
         nodes = sorted(int(n) for n in self.grid.get_node_ids())
         if not nodes:
-            raise RuntimeError("the Flower grid has no nodes")
+            raise EngineError("the Flower grid has no nodes")
         head = {
             "strategy": config_json(strategy.client_view()),
             "seed": int(seed),
@@ -71,10 +71,10 @@ class GridEngine(Engine):
             if n not in replies or replies[n].has_error()
         }
         if missing:  # a node that cannot register sits the run out; the others go ahead
-            warnings.warn(f"Flower nodes not registered: {missing}", RuntimeWarning, stacklevel=2)
+            warnings.warn(f"Flower nodes not registered: {missing}", FedGPWarning, stacklevel=2)
         nodes = [n for n in nodes if n not in missing]
         if not nodes:
-            raise RuntimeError(f"no Flower node registered: {missing}")
+            raise EngineError(f"no Flower node registered: {missing}")
         outcomes = {n: outcome_from_content(replies[n].content) for n in nodes}
         ranks = {}
         for n in nodes:
@@ -92,7 +92,7 @@ class GridEngine(Engine):
             dims.append(out.individual["d"])
             node_of.extend([index] * len(out.clients))  # an index: Flower node ids are unsigned 64-bit
         self._node_of = torch.tensor(node_of, dtype=torch.long)
-        return Registry(ids, torch.cat(sizes), torch.cat(n_test), torch.cat(dims))
+        return Roster(ids, torch.cat(sizes), torch.cat(n_test), torch.cat(dims))
 
     def _message(self, task: Task, node: int, head: dict, all_clients: bool = False) -> Message:
         content = task_to_content(task, {**head, "all_clients": all_clients})

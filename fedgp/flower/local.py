@@ -13,6 +13,8 @@ from __future__ import annotations
 import itertools
 import traceback
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import ClassVar
 from uuid import uuid4
 
 import numpy as np
@@ -26,14 +28,16 @@ from flwr.supercore.run import Run
 from flwr.supercore.task_identity import TaskIdentity
 
 from fedgp.data.client import ClientData
-from fedgp.engines.base import Engine, Outcome, Registry
+from fedgp.engines.base import Engine
+from fedgp.engines.config import Batched, EngineConfig, Sequential
+from fedgp.errors import InputError
 from fedgp.flower.client import client_app
 from fedgp.flower.grid_engine import GridEngine
-from fedgp.messages import Field, Task
+from fedgp.messages import Field, Outcome, Roster, Task
 from fedgp.models.spec import GPSpec
 from fedgp.strategies.base import Strategy
 
-__all__ = ["LocalGrid", "FlowerEngine"]
+__all__ = ["LocalGrid", "FlowerEngine", "Flower"]
 
 _RUNS = itertools.count(1)
 
@@ -160,8 +164,28 @@ class FlowerEngine(Engine):
         self.grid = LocalGrid(apps)
         self.inner = GridEngine(self.grid, spec, timeout)
 
-    def start(self, strategy: Strategy, seed: int) -> Registry:
+    def start(self, strategy: Strategy, seed: int) -> Roster:
         return self.inner.start(strategy, seed)
 
     def run(self, task: Task, clients, fields: dict[str, Field]) -> Outcome:
         return self.inner.run(task, clients, fields)
+
+
+@dataclass(frozen=True)
+class Flower(EngineConfig):
+    """Both sides of a Flower run in this process, over an in-memory grid: the federation split
+    over ``num_nodes`` nodes (default one per client), each running its clients with
+    ``node_engine``; ``mods`` wrap every node's ``ClientApp``; ``timeout`` per round's replies.
+    ``fit(engine=fedgp.flower.Flower(num_nodes=3))``, or ``engine="flower"`` for the defaults."""
+
+    num_nodes: int | None = None
+    node_engine: Sequential | Batched = Sequential()
+    mods: tuple = ()
+    timeout: float | None = None
+    name: ClassVar[str] = "flower"
+
+    def build(self, spec, clients, seed=0, keys=None):
+        if keys is not None:
+            raise InputError("the Flower engine hosts a whole federation, not a shard of one")
+        return FlowerEngine(spec, clients, seed, num_nodes=self.num_nodes, node_engine=self.node_engine,
+                            mods=tuple(self.mods), timeout=self.timeout)  # fmt: skip

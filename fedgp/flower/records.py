@@ -15,9 +15,8 @@ import numpy as np
 import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 
-from fedgp.engines.base import Outcome
-from fedgp.engines.remote import outcome_from_record, outcome_to_record
-from fedgp.messages import Record, Task
+from fedgp.messages import Outcome, Record, Task
+from fedgp.messages.remote import outcome_from_record, outcome_to_record
 
 __all__ = [
     "put_record",

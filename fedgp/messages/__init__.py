@@ -1,14 +1,24 @@
-"""Messages: what crosses the boundary between the server and the clients.
+"""Messages: the protocol between the server and the clients, in one place.
 
 A round is a :class:`Task` sent to its participants (a shared :class:`Record` plus one personal
-row each) and a reply :class:`Record` from each, checked against the strategy's declared
-:class:`Field` s. Strategies travel as JSON configs (:class:`Configurable`); records and tasks as
-safetensors bytes (:mod:`fedgp.messages.wire`).
+row each) and a reply :class:`Record` from each, checked against declared :class:`Field` s
+(:mod:`~fedgp.messages.kinds` declares the fixed replies of every task kind but training). The
+server's side of a round is a :class:`RoundPlan` built from the :class:`ServerContext` (what the
+:class:`Roster` of registered clients told it) and the :class:`Replies` that come back; an engine
+hands back an :class:`Outcome`. Strategies travel as JSON configs (:class:`Configurable`, through
+the one tree codec :mod:`~fedgp.messages.codec`); records and tasks as bytes in the one container
+(:mod:`~fedgp.messages.container`, :mod:`~fedgp.messages.wire`); a remote host's pieces as records
+(:mod:`~fedgp.messages.remote`).
 """
 
+from fedgp.messages.codec import decode, encode, register_type
 from fedgp.messages.config import Configurable, config_json, from_config
 from fedgp.messages.fields import Field, check_reply, read_state, reply_structure, state_fields, state_tensors
+from fedgp.messages.kinds import EVALUATE_FIELDS, HELLO_FIELDS, reply_fields, summary_fields
+from fedgp.messages.outcome import Outcome, merge_outcomes
 from fedgp.messages.records import TENSOR_DTYPES, Record, Setting
+from fedgp.messages.roster import Roster
+from fedgp.messages.round import Replies, RoundPlan, ServerContext
 from fedgp.messages.task import KINDS, Task
 from fedgp.messages.wire import record_from_bytes, record_to_bytes, task_from_bytes, task_to_bytes
 
@@ -17,16 +27,29 @@ __all__ = [
     "Setting",
     "Task",
     "Field",
+    "Roster",
+    "Outcome",
+    "ServerContext",
+    "RoundPlan",
+    "Replies",
     "Configurable",
     "KINDS",
     "TENSOR_DTYPES",
+    "HELLO_FIELDS",
+    "EVALUATE_FIELDS",
+    "reply_fields",
+    "summary_fields",
     "check_reply",
     "reply_structure",
     "read_state",
     "state_fields",
     "state_tensors",
+    "merge_outcomes",
     "config_json",
     "from_config",
+    "encode",
+    "decode",
+    "register_type",
     "record_to_bytes",
     "record_from_bytes",
     "task_to_bytes",

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
+from fedgp.errors import InputError, InputTypeError
 from fedgp.messages.records import TENSOR_DTYPES, Record
 from fedgp.models.spec import GPSpec
 from fedgp.models.state import HyperState
@@ -37,9 +38,9 @@ class Field:
     def __post_init__(self) -> None:
         object.__setattr__(self, "shape", tuple(int(s) for s in self.shape))
         if self.dtype not in TENSOR_DTYPES:
-            raise TypeError(f"field dtype {self.dtype} is not one of {TENSOR_DTYPES}")
+            raise InputTypeError(f"field dtype {self.dtype} is not one of {TENSOR_DTYPES}")
         if self.summed and self.dtype == torch.bool:
-            raise TypeError("a summed field must be numeric")
+            raise InputTypeError("a summed field must be numeric")
 
     @property
     def kind(self) -> str:
@@ -113,5 +114,5 @@ def read_state(tensors: Mapping[str, torch.Tensor], spec: GPSpec, prefix: str) -
     try:
         values = {p.name: tensors[f"{prefix}{p.name}"].to(spec.dtype) for p in spec.params}
     except KeyError as err:
-        raise ValueError(f"the record has no {err.args[0]!r}; does the sender use the same GPSpec?") from None
+        raise InputError(f"the record has no {err.args[0]!r}; does the sender use the same GPSpec?") from None
     return HyperState(values, spec.event_shapes)

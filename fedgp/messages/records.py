@@ -17,6 +17,8 @@ from types import MappingProxyType
 
 import torch
 
+from fedgp.errors import InputError, InputTypeError
+
 __all__ = ["Record", "TENSOR_DTYPES", "Setting"]
 
 #: The tensor types a record may hold (states and statistics, indices and labels, flags).
@@ -27,11 +29,11 @@ Setting = str | int | float | bool
 
 def _check_setting(name: str, value) -> None:
     if not isinstance(value, (str, int, float, bool)):
-        raise TypeError(
+        raise InputTypeError(
             f"record setting {name!r} is a {type(value).__name__}; settings must be str, int, float or bool"
         )
     if isinstance(value, float) and not math.isfinite(value):
-        raise ValueError(f"record setting {name!r} is not finite ({value})")
+        raise InputError(f"record setting {name!r} is not finite ({value})")
 
 
 @dataclass(frozen=True)
@@ -44,19 +46,21 @@ class Record:
     def __post_init__(self) -> None:
         for name, value in self.tensors.items():
             if not isinstance(name, str) or not name:
-                raise TypeError(f"record tensor names must be non-empty strings, got {name!r}")
+                raise InputTypeError(f"record tensor names must be non-empty strings, got {name!r}")
             if not isinstance(value, torch.Tensor):
-                raise TypeError(
+                raise InputTypeError(
                     f"record entry {name!r} is a {type(value).__name__}; only tensors travel in a record "
                     "(rebuild objects on the other side from the spec and the strategy's settings)"
                 )
             if value.dtype not in TENSOR_DTYPES:
-                raise TypeError(f"record tensor {name!r} has dtype {value.dtype}; allowed: {TENSOR_DTYPES}")
+                raise InputTypeError(
+                    f"record tensor {name!r} has dtype {value.dtype}; allowed: {TENSOR_DTYPES}"
+                )
             if value.requires_grad:
-                raise ValueError(f"record tensor {name!r} requires grad; send detached values")
+                raise InputError(f"record tensor {name!r} requires grad; send detached values")
         for name, value in self.settings.items():
             if not isinstance(name, str) or not name:
-                raise TypeError(f"record setting names must be non-empty strings, got {name!r}")
+                raise InputTypeError(f"record setting names must be non-empty strings, got {name!r}")
             _check_setting(name, value)
         object.__setattr__(self, "tensors", MappingProxyType(dict(self.tensors)))
         object.__setattr__(self, "settings", MappingProxyType(dict(self.settings)))
@@ -73,7 +77,7 @@ class Record:
         names = set(first.tensors)
         for other in records[1:]:
             if set(other.tensors) != names:
-                raise ValueError(
+                raise InputError(
                     f"cannot concatenate records with different fields: {sorted(names)} vs "
                     f"{sorted(other.tensors)}"
                 )

@@ -16,6 +16,7 @@ from types import MappingProxyType
 
 import torch
 
+from fedgp.errors import InputError, InputTypeError, UnknownNameError
 from fedgp.messages.records import Record, Setting, _check_setting
 
 __all__ = ["Task", "KINDS"]
@@ -36,12 +37,12 @@ class Task:
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
-            raise ValueError(f"task kind must be one of {KINDS}, got {self.kind!r}")
+            raise InputError(f"task kind must be one of {KINDS}, got {self.kind!r}")
         if not isinstance(self.shared, Record) or not isinstance(self.personal, Record):
-            raise TypeError("a task's shared and personal parts must be Records")
+            raise InputTypeError("a task's shared and personal parts must be Records")
         clash = set(self.shared.tensors) & set(self.personal.tensors)
         if clash:
-            raise ValueError(f"names {sorted(clash)} are both shared and personal")
+            raise InputError(f"names {sorted(clash)} are both shared and personal")
         for name, value in self.options.items():
             _check_setting(name, value)
         object.__setattr__(self, "round", int(self.round))
@@ -58,7 +59,7 @@ class Task:
         try:
             return self.shared.tensors[name]
         except KeyError:
-            raise KeyError(f"the {self.kind} task carries no tensor {name!r}") from None
+            raise UnknownNameError(f"the {self.kind} task carries no tensor {name!r}") from None
 
     def has(self, name: str) -> bool:
         """Whether the task carries a tensor of this name (personal or shared)."""

@@ -1,9 +1,9 @@
 """Model layer: GP specs from GPyTorch modules, hyper-parameter states, objective, posterior."""
 
 from fedgp.models.means import GaussianBumpMean
-from fedgp.models.mle import MLEError, MLEFit, fit_mle, maximize_likelihood, total_nll
+from fedgp.models.mle import MLEFit, fit_mle, maximize_likelihood, total_nll
 from fedgp.models.multifidelity import AR1, NARGP, mle_with_restarts
-from fedgp.models.objective import FactorizationError, exact_settings, minibatch_nll
+from fedgp.models.objective import exact_settings, minibatch_nll
 from fedgp.models.posterior import Prediction, condition
 from fedgp.models.spec import ExactGPModel, GPSpec, ParamInfo, ZeroKernel
 from fedgp.models.state import HyperState
@@ -15,7 +15,6 @@ __all__ = [
     "GaussianBumpMean",
     "ExactGPModel",
     "HyperState",
-    "FactorizationError",
     "exact_settings",
     "minibatch_nll",
     "Prediction",
@@ -23,7 +22,6 @@ __all__ = [
     "fit_mle",
     "maximize_likelihood",
     "MLEFit",
-    "MLEError",
     "AR1",
     "NARGP",
     "mle_with_restarts",

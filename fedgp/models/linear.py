@@ -24,6 +24,7 @@ import gpytorch
 import torch
 
 from fedgp.data.client import ClientData
+from fedgp.errors import InputError
 from fedgp.models.spec import GPSpec, ZeroKernel
 from fedgp.models.state import HyperState
 
@@ -57,18 +58,18 @@ class LinearMeanModel:
         name = type(mean).__name__
         params = [p for p in spec.params if p.name.startswith("mean_module.")]
         if not params:
-            raise ValueError(
+            raise InputError(
                 f"the mean {name} has no parameters; clustered linear regression and Phase 1 need a "
                 "mean linear in its parameters, e.g. gpytorch.means.LinearMean(d, bias=False)"
             )
         for p in params:
             if p.constraint is not None:
-                raise ValueError(
+                raise InputError(
                     f"mean parameter {p.name} of {name} is constrained ({p.constraint}); "
                     "a linear mean needs unconstrained parameters"
                 )
             if not p.trainable:
-                raise ValueError(
+                raise InputError(
                     f"mean parameter {p.name} of {name} is fixed; all mean parameters must train"
                 )
         self.spec = spec
@@ -150,7 +151,7 @@ class LinearMeanModel:
             if float((value - phi @ theta).abs().max()) > 1e-8 * scale or not torch.allclose(
                 other, phi, rtol=1e-8, atol=1e-10
             ):
-                raise ValueError(
+                raise InputError(
                     f"the mean {self.mean_name} is not linear in its parameters{where}: "
                     "m(x; θ) ≠ φ(x)ᵀθ. Clustered linear regression in closed form and Phase 1 (moment "
                     "descent) need such a mean, e.g. LinearMean or ConstantMean"
@@ -296,7 +297,7 @@ class LinearMeanModel:
         if pairing == "first_pair":
             phi, r = phi[:2], r[..., :2]
         elif pairing != "ustat":
-            raise ValueError(f"pairing must be 'ustat' or 'first_pair', got {pairing!r}")
+            raise InputError(f"pairing must be 'ustat' or 'first_pair', got {pairing!r}")
         return r.unsqueeze(-1) * phi, torch.tensor(phi.shape[0])
 
     def second_moment(self, client: ClientData, theta: torch.Tensor, pairing: str = "ustat") -> torch.Tensor:

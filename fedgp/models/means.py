@@ -5,6 +5,8 @@ from __future__ import annotations
 import gpytorch
 import torch
 
+from fedgp.errors import InputError
+
 __all__ = ["GaussianBumpMean"]
 
 
@@ -23,7 +25,7 @@ class GaussianBumpMean(gpytorch.means.Mean):
         if centres.dim() == 1:
             centres = centres.unsqueeze(-1)
         if centres.dim() != 2 or not width > 0:
-            raise ValueError(
+            raise InputError(
                 f"GaussianBumpMean: centres must be (F,) or (F, d) and width > 0; "
                 f"got centres {tuple(centres.shape)}, width {width}"
             )

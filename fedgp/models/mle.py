@@ -25,12 +25,12 @@ import numpy as np
 import torch
 from linear_operator.utils.errors import NanError, NotPSDError
 
+from fedgp.errors import MLEError
 from fedgp.models.objective import minibatch_nll
 from fedgp.models.spec import GPSpec
 from fedgp.models.state import HyperState
 
 __all__ = [
-    "MLEError",
     "MLEFit",
     "NUMERICAL_ERRORS",
     "adam",
@@ -49,10 +49,6 @@ Optimizer = Callable[[list[torch.nn.Parameter], Callable[[], torch.Tensor]], Non
 #: What a failed attempt raises (a non-finite likelihood or state is a failure too); an
 #: eigendecomposition that does not converge (torch's LinAlgError) ends the attempt as well.
 NUMERICAL_ERRORS: tuple[type[Exception], ...] = (NotPSDError, NanError, torch.linalg.LinAlgError)
-
-
-class MLEError(RuntimeError):
-    """Every attempt of a maximum-likelihood fit failed."""
 
 
 @dataclass

@@ -24,6 +24,7 @@ from functools import partial
 import gpytorch
 import torch
 
+from fedgp.errors import InputError, NotFittedError
 from fedgp.models.mle import lbfgs, maximize_likelihood, perturbed_starts
 from fedgp.models.posterior import Prediction, condition
 from fedgp.models.spec import GPSpec
@@ -96,22 +97,22 @@ class AutoregressiveMean(gpytorch.means.Mean):
 
 def _check_levels(levels: Levels) -> list[tuple[torch.Tensor, torch.Tensor]]:
     if len(levels) < 2:
-        raise ValueError(f"levels: a multi-fidelity model needs at least 2 levels, got {len(levels)}")
+        raise InputError(f"levels: a multi-fidelity model needs at least 2 levels, got {len(levels)}")
     out = []
     d = None
     for t, (X, y) in enumerate(levels):
         X = torch.as_tensor(X, dtype=torch.float64)
         y = torch.as_tensor(y, dtype=torch.float64)
         if X.dim() != 2 or y.dim() != 1 or X.shape[0] != y.shape[0]:
-            raise ValueError(
+            raise InputError(
                 f"levels[{t}]: need X (n, d) and y (n,), got {tuple(X.shape)} and {tuple(y.shape)}"
             )
         if X.shape[0] < 2:
-            raise ValueError(f"levels[{t}]: at least 2 points needed, got {X.shape[0]}")
+            raise InputError(f"levels[{t}]: at least 2 points needed, got {X.shape[0]}")
         if not (torch.isfinite(X).all() and torch.isfinite(y).all()):
-            raise ValueError(f"levels[{t}]: X or y contains NaN or inf")
+            raise InputError(f"levels[{t}]: X or y contains NaN or inf")
         if d is not None and X.shape[1] != d:
-            raise ValueError(f"levels[{t}]: {X.shape[1]} features, but levels[0] has {d}")
+            raise InputError(f"levels[{t}]: {X.shape[1]} features, but levels[0] has {d}")
         d = X.shape[1]
         out.append((X, y))
     return out
@@ -120,7 +121,7 @@ def _check_levels(levels: Levels) -> list[tuple[torch.Tensor, torch.Tensor]]:
 def _as_inputs(X, d: int) -> torch.Tensor:
     X = torch.as_tensor(X, dtype=torch.float64)
     if X.dim() != 2 or X.shape[1] != d:
-        raise ValueError(f"X must have shape (n, {d}), got {tuple(X.shape)}")
+        raise InputError(f"X must have shape (n, {d}), got {tuple(X.shape)}")
     return X
 
 
@@ -129,7 +130,7 @@ class _Recursive:
 
     def __init__(self, ard: bool = True, restarts: int = 4, seed: int = 0) -> None:
         if restarts < 0:
-            raise ValueError(f"restarts must be >= 0, got {restarts}")
+            raise InputError(f"restarts must be >= 0, got {restarts}")
         self.ard, self.restarts, self.seed = ard, restarts, seed
 
     def _fit_level(self, t: int, spec: GPSpec, X, y, init: HyperState | None = None) -> HyperState:
@@ -140,7 +141,7 @@ class _Recursive:
 
     def _check_fitted(self) -> None:
         if not hasattr(self, "states_"):
-            raise RuntimeError(f"{type(self).__name__} is not fitted yet; call fit(levels) first")
+            raise NotFittedError(f"{type(self).__name__} is not fitted yet; call fit(levels) first")
 
 
 class AR1(_Recursive):
@@ -224,7 +225,7 @@ class NARGP(_Recursive):
     def __init__(self, ard: bool = True, restarts: int = 4, samples: int = 100, seed: int = 0) -> None:
         super().__init__(ard, restarts, seed)
         if samples < 1:
-            raise ValueError(f"samples must be >= 1, got {samples}")
+            raise InputError(f"samples must be >= 1, got {samples}")
         self.samples = samples
 
     def _spec(self, d: int) -> GPSpec:

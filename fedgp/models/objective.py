@@ -17,25 +17,15 @@ import gpytorch
 import torch
 from linear_operator.utils.errors import NotPSDError
 
+from fedgp.errors import FactorizationError
 from fedgp.models.spec import ExactGPModel
 
-__all__ = ["FactorizationError", "exact_settings", "minibatch_nll", "factorization_guard", "log_prior"]
+__all__ = ["exact_settings", "minibatch_nll", "factorization_guard", "log_prior"]
 
 #: Jitter GPyTorch adds on the first failed Cholesky (float64); it is multiplied by 10 per retry.
 CHOLESKY_JITTER = 1e-8
 #: Retries after the first failure: the largest jitter tried is 1e-8 * 10**(tries-1) = 1e-6.
 CHOLESKY_MAX_TRIES = 3
-
-
-class FactorizationError(ValueError):
-    """A client's covariance matrix could not be Cholesky-factorised, even with jitter.
-
-    ``clients``: the ids of the clients whose matrices failed, so an engine can drop just them.
-    """
-
-    def __init__(self, message: str, clients: tuple = ()):
-        super().__init__(message)
-        self.clients = tuple(clients)
 
 
 @contextlib.contextmanager

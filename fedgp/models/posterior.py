@@ -18,6 +18,7 @@ import torch
 from linear_operator.operators import DiagLinearOperator
 from linear_operator.utils.cholesky import psd_safe_cholesky
 
+from fedgp.errors import InputError
 from fedgp.models.objective import exact_settings, factorization_guard
 from fedgp.models.spec import ExactGPModel, GPSpec
 from fedgp.models.state import HyperState
@@ -46,7 +47,7 @@ class Prediction:
     def covariance(self, observation_noise: bool = False) -> torch.Tensor:
         """The joint covariance of f (or of y); raises if the prediction carries only variances."""
         if self.covariance_f is None:
-            raise ValueError(
+            raise InputError(
                 "this prediction holds marginal variances only; ask for the joint covariance with "
                 "result.posterior(X, client, full_cov=True)"
             )
@@ -72,7 +73,7 @@ class Prediction:
         fedgp's draws are reproducible from a seed. The Cholesky factor uses GPyTorch's jitter retries.
         """
         if not isinstance(n, int) or isinstance(n, bool) or n < 1:
-            raise ValueError(f"sample: n must be a positive int, got {n!r}")
+            raise InputError(f"sample: n must be a positive int, got {n!r}")
         z = torch.randn(n, self.mean.shape[0], generator=generator, dtype=self.mean.dtype)
         if self.covariance_f is None:
             return self.mean + z * self.variance(observation_noise).sqrt()
@@ -143,7 +144,7 @@ def condition(
 ) -> Prediction:
     """Condition the prior given by ``(spec, state)`` on ``(X_train, y_train)``; predict at ``X_new``."""
     if state.batch_shape:
-        raise ValueError(f"condition needs one state, got batch shape {tuple(state.batch_shape)}")
+        raise InputError(f"condition needs one state, got batch shape {tuple(state.batch_shape)}")
     model = spec.build()
     spec.load(model, state)
     dtype = spec.dtype

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import gpytorch
 import torch
 
+from fedgp.errors import InputError, InputTypeError, UnknownNameError
 from fedgp.models.state import HyperState
 
 __all__ = ["GPSpec", "ParamInfo", "ZeroKernel", "ExactGPModel"]
@@ -115,14 +116,14 @@ class GPSpec:
         mean = gpytorch.means.ZeroMean() if mean is None else mean
         likelihood = gpytorch.likelihoods.GaussianLikelihood() if likelihood is None else likelihood
         if not isinstance(likelihood, gpytorch.likelihoods._GaussianLikelihoodBase):
-            raise TypeError(
+            raise InputTypeError(
                 "fedgp needs a Gaussian likelihood for exact marginal likelihoods, "
                 f"got {type(likelihood).__name__}"
             )
         if dtype not in (torch.float32, torch.float64):
-            raise ValueError(f"dtype must be torch.float64 or torch.float32, got {dtype}")
+            raise InputError(f"dtype must be torch.float64 or torch.float32, got {dtype}")
         if prior_weight is not None and not prior_weight >= 0:
-            raise ValueError(f"prior_weight must be >= 0 (or None for GPyTorch's 1 / M), got {prior_weight}")
+            raise InputError(f"prior_weight must be >= 0 (or None for GPyTorch's 1 / M), got {prior_weight}")
         self.dtype, self.prior_weight = dtype, prior_weight
         self._template = ExactGPModel(
             copy.deepcopy(mean), copy.deepcopy(kernel), copy.deepcopy(likelihood)
@@ -137,7 +138,7 @@ class GPSpec:
             params.append(ParamInfo(name, raw_name, param.shape, constraint, trainable))
         if fixed:
             known = ", ".join(p.name for p in params)
-            raise ValueError(f"fixed names {sorted(fixed)} are not hyper-parameters; known: {known}")
+            raise InputError(f"fixed names {sorted(fixed)} are not hyper-parameters; known: {known}")
         self.params: tuple[ParamInfo, ...] = tuple(params)
         self._by_name = {p.name: p for p in params}
         # Every parameter answers to its GPyTorch raw name and to its constrained (property) name:
@@ -173,7 +174,9 @@ class GPSpec:
         try:
             return self._by_name[name] if name in self._by_name else self._aliases[name]
         except KeyError:
-            raise KeyError(f"unknown hyper-parameter {name!r}; known: {', '.join(self.names)}") from None
+            raise UnknownNameError(
+                f"unknown hyper-parameter {name!r}; known: {', '.join(self.names)}"
+            ) from None
 
     @property
     def kernel(self) -> gpytorch.kernels.Kernel:
@@ -211,7 +214,7 @@ class GPSpec:
         if not self.fixed_noise:
             return None
         if client.noise is None:
-            raise ValueError(
+            raise InputError(
                 f"client {client.id!r}: the spec's FixedNoiseGaussianLikelihood needs each client's "
                 "per-point noise variances; give them as ClientData(..., noise=...)"
             )
@@ -227,14 +230,14 @@ class GPSpec:
             active = getattr(module, "active_dims", None)
             if isinstance(module, gpytorch.kernels.Kernel) and active is not None:
                 if int(active.max()) >= d:
-                    raise ValueError(
+                    raise InputError(
                         f"{path} ({type(module).__name__}) has active_dims={active.tolist()} but {whose} "
                         f"{d} input features; use active_dims below {d}"
                     )
                 width = len(active)
             ard = getattr(module, "ard_num_dims", None)
             if isinstance(module, gpytorch.kernels.Kernel) and ard is not None and ard != width:
-                raise ValueError(
+                raise InputError(
                     f"{path} ({type(module).__name__}) has ard_num_dims={ard} but {whose} {width} input "
                     f"features{' in its active_dims' if active is not None else ''}; "
                     f"build it with ard_num_dims={width}"
@@ -247,7 +250,7 @@ class GPSpec:
             weights = module.weights if isinstance(module, gpytorch.means.LinearMean) else None
             if weights is not None and weights.shape[-2] != d:
                 path = "mean_module" + (f".{name}" if name else "")
-                raise ValueError(
+                raise InputError(
                     f"{path} ({type(module).__name__}) takes {weights.shape[-2]} input features but "
                     f"{whose} {d}; build it with input_size={d}"
                 )
@@ -267,7 +270,7 @@ class GPSpec:
         for name, value in values.items():
             info = self.param(name)
             if name == info.raw_name and info.constraint is not None:
-                raise ValueError(f"state values are constrained: give {info.name!r}, not the raw {name!r}")
+                raise InputError(f"state values are constrained: give {info.name!r}, not the raw {name!r}")
             base[info.name] = torch.as_tensor(value, dtype=self.dtype).expand(info.shape).clone()
         return HyperState(base, self.event_shapes)
 

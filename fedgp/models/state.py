@@ -13,6 +13,8 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 
 import torch
 
+from fedgp.errors import InputError
+
 __all__ = ["HyperState"]
 
 
@@ -23,17 +25,17 @@ class HyperState(Mapping[str, torch.Tensor]):
 
     def __init__(self, values: Mapping[str, torch.Tensor], event_shapes: Mapping[str, Sequence[int]]):
         if set(values) != set(event_shapes):
-            raise ValueError(f"values {sorted(values)} and event shapes {sorted(event_shapes)} differ")
+            raise InputError(f"values {sorted(values)} and event shapes {sorted(event_shapes)} differ")
         self._values = {k: torch.as_tensor(v) for k, v in values.items()}
         self._events = {k: torch.Size(event_shapes[k]) for k in values}
         batch = None
         for name, value in self._values.items():
             event = self._events[name]
             if tuple(value.shape[value.dim() - len(event) :]) != tuple(event):
-                raise ValueError(f"{name}: shape {tuple(value.shape)} does not end in {tuple(event)}")
+                raise InputError(f"{name}: shape {tuple(value.shape)} does not end in {tuple(event)}")
             this = value.shape[: value.dim() - len(event)]
             if batch is not None and this != batch:
-                raise ValueError(f"{name}: batch shape {tuple(this)} differs from {tuple(batch)}")
+                raise InputError(f"{name}: batch shape {tuple(this)} differs from {tuple(batch)}")
             batch = this
 
     # -- mapping protocol -----------------------------------------------------------------------
@@ -116,7 +118,7 @@ class HyperState(Mapping[str, torch.Tensor]):
     def to_dict(self) -> dict[str, float]:
         """Flat ``{"name" or "name[i]": float}`` of an unbatched state (for tables and logs)."""
         if self.batch_shape:
-            raise ValueError(
+            raise InputError(
                 f"to_dict needs an unbatched state, this one has batch {tuple(self.batch_shape)}"
             )
         out: dict[str, float] = {}

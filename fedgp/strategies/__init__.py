@@ -1,16 +1,21 @@
-"""Strategy layer: federated algorithms as pure logic over hyper-parameter states."""
+"""Strategy layer: federated algorithms as pure logic over hyper-parameter states.
 
-from fedgp.aggregators import CoordinateMedian, StateAggregator, WeightedMean
+A strategy talks to its clients in the protocol of :mod:`fedgp.messages` (``RoundPlan``,
+``Replies``, ``ServerContext``) and combines replies with the rules of :mod:`fedgp.aggregators`.
+"""
+
 from fedgp.strategies import clustered, gradient_clustering
-from fedgp.strategies.base import ClientOps, Replies, RoundPlan, ServerContext, Strategy, TrainResult
+from fedgp.strategies.base import ClientOps, Strategy, TrainResult
 from fedgp.strategies.clustered import ClusteredGP, ClusteredState, MomentDescentInit
 from fedgp.strategies.fgpr import FGPR
 from fedgp.strategies.gradient_clustering import FederatedClustering, MomentumClustering, MyopicClustering
 from fedgp.strategies.ifca import IFCA, IFCAState
 from fedgp.strategies.local import SGD, Adam, LocalTraining
+from fedgp.strategies.weighted import WeightedFGPR
 
 __all__ = [
     "FGPR",
+    "WeightedFGPR",
     "FederatedClustering",
     "MomentumClustering",
     "MyopicClustering",
@@ -18,16 +23,10 @@ __all__ = [
     "IFCAState",
     "Strategy",
     "ClientOps",
-    "RoundPlan",
-    "Replies",
-    "ServerContext",
     "TrainResult",
     "LocalTraining",
     "Adam",
     "SGD",
-    "StateAggregator",
-    "WeightedMean",
-    "CoordinateMedian",
     "ClusteredGP",
     "ClusteredState",
     "MomentDescentInit",

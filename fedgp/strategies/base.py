@@ -22,15 +22,15 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from types import MappingProxyType
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
 import torch
 
 from fedgp.data.client import ClientData
-from fedgp.messages import Configurable, Field, Record, Task, read_state
+from fedgp.errors import InputError
+from fedgp.messages import Configurable, Record, Replies, RoundPlan, ServerContext, Task, read_state
 from fedgp.models.posterior import Prediction
 from fedgp.models.spec import GPSpec
 from fedgp.models.state import HyperState
@@ -42,9 +42,6 @@ __all__ = [
     "given_or_best_state",
     "ClientOps",
     "TrainResult",
-    "ServerContext",
-    "RoundPlan",
-    "Replies",
     "Strategy",
     "sample_participants",
 ]
@@ -91,89 +88,6 @@ class ClientOps(Protocol):
         inputs, or at ``X_new`` (with ``full_cov``, also the joint covariance of f there)."""
 
 
-@dataclass(frozen=True)
-class ServerContext:
-    """What the server knows: the spec, the clients' ids and sizes (from registration), the seed."""
-
-    spec: GPSpec
-    sizes: torch.Tensor
-    weights: torch.Tensor
-    ids: Sequence[Any]
-    seed: int
-
-    @property
-    def num_clients(self) -> int:
-        """The number of registered clients."""
-        return len(self.sizes)
-
-
-@dataclass(frozen=True)
-class RoundPlan:
-    """A round as the server plans it.
-
-    ``participants``: registry positions (may repeat: sampling with replacement); ``weights``: their
-    aggregation weights; ``shared``: what every participant receives; ``personal``: one row per
-    participant (aligned with ``participants``); ``replies``: the declared reply fields.
-    """
-
-    participants: torch.Tensor
-    weights: torch.Tensor
-    shared: Record = field(default_factory=Record)
-    personal: Record = field(default_factory=Record)
-    replies: Mapping[str, Field] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        for name, value in self.personal.tensors.items():
-            if value.shape[:1] != self.participants.shape:
-                raise ValueError(
-                    f"personal field {name!r} has {value.shape[0] if value.dim() else 0} rows for "
-                    f"{len(self.participants)} participants"
-                )
-        object.__setattr__(self, "replies", MappingProxyType(dict(self.replies)))
-
-
-@dataclass(frozen=True)
-class Replies(Mapping[str, torch.Tensor]):
-    """The replies of a round as ``aggregate`` sees them.
-
-    Indexing gives an *individual* field, one row per participant that replied (in participant
-    order, duplicates included). Summed fields exist only as ``sums`` over the clients that replied.
-    ``weights`` are the plan's weights of the participants that replied, renormalised to the plan's
-    total when some failed; ``failures`` maps the positions of failed clients to the reason.
-    """
-
-    participants: torch.Tensor
-    weights: torch.Tensor
-    individual: Mapping[str, torch.Tensor]
-    sums: Mapping[str, torch.Tensor]
-    failures: Mapping[int, str]
-    slots: torch.Tensor  # indices into the plan's participants of those that replied
-
-    def __getitem__(self, name: str) -> torch.Tensor:
-        try:
-            return self.individual[name]
-        except KeyError:
-            if name in self.sums:
-                raise KeyError(
-                    f"reply field {name!r} is summed: only replies.sums[{name!r}] exists"
-                ) from None
-            raise
-
-    def __iter__(self):
-        return iter(self.individual)
-
-    def __len__(self) -> int:
-        return len(self.individual)
-
-    def state(self, spec: GPSpec, prefix: str) -> HyperState:
-        """The individual state fields named ``prefix + name`` as a batched state."""
-        return read_state(self.individual, spec, prefix)
-
-    def summed_state(self, spec: GPSpec, prefix: str) -> HyperState:
-        """The summed state fields named ``prefix + name`` as a state."""
-        return read_state(self.sums, spec, prefix)
-
-
 #: Shared field of a "choose" personal task: the candidate a client without data conditions on.
 COLD_START = "cold_start"
 
@@ -196,7 +110,7 @@ def given_or_best_state(
         if bool(empty.any()):
             default = task.shared.tensors.get(COLD_START)
             if default is None:
-                raise ValueError(
+                raise InputError(
                     f"client {ops.clients[int(empty.nonzero()[0])].id!r} has no data to choose a "
                     f"candidate with, and the server sent no {COLD_START!r} default"
                 )
@@ -254,7 +168,7 @@ class Strategy(Configurable, ABC):
         rows = the clients that replied, ``personal`` their rows of the plan), or ``None`` when
         nothing is forgeable this round. The default refuses: a strategy that does not describe
         its replies can only be attacked through its data (:class:`fedgp.attacks.LabelFlip`)."""
-        raise ValueError(
+        raise InputError(
             f"{type(self).__name__} does not describe its replies to attacks (attack_surface); "
             "only data attacks such as fedgp.attacks.LabelFlip apply to it"
         )
@@ -288,9 +202,9 @@ def sample_participants(
     if clients_per_round is None:
         return torch.arange(n), ctx.weights.clone()
     if not 1 <= clients_per_round <= n and sampling == "uniform":
-        raise ValueError(f"clients_per_round must be in [1, {n}] for uniform sampling")
+        raise InputError(f"clients_per_round must be in [1, {n}] for uniform sampling")
     if clients_per_round < 1:
-        raise ValueError("clients_per_round must be >= 1")
+        raise InputError("clients_per_round must be >= 1")
     if sampling == "weighted":
         chosen = torch.from_numpy(rng.choice(n, size=clients_per_round, replace=True, p=ctx.weights.numpy()))
         return chosen, torch.full((clients_per_round,), 1.0 / clients_per_round, dtype=torch.float64)
@@ -298,4 +212,4 @@ def sample_participants(
         chosen = torch.from_numpy(np.sort(rng.choice(n, size=clients_per_round, replace=False)))
         w = ctx.weights[chosen]
         return chosen, w / w.sum()
-    raise ValueError(f"sampling must be 'weighted' or 'uniform', got {sampling!r}")
+    raise InputError(f"sampling must be 'weighted' or 'uniform', got {sampling!r}")

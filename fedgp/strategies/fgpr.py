@@ -16,10 +16,21 @@ import torch
 
 from fedgp.aggregators import StateAggregator, WeightedMean
 from fedgp.checks import check_settings
-from fedgp.messages import Field, Record, Task, read_state, state_fields, state_tensors
+from fedgp.errors import InputError
+from fedgp.messages import (
+    Field,
+    Record,
+    Replies,
+    RoundPlan,
+    ServerContext,
+    Task,
+    read_state,
+    state_fields,
+    state_tensors,
+)
 from fedgp.models.state import HyperState
 from fedgp.rng import generator
-from fedgp.strategies.base import ClientOps, Replies, RoundPlan, ServerContext, Strategy, sample_participants
+from fedgp.strategies.base import ClientOps, Strategy, sample_participants
 from fedgp.strategies.local import SGD, STRATEGY_LOCAL_SETTINGS, Adam, LocalTraining, make_optimizer
 from fedgp.strategies.surface import AttackSurface
 
@@ -80,13 +91,13 @@ class FGPR(Strategy):
             ),
         )
         if self.average_space not in ("constrained", "raw"):
-            raise ValueError(f"average_space must be 'constrained' or 'raw', got {self.average_space!r}")
+            raise InputError(f"average_space must be 'constrained' or 'raw', got {self.average_space!r}")
         if self.aggregator is not None and self.average_space != "constrained":
-            raise ValueError(
+            raise InputError(
                 "give the averaging space to the aggregator, not average_space, when you pass one"
             )
         if self.sampling not in ("weighted", "uniform"):
-            raise ValueError(f"sampling must be 'weighted' or 'uniform', got {self.sampling!r}")
+            raise InputError(f"sampling must be 'weighted' or 'uniform', got {self.sampling!r}")
 
     @property
     def state_aggregator(self) -> StateAggregator:

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 import torch
 
 from fedgp.checks import RULES, check_settings
+from fedgp.errors import InputError
 from fedgp.messages import Configurable
 
 __all__ = ["Adam", "SGD", "LocalOptimizer", "LocalTraining", "make_optimizer", "STRATEGY_LOCAL_SETTINGS"]
@@ -87,7 +88,7 @@ class Adam(LocalOptimizer):
     def __post_init__(self) -> None:
         check_settings(self, lr="positive", eps="positive")
         if len(self.betas) != 2 or not all(RULES["fraction"][0](b) for b in self.betas):
-            raise ValueError(
+            raise InputError(
                 f"Adam: betas must be two numbers in [0, 1), got {self.betas!r} (default (0.9, 0.999))"
             )
 
@@ -126,7 +127,7 @@ class SGD(LocalOptimizer):
     def __post_init__(self) -> None:
         check_settings(self, lr="positive")
         if self.schedule not in ("inverse_t", "constant"):
-            raise ValueError(f"schedule must be 'inverse_t' or 'constant', got {self.schedule!r}")
+            raise InputError(f"schedule must be 'inverse_t' or 'constant', got {self.schedule!r}")
 
     def update(self, p, g, slots, global_step):
         if self.schedule == "inverse_t":
@@ -145,7 +146,7 @@ def make_optimizer(optimizer: str | Adam | SGD, lr: float) -> Adam | SGD:
         return Adam(lr=lr)
     if optimizer == "sgd":
         return SGD(lr=lr)
-    raise ValueError(f"optimizer must be 'adam', 'sgd' or an Adam/SGD instance, got {optimizer!r}")
+    raise InputError(f"optimizer must be 'adam', 'sgd' or an Adam/SGD instance, got {optimizer!r}")
 
 
 @dataclass(frozen=True)
@@ -173,13 +174,13 @@ class LocalTraining(Configurable):
 
     def __post_init__(self) -> None:
         if (self.steps is None) == (self.epochs is None):
-            raise ValueError("give exactly one of steps or epochs")
+            raise InputError("give exactly one of steps or epochs")
         if (self.steps is not None and self.steps < 1) or (self.epochs is not None and self.epochs < 1):
-            raise ValueError("steps/epochs must be >= 1")
+            raise InputError("steps/epochs must be >= 1")
         if self.batch_size is not None and self.batch_size < 2:
-            raise ValueError(f"batch_size must be >= 2 (or None for full batches), got {self.batch_size}")
+            raise InputError(f"batch_size must be >= 2 (or None for full batches), got {self.batch_size}")
         if self.minibatch not in ("uniform", "nearest"):
-            raise ValueError(f"minibatch must be 'uniform' or 'nearest', got {self.minibatch!r}")
+            raise InputError(f"minibatch must be 'uniform' or 'nearest', got {self.minibatch!r}")
         check_settings(self, prox_mu="nonnegative")
 
     def batch_sizes(self, sizes: torch.Tensor) -> torch.Tensor:

@@ -9,6 +9,7 @@ import torch
 
 from fedgp.aggregators import StateAggregator, WeightedMean
 from fedgp.checks import check_settings
+from fedgp.errors import InputError
 from fedgp.messages import Configurable
 from fedgp.models.linear import LinearMeanModel
 from fedgp.models.spec import GPSpec
@@ -42,7 +43,7 @@ class Contributions:
 
 def _check_space(space: str) -> None:
     if space not in ("constrained", "raw"):
-        raise ValueError(f"average_space must be 'constrained' or 'raw', got {space!r}")
+        raise InputError(f"average_space must be 'constrained' or 'raw', got {space!r}")
 
 
 class Aggregator(Configurable, ABC):
@@ -132,7 +133,7 @@ class GradientStep(Aggregator):
         check_units(self.units)
         check_settings(self, lr="positive")
         if self.normalization not in ("total", "participants", "cluster"):
-            raise ValueError(f"unknown gradient_normalization {self.normalization!r}")
+            raise InputError(f"unknown gradient_normalization {self.normalization!r}")
 
     def combine(self, spec, old, c, model):
         if c.member_weight <= 0:

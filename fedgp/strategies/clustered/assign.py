@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
+from fedgp.errors import InputError
 from fedgp.messages import Configurable
 from fedgp.models.state import HyperState
 from fedgp.strategies.base import ClientOps
@@ -49,7 +50,7 @@ class HardAssigner(Assigner):
 
     def __post_init__(self) -> None:
         if self.criterion not in ("nll", "sse"):
-            raise ValueError(f"criterion must be 'nll' or 'sse', got {self.criterion!r}")
+            raise InputError(f"criterion must be 'nll' or 'sse', got {self.criterion!r}")
 
     def assign(self, ops, candidates, form):
         """Each client picks the candidate with the lowest NLL (or squared error)."""
@@ -58,7 +59,7 @@ class HardAssigner(Assigner):
             return nll, None, nll.argmin(dim=-1)
         model = form.model
         if model is None:
-            raise ValueError("HardAssigner(criterion='sse') needs a mean linear in its parameters")
+            raise InputError("HardAssigner(criterion='sse') needs a mean linear in its parameters")
         sse = model.sse(ops.clients, model.vector(candidates))
         return nll, None, sse.argmin(dim=-1)
 
@@ -76,7 +77,7 @@ class SoftAssigner(Assigner):
 
     def __post_init__(self) -> None:
         if not self.temperature > 0:
-            raise ValueError("temperature must be > 0")
+            raise InputError("temperature must be > 0")
 
     def assign(self, ops, candidates, form):
         """Responsibilities ∝ exp(−n·NLL / temperature) over the candidates; the argmin as the choice."""
@@ -97,4 +98,4 @@ class FixedAssigner(Assigner):
 
     def assign(self, ops, candidates, form):
         """Never called: with fixed labels the server sends each client only its cluster's state."""
-        raise RuntimeError("FixedAssigner does not choose: the server sends each client its cluster's state")
+        raise InputError("FixedAssigner does not choose: the server sends each client its cluster's state")

@@ -12,12 +12,24 @@ import torch
 
 from fedgp.checks import check_settings
 from fedgp.clustering.kmeans import kmeans
-from fedgp.messages import Configurable, Field, Record, Task, read_state, state_fields, state_tensors
+from fedgp.errors import InputError
+from fedgp.messages import (
+    Configurable,
+    Field,
+    Record,
+    Replies,
+    RoundPlan,
+    ServerContext,
+    Task,
+    read_state,
+    state_fields,
+    state_tensors,
+)
 from fedgp.models.linear import linear_model
 from fedgp.models.spec import GPSpec
 from fedgp.models.state import HyperState
 from fedgp.rng import generator
-from fedgp.strategies.base import ClientOps, Replies, RoundPlan, ServerContext
+from fedgp.strategies.base import ClientOps
 from fedgp.strategies.clustered.state import STATE, ClosedForm
 from fedgp.strategies.local import LocalTraining
 
@@ -73,7 +85,9 @@ class Initializer(Configurable, ABC):
 def _perturbed_states(
     spec: GPSpec, r: int, k: int, kind: str, scale: float, center: str, rng: np.random.Generator
 ) -> HyperState:
-    """IFCA's random initialisation, on raw values (the same draws as before the refactor)."""
+    """IFCA's random initialisation: ``r`` restarts of ``k`` states, each the spec's initial raw
+    values perturbed (``kind="normal"``: by ``scale`` standard normals), drawn from ``rng`` in a fixed
+    order so that a seed gives the same starts on every engine."""
     raw = spec.to_raw(spec.initial_state()).expand(r, k)
     values = {}
     for p in spec.params:
@@ -103,9 +117,9 @@ class RandomInit(Initializer):
 
     def __post_init__(self) -> None:
         if self.kind not in ("normal", "bernoulli"):
-            raise ValueError(f"RandomInit kind must be 'normal' or 'bernoulli', got {self.kind!r}")
+            raise InputError(f"RandomInit kind must be 'normal' or 'bernoulli', got {self.kind!r}")
         if self.center not in ("spec", "zero"):
-            raise ValueError(f"RandomInit center must be 'spec' or 'zero', got {self.center!r}")
+            raise InputError(f"RandomInit center must be 'spec' or 'zero', got {self.center!r}")
         check_settings(self, scale="nonnegative")
 
     def start(self, ctx, k, restarts, rng):
@@ -132,12 +146,12 @@ class GivenInit(Initializer):
         if len(given.batch_shape) == 1 and restarts > 1:
             states = given.expand(restarts)
         if tuple(states.batch_shape) != (restarts, k):
-            raise ValueError(
+            raise InputError(
                 f"init has batch {tuple(given.batch_shape)}; expected ({k},) or ({restarts}, {k})"
             )
         missing = set(ctx.spec.names) ^ set(states)
         if missing:
-            raise ValueError(f"given init states differ from the spec in {sorted(missing)}")
+            raise InputError(f"given init states differ from the spec in {sorted(missing)}")
         return InitDone(states.clone())
 
 
@@ -165,9 +179,9 @@ class OneShotInit(Initializer):
 
     def __post_init__(self) -> None:
         if self.local not in ("least_squares", "train"):
-            raise ValueError(f"OneShotInit local must be 'least_squares' or 'train', got {self.local!r}")
+            raise InputError(f"OneShotInit local must be 'least_squares' or 'train', got {self.local!r}")
         if self.local == "train" and self.training is None:
-            raise ValueError("OneShotInit(local='train') needs a LocalTraining")
+            raise InputError("OneShotInit(local='train') needs a LocalTraining")
 
     def rounds(self, k):
         """One round: every client sends its local estimate once."""
@@ -175,7 +189,7 @@ class OneShotInit(Initializer):
 
     def start(self, ctx, k, restarts, rng):
         if restarts != 1:
-            raise ValueError("one-shot initialisation is deterministic given the data: use restarts=1")
+            raise InputError("one-shot initialisation is deterministic given the data: use restarts=1")
         if self.local == "least_squares":
             linear_model(ctx.spec)  # ValueError early if the mean is not linear
         return OneShotProgress(k)

@@ -9,6 +9,7 @@ import numpy as np
 import torch
 
 from fedgp.checks import check_settings
+from fedgp.errors import InputError
 from fedgp.messages import Field, Record, Task, read_state, state_fields, state_tensors
 from fedgp.models.linear import LinearMeanModel, linear_model
 from fedgp.models.spec import GPSpec
@@ -80,9 +81,9 @@ class ClusteredGP(Strategy):
     def __post_init__(self) -> None:
         check_settings(self, num_clusters="count", restarts="count", clients_per_round="count_or_none")
         if self.closed_form not in ("auto", "never", "always"):
-            raise ValueError(f"closed_form must be 'auto', 'never' or 'always', got {self.closed_form!r}")
+            raise InputError(f"closed_form must be 'auto', 'never' or 'always', got {self.closed_form!r}")
         if self.solver.returns_gradient != self.aggregator.uses_gradients:
-            raise ValueError(
+            raise InputError(
                 f"{type(self.solver).__name__} and {type(self.aggregator).__name__} do not fit: a "
                 "GradientSolver needs a GradientStep aggregator and vice versa"
             )
@@ -97,13 +98,13 @@ class ClusteredGP(Strategy):
             model = linear_model(spec)
         except ValueError as err:
             if self.closed_form == "always":
-                raise ValueError(f"closed_form='always' needs a noise-only linear model: {err}") from None
+                raise InputError(f"closed_form='always' needs a noise-only linear model: {err}") from None
             return None, False
         closed = model.noise_only and self.closed_form != "never"
         if self.closed_form == "auto" and model._kind == "generic":
             closed = False
         if self.closed_form == "always" and not closed:
-            raise ValueError(
+            raise InputError(
                 "closed_form='always' needs the noise-only linear model: a mean linear in its "
                 "parameters, ZeroKernel, a Gaussian likelihood with fixed noise, nothing else trained"
             )
@@ -123,7 +124,7 @@ class ClusteredGP(Strategy):
         if self._fixed and self.assigner.labels is not None:
             labels = torch.as_tensor(self.assigner.labels, dtype=torch.long)
             if labels.shape != (ctx.num_clients,):
-                raise ValueError(f"FixedAssigner has {labels.numel()} labels for {ctx.num_clients} clients")
+                raise InputError(f"FixedAssigner has {labels.numel()} labels for {ctx.num_clients} clients")
             return labels
         return None
 
@@ -148,7 +149,7 @@ class ClusteredGP(Strategy):
     def _check(self, states: HyperState) -> HyperState:
         expected = (self.restarts, self.num_clusters)
         if tuple(states.batch_shape) != expected:
-            raise ValueError(f"initial states have batch {tuple(states.batch_shape)}, expected {expected}")
+            raise InputError(f"initial states have batch {tuple(states.batch_shape)}, expected {expected}")
         return states
 
     def configure(
@@ -166,11 +167,11 @@ class ClusteredGP(Strategy):
         if self._fixed:
             labels = self._labels(server, ctx)
             if labels is None:
-                raise ValueError("FixedAssigner needs labels, given or set by the initialiser (OneShotInit)")
+                raise InputError("FixedAssigner needs labels, given or set by the initialiser (OneShotInit)")
             mine = labels[participants]
             keep = mine >= 0  # a client without a label (it missed the one-shot round) cannot take part
             if not bool(keep.any()):
-                raise ValueError(f"FixedAssigner: no label for any participant of round {rnd + 1}")
+                raise InputError(f"FixedAssigner: no label for any participant of round {rnd + 1}")
             participants, weights, mine = participants[keep], weights[keep], mine[keep]
             own = server.states.map(lambda v, e: v[:, mine].movedim(1, 0))  # (P, R)
             personal = {**state_tensors(own, TARGET), "label": mine}
@@ -280,7 +281,7 @@ class ClusteredGP(Strategy):
         if plan.shared.settings.get("phase") == "init":
             return None
         if self.solver.returns_gradient:
-            raise ValueError(
+            raise InputError(
                 f"{type(self.solver).__name__}: the gradients are summed fields (the server sees only their "
                 "sum), so a reply attack cannot forge them; use a data attack (fedgp.attacks.LabelFlip)"
             )

@@ -45,11 +45,11 @@ from scipy.cluster.hierarchy import fcluster, linkage
 from scipy.sparse.csgraph import connected_components
 
 from fedgp.data.client import ClientData
-from fedgp.messages import Field, Record
+from fedgp.errors import InputError, RunWarning
+from fedgp.messages import Field, Record, RoundPlan
 from fedgp.models.linear import LinearMeanModel, linear_model
 from fedgp.models.state import HyperState
 from fedgp.rng import client_uniform, generator
-from fedgp.strategies.base import RoundPlan
 from fedgp.strategies.clustered.init import InitDone, Initializer
 
 __all__ = ["MomentDescentInit", "MomentDescentProgress", "merge_anchors", "anchor_step"]
@@ -160,7 +160,7 @@ def merge_anchors(
     pts = theta.numpy()
     if method == "threshold":
         if delta is None:
-            raise ValueError("merge='threshold' needs delta (the cluster separation Δ)")
+            raise InputError("merge='threshold' needs delta (the cluster separation Δ)")
         dist = np.linalg.norm(pts[:, None] - pts[None], axis=-1)
         count, comp = connected_components(dist < delta / 2, directed=False)
         order = sorted(range(count), key=lambda c: (-(comp == c).sum(), int(np.argmax(comp == c))))
@@ -175,7 +175,7 @@ def merge_anchors(
             labels = fcluster(linkage(pts, method="average"), t=min(k, H), criterion="maxclust")
             _, groups = np.unique(labels, return_inverse=True)
     else:
-        raise ValueError(f"merge must be 'threshold', 'agglomerative' or 'auto', got {method!r}")
+        raise InputError(f"merge must be 'threshold', 'agglomerative' or 'auto', got {method!r}")
     ids = [g for g in range(int(groups.max()) + 1) if (groups == g).any()]
     centres = torch.stack([theta[torch.from_numpy(groups == g)].mean(0) for g in ids])
     return centres, groups
@@ -244,19 +244,19 @@ class MomentDescentInit(Initializer):
         }
         for name, (value, allowed) in checks.items():
             if value not in allowed:
-                raise ValueError(f"MomentDescentInit {name} must be one of {allowed}, got {value!r}")
+                raise InputError(f"MomentDescentInit {name} must be one of {allowed}, got {value!r}")
         if self.iterations < 1:
-            raise ValueError("iterations must be >= 1")
+            raise InputError("iterations must be >= 1")
         if self.subspace == "orth_iter" and (self.orth_iters < 2 or self.orth_iters % 2):
-            raise ValueError(f"orth_iters must be even and >= 2, got {self.orth_iters}")
+            raise InputError(f"orth_iters must be even and >= 2, got {self.orth_iters}")
         if self.power_iters is not None and self.power_iters < 1:
-            raise ValueError("power_iters must be >= 1 (or None for an SVD)")
+            raise InputError("power_iters must be >= 1 (or None for an SVD)")
         if self.delta is not None and not self.delta > 0:
-            raise ValueError("delta must be > 0")
+            raise InputError("delta must be > 0")
         if self.merge == "threshold" and self.delta is None:
-            raise ValueError("merge='threshold' needs delta (the cluster separation Δ)")
+            raise InputError("merge='threshold' needs delta (the cluster separation Δ)")
         if self.num_anchors is not None and self.num_anchors < 1:
-            raise ValueError("num_anchors must be >= 1")
+            raise InputError("num_anchors must be >= 1")
 
     # -- schedule ---------------------------------------------------------------------------------
     def _per_iteration(self) -> int:
@@ -278,13 +278,13 @@ class MomentDescentInit(Initializer):
     # -- server -----------------------------------------------------------------------------------
     def start(self, ctx, k, restarts, rng):
         if restarts != 1:
-            raise ValueError("Phase 1 (moment descent) gives one initialisation: use restarts=1")
+            raise InputError("Phase 1 (moment descent) gives one initialisation: use restarts=1")
         model = linear_model(ctx.spec)  # ValueError for a mean that is not linear in its parameters
         sizes = ctx.sizes
         n_anchors = self.num_anchors or default_anchors(k)
         if self.anchor_pool == "largest":
             if n_anchors > len(sizes):
-                raise ValueError(
+                raise InputError(
                     f"{n_anchors} anchors asked for, but the federation has {len(sizes)} clients"
                 )
             threshold = int(torch.sort(sizes, descending=True).values[n_anchors - 1])
@@ -294,20 +294,20 @@ class MomentDescentInit(Initializer):
         elif isinstance(self.anchor_pool, int) and not isinstance(self.anchor_pool, bool):
             pool = torch.nonzero(sizes >= self.anchor_pool).flatten()
         else:
-            raise ValueError(f"anchor_pool must be 'largest', 'all' or an int, got {self.anchor_pool!r}")
+            raise InputError(f"anchor_pool must be 'largest', 'all' or an int, got {self.anchor_pool!r}")
         if len(pool) < n_anchors:
-            raise ValueError(
+            raise InputError(
                 f"anchor_pool {self.anchor_pool!r} holds {len(pool)} clients, fewer than the {n_anchors} "
                 "anchors Phase 1 needs; lower num_anchors or widen the pool"
             )
         if self.anchor_pairing == "disjoint" and int(sizes[pool].min()) < 2:
-            raise ValueError("anchors need at least 2 points")
+            raise InputError("anchors need at least 2 points")
         anchors = torch.from_numpy(np.sort(rng.choice(pool.numpy(), size=n_anchors, replace=False)))
         p = model.dim
         if self.theta0 is not None:
             theta0 = torch.as_tensor(self.theta0, dtype=torch.float64).reshape(-1)
             if theta0.numel() != p:
-                raise ValueError(f"theta0 has {theta0.numel()} entries; the mean has {p} parameters")
+                raise InputError(f"theta0 has {theta0.numel()} entries; the mean has {p} parameters")
         else:
             scale = self.theta0_scale if self.theta0_scale is not None else 1 / math.sqrt(p)
             theta0 = scale * torch.from_numpy(rng.standard_normal(p))
@@ -355,7 +355,7 @@ class MomentDescentInit(Initializer):
             return RoundPlan(
                 pool, weights, shared=Record({"centres": progress.centres}, settings), replies=fields
             )
-        raise RuntimeError(f"unknown Phase-1 stage {progress.stage!r}")
+        raise InputError(f"unknown Phase-1 stage {progress.stage!r}")
 
     # -- clients ----------------------------------------------------------------------------------
     def local_update(self, ops, task, form):
@@ -399,7 +399,7 @@ class MomentDescentInit(Initializer):
             fit = model.sse(ops.clients, centres) / ops.sizes.to(torch.float64).unsqueeze(-1)
             est = torch.stack([model.local_fit(c, self.refill_ridge) for c in ops.clients])
             return {"fit": fit, "estimate": est}
-        raise ValueError(f"unexpected Phase-1 stage {stage!r}")
+        raise InputError(f"unexpected Phase-1 stage {stage!r}")
 
     # -- server aggregation -----------------------------------------------------------------------
     def aggregate(self, progress, plan, replies, ctx, rnd):
@@ -444,7 +444,7 @@ class MomentDescentInit(Initializer):
             return self._finish(progress, ctx, metrics)
         if progress.stage == "refill":
             return self._refill(progress, plan, replies, ctx)
-        raise RuntimeError(f"unknown Phase-1 stage {progress.stage!r}")
+        raise InputError(f"unknown Phase-1 stage {progress.stage!r}")
 
     def _states(self, ctx, centres: torch.Tensor) -> HyperState:
         model = linear_model(ctx.spec)
@@ -467,11 +467,11 @@ class MomentDescentInit(Initializer):
         warnings.warn(
             f"Phase 1 found {len(centres)} < k = {k} groups of anchors; splitting them agglomeratively "
             "(some cluster probably had no anchor: more anchors help)",
-            RuntimeWarning,
+            RunWarning,
             stacklevel=3,
         )
         if len(theta) < k:
-            raise ValueError(f"Phase 1 cannot give k = {k} centres from {len(theta)} anchors")
+            raise InputError(f"Phase 1 cannot give k = {k} centres from {len(theta)} anchors")
         return merge_anchors(theta, k, None, "agglomerative")[0]
 
     def _refill(self, progress, plan, replies, ctx):
@@ -496,7 +496,7 @@ class MomentDescentInit(Initializer):
             f"Phase 1 merged the anchors into fewer than k = {k} groups; seeded {len(progress.used)} "
             "centre(s) at the local fit of the worst-fitting data-rich client(s) "
             "(a cluster probably had no anchor)",
-            RuntimeWarning,
+            RunWarning,
             stacklevel=3,
         )
         if len(centres) < k:

@@ -21,6 +21,7 @@ one-shot clustering and Su, Xu & Yang's two-phase algorithm.
 
 from __future__ import annotations
 
+from fedgp.errors import InputError
 from fedgp.models.state import HyperState
 from fedgp.strategies.clustered.aggregate import Aggregator, ClusterAverage, GlobalWeighted
 from fedgp.strategies.clustered.assign import Assigner, FixedAssigner, HardAssigner
@@ -38,10 +39,10 @@ WEIGHTINGS = ("global", "cluster")
 def _phase2(lr, local_steps, units, solver, aggregator, weighting="global"):
     solver = solver if solver is not None else GradientDescent(lr=lr, steps=local_steps, units=units)
     if weighting not in WEIGHTINGS:
-        raise ValueError(f"weighting must be one of {WEIGHTINGS}, got {weighting!r}")
+        raise InputError(f"weighting must be one of {WEIGHTINGS}, got {weighting!r}")
     if aggregator is not None:
         if weighting != "global":
-            raise ValueError("give weighting or an aggregator, not both (weighting picks the aggregator)")
+            raise InputError("give weighting or an aggregator, not both (weighting picks the aggregator)")
         return solver, aggregator
     return solver, GlobalWeighted() if weighting == "global" else ClusterAverage(weighted=True)
 

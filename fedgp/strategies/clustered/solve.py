@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 import torch
 
 from fedgp.checks import check_settings
+from fedgp.errors import InputError
 from fedgp.messages import Configurable
 from fedgp.models.linear import LinearMeanModel
 from fedgp.models.state import HyperState
@@ -32,13 +33,13 @@ def step_sizes(lr: float, units: str, model: LinearMeanModel | None, states: Hyp
     if units == "nll":
         return torch.full(batch, float(lr), dtype=torch.float64)
     if model is None:
-        raise ValueError("step sizes in squared-loss units need a mean linear in its parameters")
+        raise InputError("step sizes in squared-loss units need a mean linear in its parameters")
     return lr * model.noise(states)
 
 
 def _single_lr(lrs: torch.Tensor) -> float:
     if lrs.numel() and not bool((lrs == lrs.reshape(-1)[0]).all()):
-        raise ValueError(
+        raise InputError(
             "squared-loss step sizes with the generic (GPyTorch) path need one noise variance for all "
             "states; fix the noise or give the step in NLL units"
         )
@@ -48,7 +49,7 @@ def _single_lr(lrs: torch.Tensor) -> float:
 def check_units(units: str) -> None:
     """Refuse units other than ``"nll"`` or ``"squared_loss"`` with a ``ValueError``."""
     if units not in ("nll", "squared_loss"):
-        raise ValueError(f"units must be 'nll' or 'squared_loss', got {units!r}")
+        raise InputError(f"units must be 'nll' or 'squared_loss', got {units!r}")
 
 
 class LocalSolver(Configurable, ABC):

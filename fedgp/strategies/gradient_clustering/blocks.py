@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
+from fedgp.errors import InputError
 from fedgp.models.spec import GPSpec
 from fedgp.models.state import HyperState
 
@@ -34,17 +35,17 @@ def check_blocks(blocks) -> None:
     parameter-name prefixes."""
     if isinstance(blocks, str):
         if blocks not in PRESETS:
-            raise ValueError(
+            raise InputError(
                 f"blocks must be one of {sorted(PRESETS)} or a tuple of prefix tuples, got {blocks!r}"
             )
         return
     if not isinstance(blocks, (tuple, list)) or not blocks:
-        raise ValueError(
+        raise InputError(
             f"blocks must be a preset name or a non-empty tuple of prefix tuples, got {blocks!r}"
         )
     for block in blocks:
         if not isinstance(block, (tuple, list)) or not block or not all(isinstance(p, str) for p in block):
-            raise ValueError(f"each block must be a non-empty tuple of name prefixes, got {block!r}")
+            raise InputError(f"each block must be a non-empty tuple of name prefixes, got {block!r}")
 
 
 @dataclass(frozen=True)
@@ -84,7 +85,7 @@ def resolve_blocks(spec: GPSpec, blocks) -> Blocks:
     prefixes = PRESETS[blocks] if isinstance(blocks, str) else blocks
     trained = [p for p in spec.params if p.trainable]
     if not trained:
-        raise ValueError("the GPSpec trains no hyper-parameter: there is nothing to cluster")
+        raise InputError("the GPSpec trains no hyper-parameter: there is nothing to cluster")
     member = {}
     for p in trained:
         for b, block in enumerate(prefixes):
@@ -93,7 +94,7 @@ def resolve_blocks(spec: GPSpec, blocks) -> Blocks:
                 break
         else:
             hint = " (blocks='mean' clusters only the mean: fix the others with GPSpec(fixed=...))"
-            raise ValueError(
+            raise InputError(
                 f"hyper-parameter {p.name!r} is trained but in no block{hint if blocks == 'mean' else ''}"
             )
     names = tuple(p.name for p in trained)

@@ -21,8 +21,9 @@ import numpy as np
 import torch
 
 from fedgp.clustering import threshold_clustering
-from fedgp.messages import Field, Record, Task, read_state, state_tensors
-from fedgp.strategies.base import ClientOps, Replies, RoundPlan, ServerContext
+from fedgp.errors import InputError
+from fedgp.messages import Field, Record, Replies, RoundPlan, ServerContext, Task, read_state, state_tensors
+from fedgp.strategies.base import ClientOps
 from fedgp.strategies.gradient_clustering.personal import PersonalStrategy
 from fedgp.strategies.gradient_clustering.state import GRAD, MODEL, PersonalState
 from fedgp.strategies.surface import AttackSurface
@@ -52,9 +53,9 @@ class FederatedClustering(PersonalStrategy):
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.group_size is not None and (isinstance(self.group_size, bool) or self.group_size < 1):
-            raise ValueError(f"FederatedClustering: group_size must be an int >= 1, got {self.group_size!r}")
+            raise InputError(f"FederatedClustering: group_size must be an int >= 1, got {self.group_size!r}")
         if self.group_size is not None and self.groups is not None:
-            raise ValueError(
+            raise InputError(
                 "FederatedClustering: give group_size (random groups) or groups (fixed), not both"
             )
         if self.groups is not None:
@@ -67,7 +68,7 @@ class FederatedClustering(PersonalStrategy):
         if self.groups is not None:
             labels = torch.tensor(self.groups)
             if labels.shape != (n,):
-                raise ValueError(f"FederatedClustering: {len(self.groups)} group labels for {n} clients")
+                raise InputError(f"FederatedClustering: {len(self.groups)} group labels for {n} clients")
             return [torch.nonzero(labels == g).flatten() for g in torch.unique(labels)]
         if self.group_size is None:
             return [torch.arange(n)]

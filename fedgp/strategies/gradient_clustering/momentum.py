@@ -23,9 +23,10 @@ import numpy as np
 import torch
 
 from fedgp.clustering import assign, kmeans, kmeans_plus_plus, threshold_clustering
-from fedgp.messages import Field, Record, Task, read_state, state_tensors
+from fedgp.errors import InputError
+from fedgp.messages import Field, Record, Replies, RoundPlan, ServerContext, Task, read_state, state_tensors
 from fedgp.rng import generator
-from fedgp.strategies.base import ClientOps, Replies, RoundPlan, ServerContext
+from fedgp.strategies.base import ClientOps
 from fedgp.strategies.gradient_clustering.personal import PersonalStrategy
 from fedgp.strategies.gradient_clustering.state import MOMENTUM, STATE, PersonalState
 from fedgp.strategies.surface import AttackSurface
@@ -62,11 +63,11 @@ class MomentumClustering(PersonalStrategy):
             or not isinstance(self.num_clusters, int)
             or self.num_clusters < 1
         ):
-            raise ValueError(f"{name}: num_clusters must be an int >= 1, got {self.num_clusters!r}")
+            raise InputError(f"{name}: num_clusters must be an int >= 1, got {self.num_clusters!r}")
         if not 0.0 < self.alpha <= 1.0:
-            raise ValueError(f"{name}: alpha must be in (0, 1], got {self.alpha}")
+            raise InputError(f"{name}: alpha must be in (0, 1], got {self.alpha}")
         if self.clustering not in METHODS:
-            raise ValueError(f"{name}: clustering must be one of {METHODS}, got {self.clustering!r}")
+            raise InputError(f"{name}: clustering must be one of {METHODS}, got {self.clustering!r}")
 
     # -- server ---------------------------------------------------------------------------------
     def initialize(self, ctx: ServerContext, rng: np.random.Generator) -> PersonalState:
@@ -99,7 +100,7 @@ class MomentumClustering(PersonalStrategy):
         """Centres ``(K, P)`` and each point's centre."""
         k = self.num_clusters
         if k > len(points):
-            raise ValueError(f"{type(self).__name__}: {k} clusters for {len(points)} replies")
+            raise InputError(f"{type(self).__name__}: {k} clusters for {len(points)} replies")
         if self.clustering == "kmeans":
             found, labels = kmeans(points, k, rng)
             return torch.from_numpy(found), torch.from_numpy(labels)

@@ -27,10 +27,11 @@ import numpy as np
 import torch
 
 from fedgp.clustering import QuantileRadius, Radius
-from fedgp.messages import Record, Task, state_tensors
+from fedgp.errors import InputError
+from fedgp.messages import Record, ServerContext, Task, state_tensors
 from fedgp.models.spec import GPSpec
 from fedgp.models.state import HyperState
-from fedgp.strategies.base import COLD_START, ClientOps, ServerContext, Strategy, given_or_best_state
+from fedgp.strategies.base import COLD_START, ClientOps, Strategy, given_or_best_state
 from fedgp.strategies.gradient_clustering.blocks import Blocks, check_blocks, resolve_blocks
 from fedgp.strategies.gradient_clustering.state import CANDIDATES, STATE, PersonalState
 
@@ -66,22 +67,22 @@ class PersonalStrategy(Strategy):
     def __post_init__(self) -> None:
         name = type(self).__name__
         if not (isinstance(self.lr, (int, float)) and self.lr > 0 and math.isfinite(self.lr)):
-            raise ValueError(f"{name}: lr must be a finite number > 0, got {self.lr!r}")
+            raise InputError(f"{name}: lr must be a finite number > 0, got {self.lr!r}")
         if not 0.0 <= self.momentum < 1.0:
-            raise ValueError(f"{name}: momentum must be in [0, 1), got {self.momentum}")
+            raise InputError(f"{name}: momentum must be in [0, 1), got {self.momentum}")
         if self.momentum_kind not in ("ema", "heavy_ball"):
-            raise ValueError(
+            raise InputError(
                 f"{name}: momentum_kind must be 'ema' or 'heavy_ball', got {self.momentum_kind!r}"
             )
         check_blocks(self.blocks)
         if not isinstance(self.blocks, str):
             object.__setattr__(self, "blocks", tuple(tuple(b) for b in self.blocks))
         if isinstance(self.iterations, bool) or not isinstance(self.iterations, int) or self.iterations < 1:
-            raise ValueError(f"{name}: iterations must be an int >= 1, got {self.iterations!r}")
+            raise InputError(f"{name}: iterations must be an int >= 1, got {self.iterations!r}")
         if not isinstance(self.radius, Radius):
-            raise ValueError(f"{name}: radius must be a fedgp.clustering radius rule, got {self.radius!r}")
+            raise InputError(f"{name}: radius must be a fedgp.clustering radius rule, got {self.radius!r}")
         if self.batch_size is not None and self.batch_size < 2:
-            raise ValueError(f"{name}: batch_size must be >= 2 or None, got {self.batch_size}")
+            raise InputError(f"{name}: batch_size must be >= 2 or None, got {self.batch_size}")
 
     # -- server ---------------------------------------------------------------------------------
     def _blocks(self, spec: GPSpec) -> Blocks:
@@ -94,7 +95,7 @@ class PersonalStrategy(Strategy):
             states = ctx.spec.initial_state().expand(n).clone()
         else:
             if tuple(self.init.batch_shape) != (n,) or set(self.init) != set(ctx.spec.names):
-                raise ValueError(
+                raise InputError(
                     f"{type(self).__name__}: init must hold one state per client, batch ({n},), with the "
                     f"spec's names; got batch {tuple(self.init.batch_shape)}"
                 )

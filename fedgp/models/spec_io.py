@@ -20,6 +20,7 @@ from typing import Any
 import gpytorch
 import torch
 
+from fedgp.errors import InputError, InputTypeError
 from fedgp.models.means import GaussianBumpMean
 from fedgp.models.spec import GPSpec, ZeroKernel
 
@@ -84,7 +85,7 @@ def _class_name(module: Any, table: dict, kind: str) -> str:
     entry = table.get(name)
     cls = entry[0] if isinstance(entry, tuple) else entry
     if cls is not type(module):
-        raise TypeError(
+        raise InputTypeError(
             f"cannot save a spec with a {type(module).__qualname__} {kind}; {_allowed(kind + 's', table)}"
         )
     return name
@@ -115,7 +116,9 @@ def _describe_constraint(constraint) -> dict:
 def _describe_prior(prior) -> dict:
     name = _class_name(prior, PRIORS, "prior")
     if getattr(prior, "_transform", None) is not None:
-        raise TypeError(f"cannot save a {name} with a transform; only untransformed priors are described")
+        raise InputTypeError(
+            f"cannot save a {name} with a transform; only untransformed priors are described"
+        )
     return {"class": name, **{arg: _tensor(getattr(prior, attr)) for arg, attr in PRIORS[name][1]}}
 
 
@@ -171,7 +174,7 @@ def describe_likelihood(likelihood) -> dict:
     name = _class_name(likelihood, LIKELIHOODS, "likelihood")
     noise = likelihood.noise_covar
     if likelihood._constraints or likelihood._priors:
-        raise TypeError("cannot save a likelihood with priors or constraints outside its noise model")
+        raise InputTypeError("cannot save a likelihood with priors or constraints outside its noise model")
     return {"class": name, "batch_shape": list(noise.raw_noise.shape[:-1]), **_extras(noise)}
 
 
@@ -190,7 +193,7 @@ def describe_spec(spec: GPSpec) -> dict:
 def _lookup(table: dict, name: Any, kind: str):
     if not isinstance(name, str) or name not in table:
         allowed = _allowed(f"{kind}s", table)
-        raise ValueError(f"saved spec names {kind} class {name!r}, which is not on the allow-list; {allowed}")
+        raise InputError(f"saved spec names {kind} class {name!r}, which is not on the allow-list; {allowed}")
     return table[name]
 
 
@@ -198,7 +201,7 @@ def _number(value: Any, where: str) -> torch.Tensor:
     try:
         out = torch.tensor(value, dtype=torch.float64)
     except (TypeError, ValueError, RuntimeError):
-        raise ValueError(f"saved spec: {where} must be numbers, got {value!r}") from None
+        raise InputError(f"saved spec: {where} must be numbers, got {value!r}") from None
     return out
 
 
@@ -227,7 +230,7 @@ def _build_extras(desc: dict) -> dict:
 
 def _ints(value: Any, where: str) -> tuple[int, ...]:
     if not isinstance(value, list) or not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
-        raise ValueError(f"saved spec: {where} must be a list of ints, got {value!r}")
+        raise InputError(f"saved spec: {where} must be a list of ints, got {value!r}")
     return tuple(value)
 
 
@@ -270,10 +273,10 @@ _DTYPES = {"float64": torch.float64, "float32": torch.float32}
 def build_spec(desc: dict, initial_values: dict[str, torch.Tensor] | None = None) -> GPSpec:
     """The ``GPSpec`` a description names, with ``initial_values`` (constrained) as its template."""
     if not isinstance(desc, dict) or not {"kernel", "mean", "likelihood"} <= set(desc):
-        raise ValueError("saved spec must be a mapping with 'kernel', 'mean' and 'likelihood'")
+        raise InputError("saved spec must be a mapping with 'kernel', 'mean' and 'likelihood'")
     dtype = _DTYPES.get(desc.get("dtype", "float64"))
     if dtype is None:
-        raise ValueError(f"saved spec: dtype must be one of {sorted(_DTYPES)}, got {desc.get('dtype')!r}")
+        raise InputError(f"saved spec: dtype must be one of {sorted(_DTYPES)}, got {desc.get('dtype')!r}")
     return GPSpec(
         build_kernel(desc["kernel"]),
         build_mean(desc["mean"]),
@@ -289,10 +292,10 @@ def check_round_trip(spec: GPSpec) -> dict:
     desc = describe_spec(spec)
     rebuilt = build_spec(desc, dict(spec.initial_state()))
     if describe_spec(rebuilt) != desc or rebuilt.event_shapes != spec.event_shapes:
-        raise TypeError(
+        raise InputTypeError(
             f"cannot save {spec!r}: its modules carry settings the saved description does not "
             "capture (a custom constraint transform or an unusual constructor argument)"
         )
     if not rebuilt.initial_state().allclose(spec.initial_state(), rtol=0.0):
-        raise TypeError(f"cannot save {spec!r}: its initial values do not survive being rebuilt")
+        raise InputTypeError(f"cannot save {spec!r}: its initial values do not survive being rebuilt")
     return desc

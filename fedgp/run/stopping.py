@@ -34,10 +34,10 @@ from dataclasses import dataclass
 
 import torch
 
+from fedgp.errors import InputError, InputTypeError
 from fedgp.models.state import HyperState
 
 __all__ = [
-    "ConvergenceWarning",
     "StopRule",
     "StateChange",
     "NLLPlateau",
@@ -46,10 +46,6 @@ __all__ = [
     "resolve_stop",
     "state_rows",
 ]
-
-
-class ConvergenceWarning(UserWarning):
-    """``fit`` used its whole round budget without meeting its stopping rule."""
 
 
 def state_rows(state: HyperState) -> torch.Tensor:
@@ -64,7 +60,7 @@ def _check_positive(owner: str, name: str, value, integer: bool = False) -> None
     kind = numbers.Integral if integer else numbers.Real
     if isinstance(value, bool) or not isinstance(value, kind) or not value > 0 or not math.isfinite(value):
         what = "a positive integer" if integer else "a positive finite number"
-        raise ValueError(f"{owner}: {name} must be {what}, got {value!r}")
+        raise InputError(f"{owner}: {name} must be {what}, got {value!r}")
 
 
 class StopRule(ABC):
@@ -133,9 +129,9 @@ class NLLPlateau(StopRule):
     def __post_init__(self) -> None:
         _check_positive("NLLPlateau", "patience", self.patience, integer=True)
         if isinstance(self.min_delta, bool) or not isinstance(self.min_delta, numbers.Real):
-            raise ValueError(f"NLLPlateau: min_delta must be a number >= 0, got {self.min_delta!r}")
+            raise InputError(f"NLLPlateau: min_delta must be a number >= 0, got {self.min_delta!r}")
         if not (self.min_delta >= 0 and math.isfinite(self.min_delta)):
-            raise ValueError(f"NLLPlateau: min_delta must be a finite number >= 0, got {self.min_delta!r}")
+            raise InputError(f"NLLPlateau: min_delta must be a finite number >= 0, got {self.min_delta!r}")
 
     @property
     def memory(self) -> int:
@@ -170,11 +166,11 @@ class AnyOf(StopRule):
         if len(rules) == 1 and isinstance(rules[0], (list, tuple)):
             rules = tuple(rules[0])
         if not rules:
-            raise ValueError("AnyOf needs at least one rule, e.g. AnyOf(StateChange(), NLLPlateau())")
+            raise InputError("AnyOf needs at least one rule, e.g. AnyOf(StateChange(), NLLPlateau())")
         for rule in rules:
             if not isinstance(rule, StopRule):
-                raise TypeError(
-                    f"AnyOf: every rule must be a fedgp.stopping.StopRule (StateChange, NLLPlateau, ...), "
+                raise InputTypeError(
+                    f"AnyOf: every rule must be a fedgp.run.StopRule (StateChange, NLLPlateau, ...), "
                     f"got {type(rule).__name__}"
                 )
         object.__setattr__(self, "rules", tuple(rules))
@@ -212,7 +208,7 @@ def resolve_stop(stop: StopRule | str | None) -> StopRule | None:
         return stop
     if isinstance(stop, str) and stop == "auto":
         return auto_rule()
-    raise ValueError(
-        f"stop must be None (run every round), 'auto', or a fedgp.stopping rule such as "
+    raise InputError(
+        f"stop must be None (run every round), 'auto', or a fedgp.run stopping rule such as "
         f"StateChange(tol=1e-4, window=10), NLLPlateau(patience=20) or AnyOf(...); got {stop!r}"
     )

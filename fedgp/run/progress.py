@@ -22,6 +22,8 @@ from typing import Any
 
 from tqdm import tqdm
 
+from fedgp.errors import InputError
+
 __all__ = ["progress_bar", "LineProgress"]
 
 #: Lines are at least this many seconds apart, so short loops (many quick fits) stay quiet.
@@ -59,7 +61,7 @@ class LineProgress(tqdm):
         super().__init__(iterable, *args, **kwargs)
         self._line_t = self.start_t
         if every is not None and (not isinstance(every, int) or every < 1):
-            raise ValueError(f"every must be a positive int, got {every!r}")
+            raise InputError(f"every must be a positive int, got {every!r}")
         self.every = every or (max(1, math.ceil(self.total / 10)) if self.total else 1)
         self.min_seconds = MIN_SECONDS if min_seconds is None else min_seconds
         self._printed = self.n  # a resumed loop (initial > 0) does not report its start

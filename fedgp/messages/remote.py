@@ -16,8 +16,11 @@ from collections.abc import Mapping
 import torch
 
 from fedgp.data.client import ClientData
-from fedgp.engines.base import Outcome, Registry
-from fedgp.messages import Field, Record
+from fedgp.errors import InputTypeError
+from fedgp.messages.fields import Field
+from fedgp.messages.outcome import Outcome
+from fedgp.messages.records import Record
+from fedgp.messages.roster import Roster
 
 __all__ = [
     "fields_to_json",
@@ -26,9 +29,8 @@ __all__ = [
     "outcome_from_record",
     "client_to_record",
     "client_from_record",
-    "registry_to_record",
-    "registry_from_record",
-    "merge_outcomes",
+    "roster_to_record",
+    "roster_from_record",
 ]
 
 _DTYPES = {"float64": torch.float64, "int64": torch.int64, "bool": torch.bool}
@@ -74,7 +76,7 @@ def outcome_to_record(outcome: Outcome, keys: torch.Tensor | None = None) -> Rec
 
 
 def outcome_from_record(record: Record) -> Outcome:
-    """The :class:`~fedgp.engines.base.Outcome` written by :func:`outcome_to_record`."""
+    """The :class:`~fedgp.messages.Outcome` written by :func:`outcome_to_record`."""
     tensors, settings = record.tensors, record.settings
     return Outcome(
         tensors["clients"].to(torch.long),
@@ -94,7 +96,7 @@ def client_to_record(client: ClientData) -> Record:
     try:
         ident = json.dumps(client.id)
     except TypeError:
-        raise TypeError(
+        raise InputTypeError(
             f"client id {client.id!r} cannot travel: ids must be JSON numbers or strings"
         ) from None
     return Record(tensors, {"id": ident})
@@ -108,34 +110,13 @@ def client_from_record(record: Record) -> ClientData:
     )
 
 
-def registry_to_record(registry: Registry) -> Record:
+def roster_to_record(roster: Roster) -> Record:
     """The server's view of the clients (ids, sizes, test sizes, input dimensions) as a record."""
-    tensors = {"n": registry.sizes, "n_test": registry.n_test, "d": registry.dims}
-    return Record(tensors, {"ids": json.dumps(list(registry.ids))})
+    tensors = {"n": roster.sizes, "n_test": roster.n_test, "d": roster.dims}
+    return Record(tensors, {"ids": json.dumps(list(roster.ids))})
 
 
-def registry_from_record(record: Record) -> Registry:
-    """The :class:`~fedgp.engines.base.Registry` written by :func:`registry_to_record`."""
+def roster_from_record(record: Record) -> Roster:
+    """The :class:`~fedgp.messages.Roster` written by :func:`roster_to_record`."""
     t = record.tensors
-    return Registry(json.loads(record.settings["ids"]), t["n"], t["n_test"], t["d"])
-
-
-def merge_outcomes(parts: list[Outcome], fields: Mapping[str, Field]) -> Outcome:
-    """One outcome from those of several hosts (disjoint clients): rows by ascending client,
-    summed fields added host by host, failures and bytes pooled."""
-    out = Outcome.empty(fields)
-    replied = [p for p in parts if len(p.clients)]
-    for p in parts:
-        out.failures.update(p.failures)
-        out.bytes_down += p.bytes_down
-        out.bytes_up += p.bytes_up
-        for name, value in p.sums.items():
-            out.sums[name] = value.clone() if name not in out.sums else out.sums[name] + value
-    if replied:
-        clients = torch.cat([p.clients for p in replied])
-        order = torch.argsort(clients)
-        out.clients = clients[order]
-        out.individual = {
-            k: torch.cat([p.individual[k] for p in replied])[order] for k in replied[0].individual
-        }
-    return out
+    return Roster(json.loads(record.settings["ids"]), t["n"], t["n_test"], t["d"])

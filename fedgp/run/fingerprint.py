@@ -14,6 +14,8 @@ from typing import Any
 
 import torch
 
+from fedgp.version import __version__
+
 __all__ = ["run_fingerprint"]
 
 _SHOWN = 8  # tensors with at most this many elements are recorded by value, larger ones by digest
@@ -72,23 +74,22 @@ def _data_digest(federation) -> str:
 
 
 def run_fingerprint(
-    spec, strategy, registry, federation, engine: str, seed: int, options: dict, transform=None
+    spec, strategy, roster, federation, engine: str, seed: int, options: dict[str, str], transform=None
 ) -> dict[str, str]:
-    """The fingerprint of a run; ``options`` are ``fit``'s other result-changing settings and
-    ``transform`` the learned data transform (a dataclass of tensors, :mod:`fedgp.transforms`)."""
-    import fedgp
-
-    out = {"fedgp.version": fedgp.__version__, "seed": str(int(seed)), "engine": str(engine)}
+    """The fingerprint of a run; ``options`` are the other result-changing settings, already as
+    ``field -> text`` (faults, stopping rule, evaluation), and ``transform`` the learned data
+    transform (a dataclass of tensors, :mod:`fedgp.transforms`)."""
+    out = {"fedgp.version": __version__, "seed": str(int(seed)), "engine": str(engine)}
     out.update(_spec_fields(spec))
     _config_fields(strategy.to_config(), "strategy", out)
-    ids = [repr(i) for i in registry.ids]
+    ids = [repr(i) for i in roster.ids]
     out["federation.clients"] = str(len(ids))
     out["federation.ids"] = hashlib.sha256("\x00".join(ids).encode()).hexdigest()[:16]
-    out["federation.sizes"] = _tensor_text(torch.as_tensor(registry.sizes))
+    out["federation.sizes"] = _tensor_text(torch.as_tensor(roster.sizes))
     out["federation.data"] = (
         "unavailable (engine given as an instance)" if federation is None else _data_digest(federation)
     )
-    out.update({f"fit.{k}": repr(v) for k, v in sorted(options.items())})
+    out.update(sorted(options.items()))
     for f in dataclasses.fields(transform) if transform is not None else ():
         value = getattr(transform, f.name)
         out[f"transform.{f.name}"] = _tensor_text(value) if isinstance(value, torch.Tensor) else repr(value)

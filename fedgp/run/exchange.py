@@ -1,11 +1,16 @@
 """One exchange of a round, from the server's side: plan → task → engine → replies.
 
-:func:`exchange` turns a strategy's :class:`~fedgp.strategies.base.RoundPlan` (participants, maybe
+:func:`exchange` turns a strategy's :class:`~fedgp.messages.RoundPlan` (participants, maybe
 repeated, with one personal row each) into one task per distinct client, has the engine deliver
-it, and turns the engine's :class:`~fedgp.engines.base.Outcome` back into the
-:class:`~fedgp.strategies.base.Replies` the strategy aggregates: rows for every participant slot
-that replied, weights renormalised over them, summed fields only as sums, failures with reasons.
-Below ``min_replies`` the round is not applied: :class:`RoundFailedError` says who failed and why.
+it, and turns the engine's :class:`~fedgp.messages.Outcome` back into the
+:class:`~fedgp.messages.Replies` the strategy aggregates: rows for every participant slot that
+replied, weights renormalised over them, summed fields only as sums, failures with reasons.
+Below ``min_replies`` the exchange does not count: :class:`~fedgp.errors.RoundFailedError` says
+who failed and why.
+
+:func:`personal_exchange` is the same for the tasks that do not train (evaluate, predict,
+personal): the strategy tells each client which state to condition on, the client answers from
+its own data, and only the answer travels.
 """
 
 from __future__ import annotations
@@ -16,20 +21,14 @@ from typing import Any
 
 import torch
 
-from fedgp.engines.base import Engine, Outcome
-from fedgp.messages import Record, Setting, Task
-from fedgp.strategies.base import Replies, RoundPlan
+from fedgp.engines.base import Engine
+from fedgp.errors import InputError, InputTypeError, RoundFailedError
+from fedgp.messages import Outcome, Record, Replies, RoundPlan, ServerContext, Setting, Task, reply_fields
+from fedgp.messages.roster import Roster
+from fedgp.strategies.base import Strategy
 from fedgp.transforms import DataTransform
 
-__all__ = ["RoundFailedError", "exchange", "Exchange", "required_replies"]
-
-
-class RoundFailedError(RuntimeError):
-    """Too few clients replied for the round to count; ``failures`` maps client ids to reasons."""
-
-    def __init__(self, message: str, failures: Mapping[Any, str]):
-        super().__init__(message)
-        self.failures = dict(failures)
+__all__ = ["exchange", "personal_exchange", "distinct_participants", "Exchange", "required_replies"]
 
 
 @dataclass(frozen=True)
@@ -45,14 +44,26 @@ class Exchange:
 def required_replies(min_replies: int | float, asked: int) -> int:
     """``min_replies`` as a count: an int is a count, a float in (0, 1] a fraction of those asked."""
     if isinstance(min_replies, bool) or not isinstance(min_replies, (int, float)):
-        raise TypeError(f"min_replies must be an int (a count) or a float (a fraction), got {min_replies!r}")
+        raise InputTypeError(
+            f"min_replies must be an int (a count) or a float (a fraction), got {min_replies!r}"
+        )
     if isinstance(min_replies, float):
         if not 0.0 < min_replies <= 1.0:
-            raise ValueError(f"min_replies as a fraction must be in (0, 1], got {min_replies}")
+            raise InputError(f"min_replies as a fraction must be in (0, 1], got {min_replies}")
         return max(1, int(-(-min_replies * asked // 1)))
     if min_replies < 1:
-        raise ValueError(f"min_replies as a count must be >= 1, got {min_replies}")
+        raise InputError(f"min_replies as a count must be >= 1, got {min_replies}")
     return min(int(min_replies), asked)
+
+
+def distinct_participants(plan: RoundPlan) -> tuple[torch.Tensor, torch.Tensor]:
+    """The plan's distinct participants (ascending) and each one's first slot: a client sampled
+    twice gets one message, with the personal row of its first slot."""
+    participants = torch.as_tensor(plan.participants, dtype=torch.long)
+    unique, inverse = torch.unique(participants, sorted=True, return_inverse=True)
+    first = torch.full((len(unique),), len(participants), dtype=torch.long)
+    first.scatter_reduce_(0, inverse, torch.arange(len(participants)), reduce="amin")
+    return unique, first
 
 
 def exchange(
@@ -72,10 +83,7 @@ def exchange(
     becomes the replies: one place, whatever the engine. ``transform`` (:mod:`fedgp.transforms`)
     travels in the shared record, so the clients work on their data in its units."""
     participants = torch.as_tensor(plan.participants, dtype=torch.long)
-    unique, inverse = torch.unique(participants, sorted=True, return_inverse=True)
-    # Each distinct client gets one message: its personal row is the one at its first slot.
-    first = torch.full((len(unique),), len(participants), dtype=torch.long)
-    first.scatter_reduce_(0, inverse, torch.arange(len(participants)), reduce="amin")
+    unique, first = distinct_participants(plan)
     shared = plan.shared
     if transform is not None and not transform.is_identity:
         shared = Record(
@@ -110,3 +118,30 @@ def _replies(plan: RoundPlan, participants: torch.Tensor, outcome: Outcome) -> R
     return Replies(
         participants[slots], weights, individual, dict(outcome.sums), dict(outcome.failures), slots
     )
+
+
+def personal_exchange(
+    strategy: Strategy,
+    server: Any,
+    ctx: ServerContext,
+    engine: Engine,
+    roster: Roster,
+    kind: str,
+    positions: torch.Tensor,
+    known: torch.Tensor,
+    transform: DataTransform | None,
+    shared: Mapping[str, torch.Tensor] | None = None,
+    points: int = 0,
+    full_cov: bool = False,
+) -> Exchange:
+    """A ``kind`` task (evaluate / predict / personal) to the clients at ``positions`` of ``engine``;
+    ``known`` are their positions in the training roster (-1 for clients it never saw)."""
+    shared_rec, personal = strategy.configure_personal(server, ctx, known)
+    if shared or full_cov:
+        settings = {**shared_rec.settings, **({"full_cov": True} if full_cov else {})}
+        shared_rec = Record({**shared_rec.tensors, **(shared or {})}, settings)
+    state = strategy.global_state(server)
+    clusters = int(state.batch_shape[0]) if state.batch_shape else 1
+    fields = reply_fields(kind, ctx.spec, clusters, points, full_cov)
+    plan = RoundPlan(positions, torch.ones(len(positions), dtype=torch.float64), shared_rec, personal, fields)
+    return exchange(engine, kind, 0, plan, roster.ids, min_replies=1, transform=transform)

@@ -1,0 +1,195 @@
+"""Every exception and warning fedgp raises on purpose, under one base each.
+
+Catch :class:`FedGPError` to catch anything fedgp refused or could not do; catch the built-in
+class a program already catches (``ValueError``, ``KeyError``, ``RuntimeError``, ``TypeError``,
+``FileNotFoundError``) and fedgp's errors of that kind are caught too: each class below keeps the
+built-in it stands for as a second base. Every message says what was wrong and where (the
+client, file, field or argument).
+
+This module imports nothing of fedgp, so every layer can raise these without an upward import.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "FedGPError",
+    "FedGPWarning",
+    "InputError",
+    "InputTypeError",
+    "UnknownNameError",
+    "UnknownClientError",
+    "CodecError",
+    "FileFormatError",
+    "CheckpointError",
+    "MissingFileError",
+    "DataFileError",
+    "DataFileMissing",
+    "TableError",
+    "UnsupportedSpec",
+    "FactorizationError",
+    "MLEError",
+    "NotFittedError",
+    "ClientFailure",
+    "SimulatedFailure",
+    "RoundFailedError",
+    "EngineError",
+    "MissingExtraError",
+    "CommandError",
+    "ConvergenceWarning",
+    "RunWarning",
+]
+
+
+class FedGPError(Exception):
+    """The base of every exception fedgp raises on purpose."""
+
+
+class FedGPWarning(UserWarning):
+    """The base of every warning fedgp issues."""
+
+
+class _PlainKeyError(KeyError):
+    """A ``KeyError`` whose message prints as written (``KeyError`` would quote it)."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+# -- what a caller gave ---------------------------------------------------------------------------
+
+
+class InputError(FedGPError, ValueError):
+    """A value given to fedgp is wrong: an argument, a client's data, a setting, a file's field."""
+
+
+class InputTypeError(FedGPError, TypeError):
+    """An argument of the wrong type; the message names the type expected."""
+
+
+class UnknownNameError(FedGPError, _PlainKeyError):
+    """A name fedgp does not know: a hyper-parameter, a task's tensor, a data set's file."""
+
+
+class UnknownClientError(FedGPError, ValueError, _PlainKeyError):
+    """A client no federation or result here knows (by id, position or key)."""
+
+
+class UnsupportedSpec(InputError):
+    """A model specification a component cannot evaluate (e.g. the batched engine's tensor path)."""
+
+
+# -- files fedgp reads ----------------------------------------------------------------------------
+
+
+class FileFormatError(InputError):
+    """A file or message is damaged, foreign, or of a format version this fedgp does not read."""
+
+
+class CodecError(FileFormatError):
+    """An encoded tree names a type it may not, or refers to a tensor its container does not hold."""
+
+
+class CheckpointError(FileFormatError):
+    """A checkpoint is damaged, of another format, or belongs to another run."""
+
+
+class MissingFileError(FedGPError, FileNotFoundError):
+    """A file fedgp was pointed at does not exist (a checkpoint, a saved model, a client folder)."""
+
+
+class DataFileError(InputError):
+    """A data file is missing, truncated, altered or unreadable.
+
+    The message names the file, the path it was looked for at (and which setting chose that
+    folder) and how to obtain a verified copy. ``path`` and ``reason`` (``"missing"``, ``"size"``,
+    ``"checksum"``, ``"format"``, ``"download"``, ``"place"``, ``"permission"``) are kept as
+    attributes for programs.
+    """
+
+    def __init__(self, message: str, *, path: Path | str | None = None, reason: str = "format"):
+        super().__init__(message)
+        self.path = None if path is None else Path(path)
+        self.reason = reason
+
+
+class DataFileMissing(DataFileError, FileNotFoundError):
+    """A data set's file is not where fedgp looks (also a ``FileNotFoundError``); the message says
+    how to get it."""
+
+
+class TableError(InputError):
+    """A table fedgp cannot use; the message names the file and the column, line or owner."""
+
+
+# -- numerics ---------------------------------------------------------------------------------------
+
+
+class FactorizationError(InputError):
+    """A client's kernel matrix cannot be factorised even with the bounded jitter retries.
+
+    ``clients`` names the clients whose matrices failed, so a batch can drop just them."""
+
+    def __init__(self, message: str, clients: tuple = ()):
+        super().__init__(message)
+        self.clients = tuple(clients)
+
+
+class MLEError(FedGPError, RuntimeError):
+    """Every attempt of a maximum-likelihood fit failed."""
+
+
+class NotFittedError(FedGPError, RuntimeError):
+    """A model was asked to predict before it was fitted."""
+
+
+# -- a federated run ---------------------------------------------------------------------------------
+
+
+class ClientFailure(FedGPError, RuntimeError):
+    """A client could not complete its task. ``clients`` are the keys of the clients that failed,
+    when known, so an engine running a batch can drop just them and carry on with the rest."""
+
+    def __init__(self, message: str, clients=()):
+        super().__init__(message)
+        self.clients = tuple(int(c) for c in clients)
+
+
+class SimulatedFailure(ClientFailure):
+    """A failure drawn by ``Faults(simulate=p)``: raised inside the client's update, so the real
+    failure path runs."""
+
+
+class RoundFailedError(FedGPError, RuntimeError):
+    """Too few clients replied for an exchange to count; ``failures`` maps client ids to reasons."""
+
+    def __init__(self, message: str, failures: Mapping[Any, str]):
+        super().__init__(message)
+        self.failures = dict(failures)
+
+
+class EngineError(FedGPError, RuntimeError):
+    """An engine could not do its part: clients that did not register, a node or worker missing."""
+
+
+class MissingExtraError(FedGPError, ModuleNotFoundError):
+    """A feature needs an optional dependency; the message names the ``pip install`` that adds it."""
+
+
+class CommandError(FedGPError):
+    """A ``fedgp`` command cannot go on; the CLI prints the message alone and exits with status 2."""
+
+
+# -- warnings ---------------------------------------------------------------------------------------
+
+
+class ConvergenceWarning(FedGPWarning):
+    """``fit`` used its whole round budget without meeting its stopping rule."""
+
+
+class RunWarning(FedGPWarning, RuntimeWarning):
+    """A run took a fallback it says why about (e.g. Phase 1 seeded a centre it could not merge),
+    and went on."""

@@ -1,0 +1,53 @@
+"""``Outcome``: what an engine hands back for one task — replies, sums, failures, bytes."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import torch
+
+from fedgp.messages.fields import Field
+
+__all__ = ["Outcome", "merge_outcomes"]
+
+
+@dataclass
+class Outcome:
+    """What came back from one task: ``clients`` (positions that replied, ascending), their
+    ``individual`` fields (rows aligned with ``clients``), ``sums`` of the summed fields over them,
+    ``failures`` (position -> reason), and the bytes of every message down and every reply up."""
+
+    clients: torch.Tensor
+    individual: dict[str, torch.Tensor]
+    sums: dict[str, torch.Tensor]
+    failures: dict[int, str] = field(default_factory=dict)
+    bytes_down: int = 0
+    bytes_up: int = 0
+
+    @classmethod
+    def empty(cls, fields: Mapping[str, Field], failures: Mapping[int, str] | None = None) -> Outcome:
+        """No reply: the declared individual fields with zero rows, no sums, and ``failures``."""
+        individual = {k: torch.zeros(0, *f.shape, dtype=f.dtype) for k, f in fields.items() if not f.summed}
+        return cls(torch.zeros(0, dtype=torch.long), individual, {}, dict(failures or {}))
+
+
+def merge_outcomes(parts: list[Outcome], fields: Mapping[str, Field]) -> Outcome:
+    """One outcome from those of several hosts (disjoint clients): rows by ascending client,
+    summed fields added host by host, failures and bytes pooled."""
+    out = Outcome.empty(fields)
+    replied = [p for p in parts if len(p.clients)]
+    for p in parts:
+        out.failures.update(p.failures)
+        out.bytes_down += p.bytes_down
+        out.bytes_up += p.bytes_up
+        for name, value in p.sums.items():
+            out.sums[name] = value.clone() if name not in out.sums else out.sums[name] + value
+    if replied:
+        clients = torch.cat([p.clients for p in replied])
+        order = torch.argsort(clients)
+        out.clients = clients[order]
+        out.individual = {
+            k: torch.cat([p.individual[k] for p in replied])[order] for k in replied[0].individual
+        }
+    return out

@@ -1,0 +1,311 @@
+"""What happens around the rounds of a run, each concern one object the round loop calls.
+
+:class:`~fedgp.run.loop.Run` calls every callback at three moments — :meth:`Callback.on_start`
+before round 1 (after :meth:`Callback.restore`, where a checkpoint brings a run back),
+:meth:`Callback.on_round` after every round with that round's history row, and
+:meth:`Callback.on_end` — in the order of their ``order`` (lowest first; equal orders keep the
+order given). The built-in ones, in that order:
+
+* the stopping rule (``fit(stop=...)``, order −30): decides whether this round is the last;
+* :class:`Evaluate` (−20): per-client test metrics into the row, every ``every`` rounds and after
+  the last;
+* the state columns (−10): the strategy's description of its state into the row;
+* your callbacks (0 by default): a :class:`Callback`, or any function ``f(run)`` called after
+  every round;
+* :class:`Checkpointing` (20): writes the run so that it can resume bit for bit;
+* :class:`Progress` (30): the progress display.
+
+``fit`` adds ``Evaluate()`` and ``Progress()`` with their defaults unless ``callbacks`` holds one of
+its kind, so ``callbacks=[Progress(False)]`` silences the display and ``[Evaluate(every=0)]`` skips
+the test metrics.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar, Protocol
+
+import torch
+
+from fedgp.engines.base import Engine
+from fedgp.errors import CheckpointError, InputError, InputTypeError, MissingFileError
+from fedgp.messages import Roster, ServerContext
+from fedgp.models.state import HyperState
+from fedgp.run.checkpoint import Checkpoint, fingerprint_mismatches, load_checkpoint, save_checkpoint
+from fedgp.run.evaluation import evaluate_clients, mean_metrics
+from fedgp.run.progress import progress_bar
+from fedgp.run.stopping import StopRule, state_rows
+from fedgp.strategies.base import Strategy
+from fedgp.transforms import DataTransform
+
+__all__ = ["Callback", "RunView", "Evaluate", "Progress", "Checkpointing", "as_callback"]
+
+
+class RunView(Protocol):
+    """What a callback sees of the run (:class:`fedgp.run.Run` is one): the contract callbacks may
+    rely on, and nothing else."""
+
+    strategy: Strategy
+    engine: Engine
+    rounds: int  # the budget
+    completed: int  # rounds done, the one just finished included
+    server: Any  # the strategy's server state
+    history: list[dict[str, Any]]  # one row per round so far
+    failures: list[dict[str, Any]]  # one row per failed client and round
+    roster: Roster  # what registration told the server
+    context: ServerContext
+    transform: DataTransform  # the data transforms every task carries
+    callbacks: list[Callback]
+
+    @property
+    def state(self) -> HyperState:
+        """The global hyper-parameters of the current server state."""
+
+    @property
+    def done(self) -> bool:
+        """Whether the run has ended (budget spent, or stopped)."""
+
+    def stop(self, reason: str) -> None:
+        """End the run after the current round, saying why."""
+
+    def fingerprint(self) -> dict[str, str]:
+        """What a checkpoint of the run records and a resumed run must match."""
+
+    def resume_from(self, completed: int, server: Any, history: list[dict], failures: list[dict]) -> None:
+        """Continue after round ``completed`` with this server state, history and failures."""
+
+
+class Callback:
+    """Subclass and override the moments you need; each gets the run (:class:`RunView`: ``completed``
+    rounds, ``rounds`` (the budget), ``server`` (the strategy's server state), ``state`` (the global
+    hyper-parameters), ``history`` (one dict per round so far), ``roster``, ``context``, ``engine``,
+    ``transform``; ``run.stop(reason)`` ends the run after the current round).
+    """
+
+    #: Where the callback runs among the others (lowest first).
+    order: ClassVar[int] = 0
+    #: The name its :meth:`state` is checkpointed under (``None``: it keeps nothing).
+    checkpoint_key: ClassVar[str | None] = None
+
+    def restore(self, run: RunView) -> None:
+        """Before :meth:`on_start`: bring the run back from where it was saved (checkpoints)."""
+
+    def on_start(self, run: RunView) -> None:
+        """Before the first round of this session (round ``run.completed + 1``)."""
+
+    def on_round(self, run: RunView, row: dict[str, Any]) -> None:
+        """After round ``run.completed``; ``row`` is its history row (add columns to it here)."""
+
+    def on_end(self, run: RunView) -> None:
+        """After the last round."""
+
+    def fingerprint(self, run: RunView) -> dict[str, str]:
+        """Settings that change the run's result or history, for a checkpoint's fingerprint."""
+        return {}
+
+    def state(self) -> Any:
+        """What a checkpoint keeps of the callback (see :attr:`checkpoint_key`)."""
+        return None
+
+    def load_state(self, state: Any) -> None:
+        """Take back what :meth:`state` returned, from a checkpoint."""
+
+
+@dataclass
+class _Function(Callback):
+    """A plain function ``f(run)``, called after every round."""
+
+    function: Callable[[Any], Any]
+
+    def on_round(self, run, row):
+        self.function(run)
+
+
+def as_callback(callback: Callback | Callable) -> Callback:
+    """A callback object, or a function ``f(run)`` called after every round."""
+    if isinstance(callback, Callback):
+        return callback
+    if callable(callback):
+        return _Function(callback)
+    raise InputTypeError(
+        f"callbacks must be fedgp.run.Callback objects or functions f(run), got {type(callback).__name__}"
+    )
+
+
+# -- built into every run -------------------------------------------------------------------------
+
+
+class Stopping(Callback):
+    """The stopping rule of ``fit(stop=...)``: checked after every round; its memory (the latest
+    states, as matrices, and once met why the run stopped) goes into checkpoints, so a resumed run
+    stops at the same round as an unbroken one."""
+
+    order = -30
+    checkpoint_key = "stopping"
+
+    def __init__(self, rule: StopRule):
+        self.rule = rule
+        self.recent: list[torch.Tensor] = []
+        self.reason: str | None = None
+
+    def on_start(self, run):
+        if self.reason is not None:  # resumed from a checkpoint of a run that had already stopped
+            run.stop(self.reason)
+
+    def on_round(self, run, row):
+        if self.rule.memory:
+            self.recent = [*self.recent, state_rows(run.state)][-self.rule.memory :]
+        nll = [r.get("train_nll", math.nan) for r in run.history]
+        self.reason = self.rule.check(self.recent, nll)
+        if self.reason is not None:
+            run.stop(self.reason)
+
+    def fingerprint(self, run):
+        return {"stop": repr(self.rule)}
+
+    def state(self):
+        return {"states": self.recent, "reason": self.reason}
+
+    def load_state(self, state):
+        self.recent, self.reason = list(state.get("states", [])), state.get("reason")
+
+
+class StateColumns(Callback):
+    """The strategy's description of its server state (``Strategy.describe``) in every row."""
+
+    order = -10
+
+    def on_round(self, run, row):
+        row.update(run.strategy.describe(run.server))
+
+
+# -- chosen by the user -----------------------------------------------------------------------------
+
+
+@dataclass
+class Evaluate(Callback):
+    """Per-client test metrics after every ``every`` rounds and after the last: each client
+    conditions its personal state on its own training data and scores its own test split; the
+    row gets ``test_rmse_mean/std`` and ``test_nll_mean/std`` (original units).
+
+    ``every=None`` (default): every round if some client has a test split, else never; ``0``: never.
+    """
+
+    every: int | None = None
+    order: ClassVar[int] = -20
+
+    def __post_init__(self) -> None:
+        if self.every is not None and (
+            isinstance(self.every, bool) or not isinstance(self.every, int) or self.every < 0
+        ):
+            raise InputError(f"Evaluate(every=...) must be None or an int >= 0, got {self.every!r}")
+
+    def interval(self, run) -> int:
+        """Every how many rounds this run evaluates (0: never)."""
+        if self.every is not None:
+            return self.every
+        return 1 if bool((run.roster.n_test > 0).any()) else 0
+
+    def on_round(self, run, row):
+        every = self.interval(run)
+        if every and (run.completed % every == 0 or run.done):
+            row.update(
+                mean_metrics(
+                    evaluate_clients(
+                        run.strategy, run.server, run.context, run.engine, run.roster, run.transform
+                    )
+                )
+            )
+
+    def fingerprint(self, run):
+        return {"evaluate.every": str(self.interval(run))}
+
+
+@dataclass
+class Progress(Callback):
+    """The progress display over rounds (:mod:`fedgp.run.progress`): ``show=None`` (default) a tqdm
+    bar on a terminal and nothing otherwise; ``True`` the bar on a terminal, else a line on stderr
+    every ``every`` rounds (default a tenth of them, for logs); ``False`` nothing. The bar shows the
+    latest ``train_nll``."""
+
+    show: bool | None = None
+    every: int | None = None
+    order: ClassVar[int] = 30
+
+    def on_start(self, run):
+        self._bar = progress_bar(
+            progress=self.show,
+            desc=type(run.strategy).__name__,
+            initial=run.completed,
+            total=run.rounds,
+            every=self.every,
+        )
+
+    def on_round(self, run, row):
+        nll = row.get("train_nll")
+        if nll is not None and not math.isnan(nll):
+            self._bar.set_postfix(train_nll=f"{nll:.4f}", refresh=False)
+        self._bar.update(1)
+
+    def on_end(self, run):
+        self._bar.close()
+
+
+@dataclass
+class Checkpointing(Callback):
+    """Write the run to ``path`` every ``every`` rounds and after the last (``every=None``: never
+    write), and with ``resume=True`` continue from the checkpoint at ``path``, which must exist.
+
+    A resumed run ends bit-identical to an unbroken one: every random draw is a function of
+    ``(seed, stream, round, client)``, and the checkpoint holds the round count, the server state,
+    the history and the stopping rule's memory. It also holds a fingerprint of the run (spec,
+    strategy, data, engine, seed, faults, stopping rule, evaluation); resuming with a different
+    one is refused, naming what differs. Files: :mod:`fedgp.run.checkpoint`.
+    """
+
+    path: str | os.PathLike
+    every: int | None = 1
+    resume: bool = False
+    order: ClassVar[int] = 20
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.path, (str, os.PathLike)):
+            raise InputTypeError(
+                f"Checkpointing(path=...) must be a file path (str or os.PathLike), got {self.path!r}"
+            )
+        if self.every is not None and (
+            isinstance(self.every, bool) or not isinstance(self.every, int) or self.every < 1
+        ):
+            raise InputError(f"Checkpointing(every=...) must be None or an int >= 1, got {self.every!r}")
+        if self.every is None and not self.resume:
+            raise InputError(
+                "Checkpointing(every=None, resume=False) would neither write nor read a checkpoint"
+            )
+
+    def restore(self, run):
+        if not self.resume:
+            return
+        if not Path(self.path).exists():
+            raise MissingFileError(f"Checkpointing(resume=True): no checkpoint at {self.path}")
+        ckpt = load_checkpoint(self.path)
+        mismatch = fingerprint_mismatches(ckpt.fingerprint, run.fingerprint())
+        if mismatch:
+            raise CheckpointError(
+                f"checkpoint {self.path} was written with a different " + "; different ".join(mismatch)
+            )
+        run.resume_from(ckpt.completed_rounds, ckpt.server_state, ckpt.history, ckpt.failures)
+        for callback in run.callbacks:
+            if callback.checkpoint_key in ckpt.callbacks:
+                callback.load_state(ckpt.callbacks[callback.checkpoint_key])
+
+    def on_round(self, run, row):
+        if self.every and (run.completed % self.every == 0 or run.done):
+            states = {c.checkpoint_key: c.state() for c in run.callbacks if c.checkpoint_key}
+            checkpoint = Checkpoint(
+                run.completed, run.server, run.history, run.fingerprint(), run.failures, states
+            )
+            save_checkpoint(self.path, checkpoint)

@@ -1,0 +1,52 @@
+"""Per-client test metrics: each client scores its own test split, only the numbers travel."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pandas as pd
+import torch
+
+from fedgp.engines.base import Engine
+from fedgp.messages import ServerContext
+from fedgp.messages.roster import Roster
+from fedgp.run.exchange import personal_exchange
+from fedgp.strategies.base import Strategy
+from fedgp.transforms import DataTransform
+
+__all__ = ["evaluate_clients", "mean_metrics", "METRIC_COLUMNS"]
+
+#: The columns of :func:`evaluate_clients`.
+METRIC_COLUMNS = ["client", "n_test", "rmse", "nll", "coverage95", "cluster"]
+
+
+def evaluate_clients(
+    strategy: Strategy,
+    server: Any,
+    ctx: ServerContext,
+    engine: Engine,
+    roster: Roster,
+    transform: DataTransform | None = None,
+) -> pd.DataFrame:
+    """Per-client test metrics in the original units, computed by each client on its own test split
+    (columns :data:`METRIC_COLUMNS`; ``attrs["failures"]`` names the clients that could not answer)."""
+    positions = torch.nonzero(roster.n_test > 0).flatten()
+    if not len(positions):
+        return pd.DataFrame(columns=METRIC_COLUMNS)
+    replies = personal_exchange(
+        strategy, server, ctx, engine, roster, "evaluate", positions, positions, transform
+    ).replies
+    frame = pd.DataFrame({name: replies[name].tolist() for name in METRIC_COLUMNS[1:]})
+    frame.insert(0, "client", [roster.ids[p] for p in replies.participants.tolist()])
+    frame.attrs["failures"] = {roster.ids[p]: r for p, r in replies.failures.items()}
+    return frame
+
+
+def mean_metrics(per_client: pd.DataFrame) -> dict[str, float]:
+    """The history's test columns: mean and spread over clients of RMSE and NLL."""
+    return {
+        "test_rmse_mean": float(per_client["rmse"].mean()),
+        "test_rmse_std": float(per_client["rmse"].std(ddof=0)),
+        "test_nll_mean": float(per_client["nll"].mean()),
+        "test_nll_std": float(per_client["nll"].std(ddof=0)),
+    }

@@ -1,0 +1,80 @@
+"""``fedgp.fit``: spec + federation + strategy + engine → a result that predicts per client."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+from fedgp.data.client import Federation
+from fedgp.engines.base import Engine
+from fedgp.engines.config import EngineConfig
+from fedgp.models.spec import GPSpec
+from fedgp.run.callbacks import Callback
+from fedgp.run.faults import Faults
+from fedgp.run.loop import Run
+from fedgp.run.result import FitResult
+from fedgp.run.stopping import StopRule
+from fedgp.strategies.base import Strategy
+from fedgp.transforms import Transforms
+
+__all__ = ["fit"]
+
+
+def fit(
+    spec: GPSpec,
+    federation: Federation | None,
+    strategy: Strategy | None = None,
+    rounds: int = 100,
+    *,
+    engine: str | EngineConfig | Engine = "auto",
+    seed: int = 0,
+    transforms: Transforms | str | None = "auto",
+    faults: Faults | None = None,
+    stop: StopRule | str | None = None,
+    callbacks: Iterable[Callback | Callable] = (),
+) -> FitResult:
+    """Train ``strategy`` (default :class:`~fedgp.strategies.FGPR`) on ``federation``.
+
+    Args:
+        spec: the model: GPyTorch mean, kernel and likelihood (:class:`fedgp.GPSpec`).
+        federation: the clients (:class:`fedgp.data.Federation`); ``None`` when ``engine`` is an
+            :class:`~fedgp.engines.base.Engine` that hosts them (a Flower grid, say).
+        rounds: communication rounds R (total, including rounds restored from a checkpoint); with a
+            ``stop`` rule, the budget.
+        engine: who runs the clients' side. ``"auto"`` (default): the batched engine where its tensor
+            path reproduces GPyTorch for the spec, else the sequential one. A name (``"sequential"``:
+            the reference, one GPyTorch model per client; ``"batched"``: all clients' steps as one
+            tensor program, the same results to rounding, much faster for many clients;
+            ``"ray"``; ``"flower"``) uses that engine's defaults; a config sets its options, e.g.
+            ``fedgp.engines.Batched(device="cuda")`` or ``fedgp.engines.Ray(num_workers=4)``; an
+            :class:`~fedgp.engines.base.Engine` instance is used as it is.
+        seed: master seed; every random draw derives from it, per round and client.
+        transforms: ``"auto"`` (default), ``None`` (the data as they are) or
+            :class:`fedgp.transforms.Transforms` (``outcome=Standardize(...)``,
+            ``inputs=Normalize(...)``): see there. ``result.transforms`` says what was applied;
+            predictions and metrics are always in the original units.
+        faults: :class:`fedgp.run.Faults` — ``min_replies`` (below it a round raises
+            :class:`~fedgp.errors.RoundFailedError`), simulated client failures, an attack.
+        stop: a stopping rule (:mod:`fedgp.run.stopping`: ``StateChange(tol, window)``,
+            ``NLLPlateau(patience, min_delta)``, ``AnyOf(...)``), ``"auto"`` (either of the two with
+            their defaults), or ``None`` (default: every one of ``rounds`` rounds, as in the papers'
+            protocols). With a rule the run ends at the first round where it holds;
+            ``history.attrs["stop_reason"]`` says why the run ended and ``history.attrs["stopped"]``
+            whether it was stopped; a run that ends at the round budget first warns with
+            :class:`~fedgp.errors.ConvergenceWarning`.
+        callbacks: what else happens around the rounds (:mod:`fedgp.run.callbacks`):
+            :class:`~fedgp.run.Checkpointing` (write and resume checkpoints),
+            :class:`~fedgp.run.Evaluate` (per-client test metrics; default every round when clients
+            have test splits), :class:`~fedgp.run.Progress` (default: a bar on a terminal), your own
+            :class:`~fedgp.run.Callback` or a function ``f(run)`` called after every round.
+
+    Returns:
+        A :class:`~fedgp.run.FitResult`: the learned state, the history (one row per round), and
+        personalised prediction per client.
+    """
+    run = Run(
+        spec, federation, strategy, rounds, engine=engine, seed=seed, transforms=transforms, faults=faults,
+        stop=stop, callbacks=callbacks,
+    ).start()  # fmt: skip
+    while not run.done:
+        run.round()
+    return run.finish()

@@ -1,0 +1,243 @@
+"""``Run``: one federated training run as an object — start, one round at a time, finish.
+
+The round loop lives here, once, for every engine, and never runs client code::
+
+    run = Run(spec, federation, strategy, rounds, engine=..., ...).start()  # hello, transforms, init
+    while not run.done:
+        run.round()        # configure → exchange (messages out, replies and failures back) → aggregate
+    result = run.finish()  # a FitResult
+
+What happens around each round — the stopping rule, evaluation, checkpoints, progress, your own
+code — is a list of :mod:`callbacks <fedgp.run.callbacks>`; a new concern is a new callback, not a
+new branch here. :func:`fedgp.fit` is this loop with its defaults.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import pandas as pd
+
+from fedgp.data.client import Federation, check_trainable
+from fedgp.engines.base import Engine
+from fedgp.engines.config import EngineConfig, build_engine
+from fedgp.errors import ConvergenceWarning, InputError, InputTypeError
+from fedgp.messages import ServerContext
+from fedgp.models.spec import GPSpec
+from fedgp.models.state import HyperState
+from fedgp.rng import generator
+from fedgp.run.callbacks import (
+    Callback,
+    Evaluate,
+    Progress,
+    StateColumns,
+    Stopping,
+    as_callback,
+)
+from fedgp.run.exchange import exchange
+from fedgp.run.faults import Faults
+from fedgp.run.fingerprint import run_fingerprint
+from fedgp.run.result import FitResult
+from fedgp.run.stopping import StopRule, resolve_stop
+from fedgp.run.summary import learn_transform
+from fedgp.strategies.base import Strategy
+from fedgp.strategies.fgpr import FGPR
+from fedgp.transforms import Transforms
+
+__all__ = ["Run"]
+
+
+class Run:
+    """A training run of ``strategy`` on ``federation``; the arguments are :func:`fedgp.fit`'s.
+
+    Attributes, as the callbacks see them: ``completed`` rounds, ``rounds`` (the budget),
+    ``server`` (the strategy's server state), ``state`` (its global hyper-parameters),
+    ``history`` (one dict per round), ``failures`` (one dict per failed client and round),
+    ``roster`` and ``context`` (what registration told the server), ``transform`` (the learned
+    data transforms), ``engine``, ``callbacks``; after :meth:`stop`, ``stop_reason``.
+    """
+
+    def __init__(
+        self,
+        spec: GPSpec,
+        federation: Federation | None,
+        strategy: Strategy | None = None,
+        rounds: int = 100,
+        *,
+        engine: str | EngineConfig | Engine = "auto",
+        seed: int = 0,
+        transforms: Transforms | str | None = "auto",
+        faults: Faults | None = None,
+        stop: StopRule | str | None = None,
+        callbacks: Iterable[Callback | Callable] = (),
+    ):
+        if not isinstance(spec, GPSpec):
+            raise InputTypeError(
+                f"spec must be a fedgp.GPSpec (the model: mean, kernel, likelihood), got "
+                f"{type(spec).__name__}; e.g. fedgp.GPSpec(kernel=gpytorch.kernels.RBFKernel())"
+            )
+        strategy = FGPR() if strategy is None else strategy
+        if not isinstance(strategy, Strategy):
+            raise InputTypeError(
+                f"strategy must be a fedgp.strategies.Strategy (e.g. fedgp.strategies.FGPR()), "
+                f"got {type(strategy).__name__}"
+            )
+        if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
+            raise InputError(f"rounds must be an int >= 1, got {rounds!r}")
+        if federation is not None and not isinstance(federation, Federation):
+            raise InputTypeError(
+                f"federation must be a fedgp.data.Federation, got {type(federation).__name__}"
+            )
+        faults = Faults() if faults is None else faults
+        if not isinstance(faults, Faults):
+            raise InputTypeError(f"faults must be a fedgp.run.Faults, got {type(faults).__name__}")
+        self.spec, self.strategy, self.rounds, self.seed = spec, strategy, rounds, seed
+        self.transforms, self.faults, self.rule = Transforms.of(transforms), faults, resolve_stop(stop)
+        self.callbacks = self._callbacks(callbacks)
+        self.engine = build_engine(engine, spec, None if federation is None else list(federation), seed)
+        if federation is None and getattr(self.engine, "clients", None):
+            federation = Federation(list(self.engine.clients))
+        self.federation = federation
+        self.completed, self.server = 0, None
+        self.history: list[dict[str, Any]] = []
+        self.failures: list[dict[str, Any]] = []
+        self.stop_reason: str | None = None
+        self._fingerprint: dict[str, str] | None = None
+
+    def _callbacks(self, given: Iterable[Callback | Callable] | None) -> list[Callback]:
+        given = () if given is None else given
+        if isinstance(given, (Callback, str)) or callable(given):
+            raise InputTypeError(
+                "callbacks must be a list of callbacks, e.g. callbacks=[fedgp.run.Progress(False)]"
+            )
+        chosen = [as_callback(c) for c in given]
+        built_in: list[Callback] = [StateColumns()]
+        if self.rule is not None:
+            built_in.append(Stopping(self.rule))
+        for kind in (Evaluate, Progress):  # defaults, unless the user configured their own
+            if not any(isinstance(c, kind) for c in chosen):
+                built_in.append(kind())
+        return sorted(built_in + chosen, key=lambda c: c.order)
+
+    # -- the loop ----------------------------------------------------------------------------------
+    def start(self) -> Run:
+        """Register the clients, learn the data transforms, initialise (or restore) the server
+        state, and tell the callbacks."""
+        self.roster = self.engine.start(self.strategy, self.seed)
+        for client_id, n in zip(self.roster.ids, self.roster.sizes.tolist()):  # remote clients too
+            check_trainable(client_id, n)
+        self.transform = learn_transform(self.engine, self.roster, self.transforms, self.spec)
+        self.context = ServerContext.from_roster(self.spec, self.roster, self.seed)
+        self.attack = self.faults.bind(self.strategy, self.spec, self.roster.ids, self.seed)
+        self.options = self.faults.task_options(self.attack)
+        self.server = self.strategy.initialize(self.context, generator(self.seed, "init"))
+        for callback in self.callbacks:
+            callback.restore(self)
+        for callback in self.callbacks:
+            callback.on_start(self)
+        return self
+
+    @property
+    def done(self) -> bool:
+        """Whether the run has ended: the budget is spent or a callback stopped it."""
+        return self.completed >= self.rounds or self.stop_reason is not None
+
+    def round(self) -> dict[str, Any]:
+        """Run round ``completed + 1``; its history row."""
+        rnd = self.completed
+        plan = self.strategy.configure(rnd, self.server, self.context, generator(self.seed, "configure", rnd))
+        tamper = None if self.attack is None else self.attack.tamper(rnd, plan)
+        sent = exchange(
+            self.engine, "train", rnd, plan, self.roster.ids, self.faults.min_replies, self.options, tamper,
+            self.transform,
+        )  # fmt: skip
+        self.server, metrics = self.strategy.aggregate(rnd, self.server, plan, sent.replies, self.context)
+        failed = sent.replies.failures
+        ids = self.roster.ids
+        row = {"round": rnd + 1, **metrics}
+        row.update(
+            failed=len(failed),
+            failures=" | ".join(f"{ids[p]!r}: {reason}" for p, reason in failed.items()),
+            bytes_down=sent.bytes_down,
+            bytes_up=sent.bytes_up,
+        )
+        self.failures.extend({"round": rnd + 1, "client": ids[p], "reason": r} for p, r in failed.items())
+        self.completed = rnd + 1
+        self.history.append(row)
+        for callback in self.callbacks:
+            callback.on_round(self, row)
+        return row
+
+    def stop(self, reason: str) -> None:
+        """End the run after the current round (a callback's way to stop it), saying why."""
+        self.stop_reason = reason
+
+    def finish(self) -> FitResult:
+        """Tell the callbacks, record why the run ended, and return the result."""
+        for callback in self.callbacks:
+            callback.on_end(self)
+        frame = pd.DataFrame(self.history)
+        frame.attrs["transforms"] = self.transform.describe()  # what every round's data were in
+        if self.rule is not None or self.stop_reason is not None:
+            self._report_stop(frame)
+        return FitResult(
+            self.spec,
+            self.strategy,
+            self.federation,
+            self.server,
+            frame,
+            self.seed,
+            self.engine,
+            self.roster,
+            pd.DataFrame(self.failures, columns=["round", "client", "reason"]),
+            [] if self.attack is None else list(self.attack.ids),
+            self.transform,
+        )
+
+    # -- what callbacks use ----------------------------------------------------------------------------
+    @property
+    def state(self) -> HyperState:
+        """The global hyper-parameters of the current server state."""
+        return self.strategy.global_state(self.server)
+
+    def resume_from(self, completed: int, server: Any, history: list[dict], failures: list[dict]) -> None:
+        """Continue after round ``completed`` with this server state, history and failures."""
+        self.completed, self.server = int(completed), server
+        self.history, self.failures = list(history), list(failures)
+
+    def fingerprint(self) -> dict[str, str]:
+        """What a checkpoint of this run records and a resumed run must match (hashes all data, so
+        computed only when asked)."""
+        if self._fingerprint is None:
+            options = self.faults.fingerprint(self.attack)
+            for callback in self.callbacks:
+                options.update(callback.fingerprint(self))
+            self._fingerprint = run_fingerprint(
+                self.spec, self.strategy, self.roster, self.federation, self.engine.name, self.seed, options,
+                self.transform,
+            )  # fmt: skip
+        return self._fingerprint
+
+    def _report_stop(self, frame: pd.DataFrame) -> None:
+        """Record why the run ended; warn when it spent its budget without meeting its rule."""
+        done = self.completed
+        frame.attrs["stopped"] = self.stop_reason is not None
+        if self.stop_reason is not None:
+            frame.attrs["stop_reason"] = f"round {done}: {self.stop_reason}"
+            return
+        rule = self.rule
+        frame.attrs["stop_reason"] = f"round budget: all {done} rounds ran without meeting {rule!r}"
+        no_nll = rule.uses_nll and not any(
+            math.isfinite(v) for v in frame.get("train_nll", pd.Series(dtype=float)).astype(float)
+        )
+        hint = " (this strategy reports no train_nll, so NLLPlateau cannot hold)" if no_nll else ""
+        warnings.warn(
+            f"fit did not converge: the {done}-round budget ended before the stopping rule {rule!r} "
+            f"held{hint}. Raise rounds (or resume from a checkpoint with more rounds), raise the "
+            "strategy's lr or local_steps, or loosen the rule; result.history shows the last rounds",
+            ConvergenceWarning,
+            stacklevel=4,
+        )

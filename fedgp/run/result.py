@@ -1,0 +1,219 @@
+"""``FitResult``: what a run leaves — the learned state, the history, and prediction per client.
+
+Prediction, evaluation and a client's personal state are exchanges too: the client conditions the
+learned prior on its own data and only the answer travels (:func:`fedgp.run.exchange.personal_exchange`).
+A result read back by :meth:`FitResult.load` holds no client data and predicts for any
+``ClientData`` given to it.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import torch
+
+from fedgp.data.client import ClientData, Federation, _as_float_tensor, _check_finite
+from fedgp.engines.base import Engine
+from fedgp.engines.sequential import SequentialEngine
+from fedgp.errors import EngineError, InputError, RoundFailedError, UnknownClientError
+from fedgp.export.botorch_model import to_botorch
+from fedgp.export.exact_gp import to_gpytorch
+from fedgp.messages import Roster, ServerContext, read_state
+from fedgp.models.posterior import Prediction
+from fedgp.models.spec import GPSpec
+from fedgp.models.state import HyperState
+from fedgp.run.evaluation import evaluate_clients
+from fedgp.run.exchange import personal_exchange
+from fedgp.run.saved import read_result, write_result
+from fedgp.strategies.base import Strategy
+from fedgp.transforms import DataTransform
+
+__all__ = ["FitResult"]
+
+
+@dataclass
+class FitResult:
+    """The outcome of :func:`fit`: learned server state, history, and per-client prediction.
+
+    ``history`` has one row per round (metrics, the round's failures and bytes); ``failures`` one
+    row per failed client and round, with the reason.
+    """
+
+    spec: GPSpec
+    strategy: Strategy
+    federation: Federation | None
+    server_state: Any
+    history: pd.DataFrame
+    seed: int
+    engine: Engine | None  # None for a result read back by fedgp.load
+    roster: Roster | None = None
+    failures: pd.DataFrame = field(default_factory=pd.DataFrame)
+    attackers: list = field(default_factory=list)  # ids of the clients an ``attack`` took over
+    transform: DataTransform = field(default_factory=DataTransform)  # applied to every client's data
+
+    @property
+    def transforms(self) -> dict[str, str]:
+        """What was applied to the outcome and the inputs (predictions are in the original units)."""
+        return self.transform.describe()
+
+    @property
+    def state(self) -> HyperState:
+        """The learned (global) hyper-parameters, in constrained units."""
+        return self.strategy.global_state(self.server_state)
+
+    @property
+    def context(self) -> ServerContext:
+        """What the server knows about this run (spec, clients' ids and sizes, seed), as the strategy saw
+        it."""
+        return ServerContext.from_roster(self.spec, self.roster, self.seed)
+
+    def _resolve(self, client: int | ClientData | Any) -> tuple[Engine, Roster, int, int]:
+        """(engine hosting the client, its roster, its position there, its training position or -1).
+
+        An int is a position, a ``ClientData`` of the federation that client, any other
+        ``ClientData`` a new client (hosted alone, as the server has never seen it), else an id."""
+        if isinstance(client, ClientData):
+            members = [] if self.federation is None else list(self.federation)
+            for i, member in enumerate(members):
+                if member is client:
+                    return self.engine, self.roster, i, i
+            engine = SequentialEngine(self.spec, [client], self.seed)
+            return engine, engine.start(self.strategy, self.seed), 0, -1
+        if self.engine is None:
+            raise InputError(
+                f"client {client!r}: this result was loaded from a file and holds no client data; "
+                "pass the client's ClientData instead"
+            )
+        ids = self.roster.ids
+        if isinstance(client, (int, np.integer)) and not isinstance(client, bool):
+            position = int(client)
+            if not 0 <= position < len(ids):
+                raise UnknownClientError(
+                    f"client={position}: no client at that position; the model was trained on "
+                    f"{len(ids)} clients, positions 0..{len(ids) - 1} (ids {_some(ids)}). Pass a position, "
+                    "an id, or a fedgp.data.ClientData to predict for a new client"
+                )
+            return self.engine, self.roster, position, position
+        try:
+            position = self.roster.position(client)
+        except UnknownClientError:
+            raise UnknownClientError(
+                f"client={client!r}: no client with id {client!r} among the {len(ids)} trained on "
+                f"(ids {_some(ids)}). Pass a position, an id, or a fedgp.data.ClientData to predict for "
+                "a new client"
+            ) from None
+        return self.engine, self.roster, position, position
+
+    def _ask(self, kind: str, client, shared: dict | None = None, points: int = 0, full_cov: bool = False):
+        engine, roster, position, known = self._resolve(client)
+        try:
+            replies = personal_exchange(
+                self.strategy,
+                self.server_state,
+                self.context,
+                engine,
+                roster,
+                kind,
+                torch.tensor([position]),
+                torch.tensor([known]),
+                self.transform,
+                shared,
+                points,
+                full_cov,
+            ).replies
+        except RoundFailedError as err:
+            (reason,) = err.failures.values()
+            raise EngineError(f"client {roster.ids[position]!r} could not {kind}: {reason}") from None
+        return replies
+
+    def client_state(self, client: int | ClientData | Any) -> HyperState:
+        """The state a client conditions on (FGPR: the global state; clustered: its cluster's)."""
+        replies = self._ask("personal", client)
+        return read_state(replies.individual, self.spec, "state/").index(0)
+
+    def posterior(self, X: Any, client: int | ClientData | Any, full_cov: bool = False) -> Prediction:
+        """Predictive distribution at ``X`` for ``client`` (an index, an id, or a new ``ClientData``),
+        conditioning its personal state on that client's training data only. ``full_cov`` adds the
+        joint covariance of f at ``X`` (for ``Prediction.sample`` and ``to_distribution``)."""
+        d = self._dims(client)
+        name = client.id if isinstance(client, ClientData) else client
+        # A copy (pandas and read-only arrays included), checked for dtype and NaN/inf as data are.
+        X = _as_float_tensor(X, name, "X")
+        if X.dim() != 2 or X.shape[1] != d:
+            raise InputError(
+                f"X must have shape (n, {d}) for client {name!r}, whose model takes {d} input features; "
+                f"got {tuple(X.shape)}" + ("; for one feature use X[:, None]" if X.dim() == 1 else "")
+            )
+        _check_finite(X, name, "X")
+        replies = self._ask("predict", client, {"X": X}, X.shape[0], full_cov)
+        covariance = replies["covariance_f"][0] if full_cov else None
+        return Prediction(replies["mean"][0], replies["variance_f"][0], replies["variance_y"][0], covariance)
+
+    def _dims(self, client) -> int:
+        """The input width of ``client``'s model; a new client must match the training data's."""
+        if isinstance(client, ClientData):
+            trained = int(self.roster.dims[0]) if len(self.roster.dims) else client.n_features
+            if client.n_features != trained:
+                raise InputError(
+                    f"client {client.id!r} has {client.n_features} features, but the model was "
+                    f"trained on {trained}-feature data: give the new client's X the same {trained} "
+                    "input columns, in the same order, as the training clients"
+                )
+            return client.n_features
+        return int(self.roster.dims[self._resolve(client)[2]])
+
+    def predict(
+        self, X: Any, client: int | ClientData | Any, observation_noise: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(mean, variance)`` at ``X`` for ``client``; variance of f, or of y with observation_noise."""
+        pred = self.posterior(X, client)
+        return pred.mean, pred.variance(observation_noise)
+
+    def evaluate(self) -> pd.DataFrame:
+        """Per-client test RMSE, NLL, 95% coverage and cluster (clients with a test split): columns
+        ``client, n_test, rmse, nll, coverage95, cluster``, also when no client has a test split
+        (then the frame is empty)."""
+        if self.engine is None:
+            raise InputError(
+                "a loaded result holds no client data to evaluate; predict per ClientData instead"
+            )
+        return evaluate_clients(
+            self.strategy, self.server_state, self.context, self.engine, self.roster, self.transform
+        )
+
+    # -- leaving the session ------------------------------------------------------------------------
+    def save(self, path: str | os.PathLike) -> Path:
+        """Write spec, strategy, server state, transforms and history (no client data) to one file;
+        :func:`fedgp.load` reads it back without pickle. See :mod:`fedgp.run.saved`."""
+        return write_result(self, path)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> FitResult:
+        """The result :meth:`save` wrote (``fedgp.load``): it predicts for any ``ClientData``."""
+        return cls(**read_result(path))
+
+    def client_data(self, client: int | ClientData | Any) -> ClientData:
+        """The ``ClientData`` behind ``client`` (a new ``ClientData`` is returned as it is)."""
+        if isinstance(client, ClientData):
+            return client
+        _, _, position, _ = self._resolve(client)
+        return self.federation[position]
+
+    def to_gpytorch(self, client: int | ClientData | Any):
+        """``client``'s model as a GPyTorch ``ExactGP`` in eval mode, conditioned on its data."""
+        return to_gpytorch(self, client)
+
+    def to_botorch(self, client: int | ClientData | Any):
+        """``client``'s model as a BoTorch ``SingleTaskGP`` with the learned hyper-parameters fixed
+        (needs the ``botorch`` extra)."""
+        return to_botorch(self, client)
+
+
+def _some(ids, k: int = 5) -> str:
+    """The first ``k`` ids, for an error message."""
+    return ", ".join(map(repr, ids[:k])) + (", ..." if len(ids) > k else "")
