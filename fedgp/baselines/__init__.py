@@ -9,16 +9,22 @@
 * :class:`MFDGP` — the multi-fidelity deep GP of Cutajar et al. (2019), centralised (FGPR's Table 1
   "Deep"), on GPyTorch's deep GP module; AR1 and NARGP are in :mod:`fedgp.models.multifidelity`.
 
-The network and polynomial baselines are point predictors; ``posterior`` gives them a Gaussian
-predictive with a held-out residual variance so that NLL and coverage can be reported for them.
+The federated ones share one protocol (:class:`FederatedBaseline`): ``fit(federation)`` returns the
+model, ``predict(X, client)`` a :class:`fedgp.models.posterior.Prediction` for a client named as a
+:class:`fedgp.FitResult` names it (position, id or ``ClientData``). The network and polynomial
+baselines are point predictors; their ``Prediction`` is a Gaussian with a held-out residual variance,
+so that NLL and coverage can be reported for them. MF-DGP is not federated: ``fit(levels)``,
+``predict(X, level)``.
 """
 
+from fedgp.baselines._common import FederatedBaseline
 from fedgp.baselines.gp import CentralGP, LocalGP
 from fedgp.baselines.mfdgp import MFDGP
 from fedgp.baselines.neural import Ditto, FedAvgMLP, fit_ditto
 from fedgp.baselines.polynomial import FedAvgPolynomial, legendre_features, select_degree
 
 __all__ = [
+    "FederatedBaseline",
     "FedAvgPolynomial",
     "legendre_features",
     "select_degree",

@@ -16,13 +16,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import partial
+from typing import Any
 
 import numpy as np
 import pandas as pd
 import torch
 
-from fedgp.baselines._common import check_federation
+from fedgp.baselines._common import check_federation, client_position
 from fedgp.data.client import ClientData, Federation
+from fedgp.errors import NotFittedError
 from fedgp.models.mle import MLEFit, adam, lbfgs, maximize_likelihood
 from fedgp.models.posterior import Prediction, condition
 from fedgp.models.spec import GPSpec
@@ -50,12 +52,14 @@ class LocalGP:
     """One exact GP per client, hyper-parameters by type-II ML on that client's data only.
 
     ``fit(federation)`` fits every client; ``fit_client(client)`` fits one (e.g. a new C-MAPSS
-    engine's observed half). ``max_iter`` bounds L-BFGS iterations per client.
+    engine's observed half); ``predict(X, client)`` conditions a client on its own data (a new
+    ``ClientData`` is fitted on the fly). ``max_iter`` bounds L-BFGS iterations per client.
     """
 
     spec: GPSpec
     max_iter: int = 100
     states_: list[HyperState] | None = field(default=None, init=False, repr=False)
+    federation_: Federation | None = field(default=None, init=False, repr=False)
     fallbacks_: int = field(default=0, init=False)
 
     def fit_client(self, client: ClientData) -> HyperState:
@@ -72,19 +76,19 @@ class LocalGP:
         self.states_ = [self.fit_client(c) for c in federation]
         return self
 
-    def posterior(
-        self, X: torch.Tensor, client: int | ClientData, state: HyperState | None = None
-    ) -> Prediction:
-        """Client ``client`` (an index into the fitted federation, or any ``ClientData``, fitted on
-        the fly) conditioned on its own data under its own hyper-parameters (or ``state``)."""
-        if isinstance(client, ClientData):
+    def predict(self, X: Any, client: int | ClientData | Any, state: HyperState | None = None) -> Prediction:
+        """``client`` conditioned on its own data under its own hyper-parameters (or ``state``).
+
+        ``client``: a position or an id in the fitted federation, one of its ``ClientData``, or a new
+        ``ClientData`` (fitted on its own data now, also before any ``fit``: e.g. a new C-MAPSS
+        engine's observed half)."""
+        position = client_position(self.federation_, client, "LocalGP")
+        if position is None:
             data = client
             state = self.fit_client(data) if state is None else state
         else:
-            if self.states_ is None:
-                raise RuntimeError("LocalGP is not fitted yet; call fit(federation)")
-            data = self.federation_[int(client)]
-            state = self.states_[int(client)] if state is None else state
+            data = self.federation_[position]
+            state = self.states_[position] if state is None else state
         X = torch.as_tensor(X, dtype=self.spec.dtype)
         return condition(self.spec, state, data.X, data.y, X, data.id)
 
@@ -118,6 +122,7 @@ class CentralGP:
     max_iter: int = 100
     seed: int = 0
     state_: HyperState | None = field(default=None, init=False, repr=False)
+    federation_: Federation | None = field(default=None, init=False, repr=False)
     fell_back_: bool = field(default=False, init=False)
 
     @staticmethod
@@ -128,6 +133,7 @@ class CentralGP:
         """Fit one exact GP on every client's data pooled (the reference a federation cannot beat);
         returns ``self``."""
         check_federation(federation, "CentralGP")
+        self.federation_ = federation
         X = torch.cat([c.X for c in federation])
         y = torch.cat([c.y * self._scale(c)[1] + self._scale(c)[0] for c in federation])
         self.mean_, self.std_ = float(y.mean()), float(y.std(unbiased=False))
@@ -145,12 +151,15 @@ class CentralGP:
     def predict_pooled(self, X: torch.Tensor) -> Prediction:
         """Posterior at ``X`` on the pooled standardised scale."""
         if self.state_ is None:
-            raise RuntimeError("CentralGP is not fitted yet; call fit(federation)")
+            raise NotFittedError("CentralGP is not fitted yet; call fit(federation)")
         return condition(self.spec, self.state_, self.X_, self.y_, torch.as_tensor(X, dtype=self.spec.dtype))
 
-    def posterior(self, X: torch.Tensor, client: ClientData) -> Prediction:
-        """The pooled posterior at ``X`` on ``client``'s scale (its ``y_mean``/``y_std``)."""
-        return self._to_client(self.predict_pooled(X), client)
+    def predict(self, X: Any, client: int | ClientData | Any) -> Prediction:
+        """The pooled posterior at ``X`` on ``client``'s scale (its ``y_mean``/``y_std``): a position or
+        an id in the fitted federation, or any ``ClientData``."""
+        position = client_position(self.federation_, client, "CentralGP")
+        data = client if position is None else self.federation_[position]
+        return self._to_client(self.predict_pooled(X), data)
 
     def _to_client(self, pred: Prediction, client: ClientData) -> Prediction:
         m, s = self._scale(client)

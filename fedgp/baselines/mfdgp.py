@@ -50,7 +50,7 @@ from gpytorch.distributions import MultivariateNormal
 from gpytorch.models.deep_gps import DeepGP, DeepGPLayer
 from linear_operator import to_dense
 
-from fedgp.models.mle import MLEError
+from fedgp.errors import InputError, MLEError, NotFittedError
 from fedgp.models.multifidelity import _as_inputs, _check_levels, mle_with_restarts
 from fedgp.models.posterior import Prediction, condition
 from fedgp.models.spec import GPSpec
@@ -78,9 +78,9 @@ class Stage:
 
     def __post_init__(self) -> None:
         if isinstance(self.iterations, bool) or not isinstance(self.iterations, int) or self.iterations < 0:
-            raise ValueError(f"Stage: iterations must be an integer >= 0, got {self.iterations!r}")
+            raise InputError(f"Stage: iterations must be an integer >= 0, got {self.iterations!r}")
         if not self.lr > 0:
-            raise ValueError(f"Stage: lr must be > 0, got {self.lr!r}")
+            raise InputError(f"Stage: lr must be > 0, got {self.lr!r}")
 
 
 def emukit_stages(scale: float = 1.0) -> tuple[Stage, ...]:
@@ -88,7 +88,7 @@ def emukit_stages(scale: float = 1.0) -> tuple[Stage, ...]:
     noise, the covariances and the inner means fixed; 15,000 at 1e-3 with the noise and the
     covariances free; 15,000 at 1e-3 with everything free."""
     if not scale > 0:
-        raise ValueError(f"emukit_stages: scale must be > 0, got {scale!r}")
+        raise InputError(f"emukit_stages: scale must be > 0, got {scale!r}")
     n = lambda k: max(1, int(round(k * scale)))  # noqa: E731
     return (
         Stage(n(5000), 3e-3, False, False, False),
@@ -268,22 +268,22 @@ class MFDGP:
     ) -> None:
         self.stages = tuple(emukit_stages(0.2) if stages is None else stages)
         if not self.stages or not all(isinstance(s, Stage) for s in self.stages):
-            raise ValueError("MFDGP: stages must be a non-empty sequence of fedgp.baselines.mfdgp.Stage")
+            raise InputError("MFDGP: stages must be a non-empty sequence of fedgp.baselines.mfdgp.Stage")
         for name, value in (("samples", samples), ("predict_samples", predict_samples)):
             if value < 1:
-                raise ValueError(f"MFDGP: {name} must be >= 1, got {value}")
+                raise InputError(f"MFDGP: {name} must be >= 1, got {value}")
         if inducing_stride < 1 or low_inducing_stride < 1:
-            raise ValueError(
+            raise InputError(
                 f"MFDGP: inducing strides must be >= 1, got {inducing_stride} and {low_inducing_stride}"
             )
         self.low_inducing_stride = low_inducing_stride
         if not noise_floor > 0:
-            raise ValueError(f"MFDGP: noise_floor must be > 0, got {noise_floor}")
+            raise InputError(f"MFDGP: noise_floor must be > 0, got {noise_floor}")
         if top_noise is not None and not top_noise > 0:
-            raise ValueError(f"MFDGP: top_noise must be > 0 or None, got {top_noise}")
+            raise InputError(f"MFDGP: top_noise must be > 0 or None, got {top_noise}")
         self.top_noise = top_noise
         if start_iterations < 1:
-            raise ValueError(f"MFDGP: start_iterations must be >= 1, got {start_iterations}")
+            raise InputError(f"MFDGP: start_iterations must be >= 1, got {start_iterations}")
         self.start_iterations = start_iterations
         self.device = torch.device("cpu") if device is None else torch.device(device)
         self.samples, self.predict_samples = samples, predict_samples
@@ -411,25 +411,25 @@ class MFDGP:
         Predict with :meth:`predict_batch` (or :meth:`predict` when there is one problem).
         """
         if not problems:
-            raise ValueError("MFDGP.fit_batch: give at least one problem")
+            raise InputError("MFDGP.fit_batch: give at least one problem")
         checked = [_check_levels(levels) for levels in problems]
         shape = [tuple(X.shape) for X, _ in checked[0]]
         for b, levels in enumerate(checked[1:], 1):
             if [tuple(X.shape) for X, _ in levels] != shape:
-                raise ValueError(
+                raise InputError(
                     f"MFDGP.fit_batch: problem {b} has level shapes {[tuple(X.shape) for X, _ in levels]}, "
                     f"problem 0 has {shape}; a batch needs the same sizes"
                 )
         for b, levels in enumerate(checked):
             for t, (X, _) in enumerate(levels[:-1]):
                 if X.shape[0] < 2 * self.inducing_stride:
-                    raise ValueError(
+                    raise InputError(
                         f"MFDGP: problem {b} level {t} has {X.shape[0]} points, too few for "
                         f"inducing_stride {self.inducing_stride}"
                     )
         seeds = [self.seed + b for b in range(len(checked))] if seeds is None else [int(s) for s in seeds]
         if len(seeds) != len(checked):
-            raise ValueError(f"MFDGP.fit_batch: {len(checked)} problems but {len(seeds)} seeds")
+            raise InputError(f"MFDGP.fit_batch: {len(checked)} problems but {len(seeds)} seeds")
         self.batch_ = len(checked)
         self.d_ = shape[0][1]
         self.levels_ = checked
@@ -475,12 +475,12 @@ class MFDGP:
         The Monte Carlo draws are taken chunk by chunk, so another ``chunk`` gives other draws: the
         same distribution, not the same numbers."""
         if not hasattr(self, "net_"):
-            raise RuntimeError("MFDGP is not fitted yet; call fit(levels) first")
+            raise NotFittedError("MFDGP is not fitted yet; call fit(levels) first")
         if len(Xs) != self.batch_:
-            raise ValueError(f"MFDGP.predict_batch: {self.batch_} problems were fitted, got {len(Xs)} inputs")
+            raise InputError(f"MFDGP.predict_batch: {self.batch_} problems were fitted, got {len(Xs)} inputs")
         X = torch.stack([_as_inputs(x, self.d_) for x in Xs]).to(self.device)
         t = range(len(self.levels_[0]))[level]
-        if chunk is None:  # kept as the committed Table 1 ran it (it fixes the Monte Carlo draws)
+        if chunk is None:  # about 2e7 kernel entries a pass; the chunks fix the draws of Table 1's rows
             m = max(layer.variational_strategy.inducing_points.shape[-2] for layer in self.net_.layers)
             chunk = max(1, int(2e7 // (self.predict_samples * self.batch_ * m)))
         gens = [torch.Generator().manual_seed(s + 7919) for s in self.seeds_]
@@ -500,5 +500,5 @@ class MFDGP:
     def predict(self, X, level: int = -1) -> Prediction:
         """Moment-matched predictive distribution of level ``level`` (default the highest) at ``X``."""
         if hasattr(self, "net_") and self.batch_ != 1:
-            raise ValueError(f"MFDGP.predict: {self.batch_} problems were fitted; use predict_batch")
+            raise InputError(f"MFDGP.predict: {self.batch_} problems were fitted; use predict_batch")
         return self.predict_batch([X], level)[0]

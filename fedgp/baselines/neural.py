@@ -23,13 +23,22 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field, fields, replace
+from typing import Any
 
 import numpy as np
 import pandas as pd
 import torch
 
-from fedgp.baselines._common import Stacked, check_federation, point_prediction, stack
-from fedgp.data.client import Federation
+from fedgp.baselines._common import (
+    Stacked,
+    check_federation,
+    client_position,
+    point_prediction,
+    shared_prediction,
+    stack,
+)
+from fedgp.data.client import ClientData, Federation
+from fedgp.errors import InputError, NotFittedError, UnknownClientError
 from fedgp.models.posterior import Prediction
 from fedgp.rng import generator
 
@@ -132,14 +141,14 @@ def _local_steps(
 
 def _check_optimizer(name: str) -> None:
     if name not in ("adam", "sgd"):
-        raise ValueError(f"optimizer must be 'adam' or 'sgd', got {name!r}")
+        raise InputError(f"optimizer must be 'adam' or 'sgd', got {name!r}")
 
 
 def _check_architecture(federation: Federation, hidden: Sequence[int], activation: str) -> None:
     if activation not in _ACTIVATIONS:
-        raise ValueError(f"activation must be one of {sorted(_ACTIVATIONS)}, got {activation!r}")
+        raise InputError(f"activation must be one of {sorted(_ACTIVATIONS)}, got {activation!r}")
     if not hidden or any(int(h) < 1 for h in hidden):
-        raise ValueError(f"hidden must be a non-empty sequence of positive widths, got {hidden!r}")
+        raise InputError(f"hidden must be a non-empty sequence of positive widths, got {hidden!r}")
 
 
 def _weighted_mse(params, federation: Federation, activation: str, personal: bool) -> np.ndarray:
@@ -205,6 +214,37 @@ def _join(feds: Sequence[Federation]) -> tuple[Stacked, torch.Tensor, list[list[
     return data, group, [p.sizes.tolist() for p in parts]
 
 
+def _torch_gen(seed: int, stream: str) -> torch.Generator:
+    return torch.Generator().manual_seed(int(generator(seed, stream).integers(2**62)))
+
+
+def _check_groups(cfgs: Sequence[_MLPConfig], feds: Sequence[Federation]) -> _MLPConfig:
+    """The groups' one configuration (seeds aside), checked against every federation."""
+    cfg = cfgs[0]
+    if any(replace(c, seed=0) != replace(cfg, seed=0) for c in cfgs):
+        raise InputError("grouped training needs configurations that differ only in their seed")
+    for f in feds:
+        _check_architecture(f, cfg.hidden, cfg.activation)
+    _check_optimizer(cfg.optimizer)
+    return cfg
+
+
+def _lam_lists(lams: Sequence[float] | Sequence[Sequence[float]], groups: int) -> list[list[float]]:
+    """One list of λ candidates per group, all of one length (one list given: the same for all)."""
+    per_group = [list(lams)] * groups if not len(lams) or np.isscalar(lams[0]) else [list(v) for v in lams]
+    if len(per_group) != groups or any(len(v) != len(per_group[0]) for v in per_group):
+        raise InputError("lams must be one list of candidates, or one list per group of equal lengths")
+    return per_group
+
+
+def _fedavg(local: list[torch.Tensor], p: torch.Tensor, rows: list[torch.Tensor]) -> list[torch.Tensor]:
+    """FedAvg within each group, summed exactly as a lone group would sum (bitwise reproducible)."""
+    return [
+        torch.stack([(p[r].reshape(-1, *([1] * (loc.dim() - 1))) * loc[r]).sum(0) for r in rows])
+        for loc in local
+    ]
+
+
 def _train(
     cfgs: Sequence[_MLPConfig],
     feds: Sequence[Federation],
@@ -222,29 +262,16 @@ def _train(
     the global weights, the personal weights (batch ``L * K_g``, λ-major) or None, and the
     federated training MSE per round.
     """
-    cfg = cfgs[0]
-    if any(replace(c, seed=0) != replace(cfg, seed=0) for c in cfgs):
-        raise ValueError("grouped training needs configurations that differ only in their seed")
-    for f in feds:
-        _check_architecture(f, cfg.hidden, cfg.activation)
-    _check_optimizer(cfg.optimizer)
+    cfg = _check_groups(cfgs, feds)
     data, group, sizes = _join(feds)
     G, B, d, n_max = len(feds), data.X.shape[0], data.X.shape[-1], data.X.shape[1]
-    inits = [init_mlp([d, *cfg.hidden, 1], c.seed) for c in cfgs]
-    w = [torch.stack(ts) for ts in zip(*inits)]  # (G, ...)
-
-    def torch_gen(seed, stream):
-        return torch.Generator().manual_seed(int(generator(seed, stream).integers(2**62)))
-
-    gens = [torch_gen(c.seed, "fedavg-minibatch") for c in cfgs]
+    w = [torch.stack(ts) for ts in zip(*(init_mlp([d, *cfg.hidden, 1], c.seed) for c in cfgs))]  # (G, ...)
+    gens = [_torch_gen(c.seed, "fedavg-minibatch") for c in cfgs]
     p = data.weights
-    per_group = [list(lams)] * G if not len(lams) or np.isscalar(lams[0]) else [list(v) for v in lams]
+    per_group = _lam_lists(lams, G)
     L = len(per_group[0])
-    if len(per_group) != G or any(len(v) != L for v in per_group):
-        raise ValueError("lams must be one list of candidates, or one list per group of equal lengths")
-    personal = None
     if L:
-        pgens = [torch_gen(c.seed, "ditto-personal") for c in cfgs]
+        pgens = [_torch_gen(c.seed, "ditto-personal") for c in cfgs]
         _check_optimizer(personal_optimizer)
         rep = Stacked(
             data.X.repeat(L, 1, 1), data.y.repeat(L, 1), data.mask.repeat(L, 1), data.sizes.repeat(L), p
@@ -256,36 +283,22 @@ def _train(
     with_keys = cfg.batch_size is not None and cfg.batch_size < n_max
     for _ in range(cfg.rounds):
         keys = _draw_keys(gens, sizes, n_max, cfg.local_steps) if with_keys else None
-        local = _local_steps(
-            [t[group] for t in w],
-            _minibatches(data, cfg.batch_size, keys, cfg.local_steps),
-            cfg.optimizer,
-            cfg.lr,
-            cfg.activation,
+        batches = _minibatches(data, cfg.batch_size, keys, cfg.local_steps)
+        w = _fedavg(
+            _local_steps([t[group] for t in w], batches, cfg.optimizer, cfg.lr, cfg.activation), p, rows
         )
-        # FedAvg within each group, summed exactly as a lone group would sum (bitwise reproducible)
-        w = [
-            torch.stack([(p[r].reshape(-1, *([1] * (loc.dim() - 1))) * loc[r]).sum(0) for r in rows])
-            for loc in local
-        ]
         if L:
             anchor = [t[group].repeat(L, *([1] * (t.dim() - 1))) for t in w]
             keys = _draw_keys(pgens, sizes, n_max, personal_steps, L) if with_keys else None
+            batches = _minibatches(rep, cfg.batch_size, keys, personal_steps)
             personal = _local_steps(
-                personal,
-                _minibatches(rep, cfg.batch_size, keys, personal_steps),
-                personal_optimizer,
-                personal_lr,
-                cfg.activation,
-                anchor,
-                lam,
+                personal, batches, personal_optimizer, personal_lr, cfg.activation, anchor, lam
             )
         with torch.no_grad():
-            pred = mlp_forward([t[group] for t in w], data.X, cfg.activation)
-            per_client = _mse(pred, data.y, data.mask)
+            per_client = _mse(mlp_forward([t[group] for t in w], data.X, cfg.activation), data.y, data.mask)
         history.append(torch.stack([(p[r] * per_client[r]).sum() for r in rows]))
-    out = []
     history = torch.stack(history) if history else torch.zeros(0, G)
+    out = []
     for g in range(G):
         mine = None
         if L:
@@ -298,7 +311,7 @@ def _train(
 def _as_X(X, d: int) -> torch.Tensor:
     X = torch.as_tensor(np.asarray(X) if not isinstance(X, torch.Tensor) else X, dtype=torch.float64)
     if X.dim() != 2 or X.shape[1] != d:
-        raise ValueError(f"X must have shape (n, {d}), got {tuple(X.shape)}")
+        raise InputError(f"X must have shape (n, {d}), got {tuple(X.shape)}")
     return X
 
 
@@ -314,36 +327,47 @@ class FedAvgMLP(_MLPConfig):
             rows drawn without replacement (``None``: the client's whole data).
         lr, optimizer: ``"adam"`` (state restarted every round) or ``"sgd"``.
         seed: initial weights and minibatches.
+        noise_variance: the variance of the Gaussian predictive around the network's output (for NLL
+            and coverage): the residual variance on held-out clients (:meth:`mse` of a network
+            trained without them); default: the federated training MSE of the fit (optimistic).
 
     After ``fit``: ``params_`` (weights ``[W1, b1, ...]``), ``history_`` (round, training MSE).
+    ``predict(X, client)`` is ``N(network(X), noise_variance)``, the same for every client.
     """
 
+    noise_variance: float | None = None
     params_: list[torch.Tensor] | None = field(default=None, init=False, repr=False)
     history_: pd.DataFrame | None = field(default=None, init=False, repr=False)
+    federation_: Federation | None = field(default=None, init=False, repr=False)
 
     def fit(self, federation: Federation) -> FedAvgMLP:
         """Train the MLP by FedAvg over the federation's clients; returns ``self``."""
         check_federation(federation, "FedAvgMLP")
+        if self.noise_variance is not None and not self.noise_variance > 0:
+            raise InputError(f"noise_variance must be positive or None, got {self.noise_variance}")
         [(w, _, history)] = _train([self._config()], [federation])
-        self.params_ = w
+        self.params_, self.federation_ = w, federation
         self.history_ = _history(history)
         return self
 
-    def predict(self, X) -> torch.Tensor:
-        """The network's prediction at ``X``."""
+    def network(self, X) -> torch.Tensor:
+        """The network's output at ``X``: the point prediction every client gets."""
         if self.params_ is None:
-            raise RuntimeError("FedAvgMLP is not fitted yet; call fit(federation)")
+            raise NotFittedError("FedAvgMLP is not fitted yet; call fit(federation)")
         return _predict(self.params_, X, self.activation)
+
+    def predict(self, X, client: Any = None) -> Prediction:
+        """``N(network(X), noise_variance)`` (:func:`~fedgp.baselines._common.point_prediction`) for
+        ``client``: the same for every client, so ``client`` (a position, an id or a ``ClientData``,
+        new ones included) is only checked."""
+        return shared_prediction(self, self.network(X), client)
 
     def mse(self, federation: Federation) -> float:
         """``Σ p_k MSE_k`` of the global model on the clients' training rows (e.g. held-out clients)."""
+        if self.params_ is None:
+            raise NotFittedError("FedAvgMLP is not fitted yet; call fit(federation)")
         per = _weighted_mse(self.params_, federation, self.activation, False)
         return float(np.dot(federation.weights.numpy(), per))
-
-    def posterior(self, X, noise_variance: float) -> Prediction:
-        """A Gaussian predictive around the point prediction, with variance ``noise_variance`` (for NLL
-        and coverage)."""
-        return point_prediction(self.predict(X), noise_variance)
 
 
 @dataclass
@@ -364,7 +388,8 @@ class Ditto(_MLPConfig):
 
     After ``fit``: ``lam_``, ``global_`` (FedAvg weights), ``personal_`` (batch K), ``validation_``
     (λ, mean validation RMSE of the personal models), ``noise_variance_`` (per client, personal),
-    ``global_noise_variance_``, ``history_``.
+    ``global_noise_variance_``, ``history_``. ``predict(X, client)``: the client's personal model
+    with its residual variance; ``predict_global(X)``: the FedAvg model (also for a new client).
     """
 
     lam: float | Sequence[float] = (0.001, 0.01, 0.1, 1.0, 10.0)
@@ -379,11 +404,12 @@ class Ditto(_MLPConfig):
     noise_variance_: np.ndarray | None = field(default=None, init=False, repr=False)
     global_noise_variance_: float | None = field(default=None, init=False, repr=False)
     history_: pd.DataFrame | None = field(default=None, init=False, repr=False)
+    federation_: Federation | None = field(default=None, init=False, repr=False)
 
     def _lams(self) -> list[float]:
         lams = [float(self.lam)] if np.isscalar(self.lam) else [float(v) for v in self.lam]
         if not lams or any(not v >= 0 for v in lams):
-            raise ValueError(f"lam must be >= 0 (one value or several candidates), got {self.lam!r}")
+            raise InputError(f"lam must be >= 0 (one value or several candidates), got {self.lam!r}")
         return lams
 
     def fit(self, federation: Federation) -> Ditto:
@@ -392,30 +418,25 @@ class Ditto(_MLPConfig):
         fit_ditto([self], [federation])
         return self
 
-    def _check(self) -> None:
+    def predict(self, X, client: int | ClientData | Any) -> Prediction:
+        """Client ``client``'s personal model at ``X`` (a position, an id or one of the fitted
+        federation's ``ClientData``), as a Gaussian with its residual variance."""
+        position = client_position(self.federation_, client, "Ditto")
+        if position is None:
+            raise UnknownClientError(
+                f"client {client.id!r} is not one Ditto was fitted on: it has no personal model; "
+                "predict_global(X) is the model a new client gets"
+            )
+        mean = _predict([t[position] for t in self.personal_], X, self.activation)
+        return point_prediction(mean, float(self.noise_variance_[position]))
+
+    def predict_global(self, X) -> Prediction:
+        """The FedAvg (global) model at ``X``, as a Gaussian with its residual variance."""
         if self.global_ is None:
-            raise RuntimeError("Ditto is not fitted yet; call fit(federation)")
-
-    def predict(self, X, client: int) -> torch.Tensor:
-        """Client ``client``'s personal model at ``X``."""
-        self._check()
-        K = self.personal_[0].shape[0]
-        if not 0 <= int(client) < K:
-            raise ValueError(f"client index {client} out of range for {K} clients")
-        return _predict([t[int(client)] for t in self.personal_], X, self.activation)
-
-    def predict_global(self, X) -> torch.Tensor:
-        """The FedAvg (global) model at ``X``."""
-        self._check()
-        return _predict(self.global_, X, self.activation)
-
-    def posterior(self, X, client: int) -> Prediction:
-        """Client ``client``'s personal prediction with its validation residual variance."""
-        return point_prediction(self.predict(X, client), float(self.noise_variance_[int(client)]))
-
-    def global_posterior(self, X) -> Prediction:
-        """The global model's prediction at ``X`` as a Gaussian with its held-out residual variance."""
-        return point_prediction(self.predict_global(X), float(self.global_noise_variance_))
+            raise NotFittedError("Ditto is not fitted yet; call fit(federation)")
+        return point_prediction(
+            _predict(self.global_, X, self.activation), float(self.global_noise_variance_)
+        )
 
 
 def fit_ditto(models: Sequence[Ditto], federations: Sequence[Federation]) -> list[Ditto]:
@@ -426,18 +447,18 @@ def fit_ditto(models: Sequence[Ditto], federations: Sequence[Federation]) -> lis
     on its own validation rows — but the Python overhead of the training loop is paid once.
     """
     if len(models) != len(federations) or not models:
-        raise ValueError("fit_ditto needs one federation per model")
+        raise InputError("fit_ditto needs one federation per model")
     first = models[0]
     for m in models:
         if replace(m, seed=0) != replace(first, seed=0):
-            raise ValueError("fit_ditto: models must differ only in their seed")
+            raise InputError("fit_ditto: models must differ only in their seed")
     for f in federations:
         check_federation(f, "Ditto")
     lams = first._lams()
     if not 0.0 <= first.validation_fraction < 1.0:
-        raise ValueError(f"validation_fraction must be in [0, 1), got {first.validation_fraction}")
+        raise InputError(f"validation_fraction must be in [0, 1), got {first.validation_fraction}")
     if first.validation_fraction == 0.0 and len(lams) > 1:
-        raise ValueError("choosing λ among several candidates needs validation_fraction > 0")
+        raise InputError("choosing λ among several candidates needs validation_fraction > 0")
     cfgs = [m._config() for m in models]
     extra = (first.personal_steps, first.personal_lr, first.personal_optimizer)
     L = len(lams)
@@ -468,7 +489,7 @@ def fit_ditto(models: Sequence[Ditto], federations: Sequence[Federation]) -> lis
             m.lam_ = lams[0]
     final = _train(cfgs, federations, [[m.lam_] for m in models], *extra)
     for m, f, (w, personal, history) in zip(models, federations, final):
-        m.global_, m.personal_ = w, personal
+        m.global_, m.personal_, m.federation_ = w, personal, f
         if m.validation_fraction == 0:
             m.noise_variance_ = _weighted_mse(personal, f, m.activation, True)
             train = _weighted_mse(w, f, m.activation, False)

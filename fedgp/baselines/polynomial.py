@@ -12,13 +12,15 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import pandas as pd
 import torch
 
-from fedgp.baselines._common import check_federation, point_prediction, stack
+from fedgp.baselines._common import check_federation, shared_prediction, stack
 from fedgp.data.client import Federation
+from fedgp.errors import InputError, NotFittedError
 from fedgp.models.posterior import Prediction
 
 __all__ = ["FedAvgPolynomial", "legendre_features", "select_degree"]
@@ -46,8 +48,12 @@ class FedAvgPolynomial:
         lr: step size on ``½ · mean squared error``; with the orthonormal basis ~0.3 is stable.
         domain: the input interval mapped onto [-1, 1]; default: the smallest and largest input of
             the training clients (each client reports only its own min and max).
+        noise_variance: the variance of the Gaussian predictive around the curve (for NLL and
+            coverage): the residual variance on held-out clients, e.g. :func:`select_degree`'s
+            ``val_mse``; default: the federated training MSE of the fit (optimistic).
 
     After ``fit``: ``coef_`` (p+1,), ``domain_``, ``history_`` (round, federated training MSE).
+    ``predict(X, client)`` is ``N(curve(X), noise_variance)``, the same for every client.
     """
 
     degree: int = 10
@@ -55,25 +61,29 @@ class FedAvgPolynomial:
     local_steps: int = 10
     lr: float = 0.3
     domain: tuple[float, float] | None = None
+    noise_variance: float | None = None
     coef_: torch.Tensor | None = field(default=None, init=False, repr=False)
+    federation_: Federation | None = field(default=None, init=False, repr=False)
     domain_: tuple[float, float] | None = field(default=None, init=False, repr=False)
     history_: pd.DataFrame | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.degree < 0:
-            raise ValueError(f"degree must be >= 0, got {self.degree}")
+            raise InputError(f"degree must be >= 0, got {self.degree}")
         if self.rounds < 1 or self.local_steps < 1:
-            raise ValueError("rounds and local_steps must be >= 1")
+            raise InputError("rounds and local_steps must be >= 1")
         if not self.lr > 0:
-            raise ValueError(f"lr must be positive, got {self.lr}")
+            raise InputError(f"lr must be positive, got {self.lr}")
+        if self.noise_variance is not None and not self.noise_variance > 0:
+            raise InputError(f"noise_variance must be positive or None, got {self.noise_variance}")
 
     def features(self, X: torch.Tensor) -> torch.Tensor:
         """The Legendre features of ``X`` (shape ``(n, 1)``) on the fitted domain."""
         if self.domain_ is None:
-            raise RuntimeError("FedAvgPolynomial is not fitted yet; call fit(federation)")
+            raise NotFittedError("FedAvgPolynomial is not fitted yet; call fit(federation)")
         X = torch.as_tensor(X, dtype=torch.float64)
         if X.dim() != 2 or X.shape[1] != 1:
-            raise ValueError(
+            raise InputError(
                 f"FedAvgPolynomial takes one input: X must have shape (n, 1), got {tuple(X.shape)}"
             )
         return legendre_features(X[:, 0], self.degree, self.domain_)
@@ -82,7 +92,7 @@ class FedAvgPolynomial:
         """Fit the polynomial's coefficients by FedAvg over the federation's clients; returns ``self``."""
         check_federation(federation, "FedAvgPolynomial")
         if federation.n_features != 1:
-            raise ValueError(f"FedAvgPolynomial takes one input; the clients have {federation.n_features}")
+            raise InputError(f"FedAvgPolynomial takes one input; the clients have {federation.n_features}")
         data = stack(federation)
         if self.domain is None:
             lo = min(float(c.X.min()) for c in federation)
@@ -90,7 +100,7 @@ class FedAvgPolynomial:
         else:
             lo, hi = map(float, self.domain)
         if not hi > lo:
-            raise ValueError(f"domain must have hi > lo, got ({lo}, {hi})")
+            raise InputError(f"domain must have hi > lo, got ({lo}, {hi})")
         self.domain_ = (lo, hi)
         Phi = legendre_features(data.X[..., 0], self.degree, self.domain_) * data.mask.unsqueeze(-1)
         n = data.sizes.to(torch.float64)
@@ -110,24 +120,26 @@ class FedAvgPolynomial:
             beta = (p.unsqueeze(-1) * local).sum(0)
             per_client = (beta @ A @ beta) - 2 * (b @ beta) + yy
             mse.append(float((p * per_client).sum()))
-        self.coef_ = beta
+        self.coef_, self.federation_ = beta, federation
         self.history_ = pd.DataFrame({"round": np.arange(1, self.rounds + 1), "train_mse": mse})
         return self
 
-    def predict(self, X: torch.Tensor) -> torch.Tensor:
-        """The global polynomial at ``X`` (n, 1); every client gets the same curve."""
+    def curve(self, X: torch.Tensor) -> torch.Tensor:
+        """The global polynomial at ``X`` (n, 1): the point prediction every client gets."""
         if self.coef_ is None:
-            raise RuntimeError("FedAvgPolynomial is not fitted yet; call fit(federation)")
+            raise NotFittedError("FedAvgPolynomial is not fitted yet; call fit(federation)")
         return self.features(X) @ self.coef_
+
+    def predict(self, X: torch.Tensor, client: Any = None) -> Prediction:
+        """``N(curve(X), noise_variance)`` (:func:`~fedgp.baselines._common.point_prediction`) for
+        ``client``: the same for every client, so ``client`` (a position, an id or a ``ClientData``,
+        new ones included) is only checked."""
+        return shared_prediction(self, self.curve(X), client)
 
     def mse(self, federation: Federation) -> float:
         """``Σ p_k MSE_k`` of the global polynomial on the clients' (training) data."""
-        per = [float(((self.predict(c.X) - c.y) ** 2).mean()) for c in federation]
+        per = [float(((self.curve(c.X) - c.y) ** 2).mean()) for c in federation]
         return float(np.dot(federation.weights.numpy(), per))
-
-    def posterior(self, X: torch.Tensor, noise_variance: float) -> Prediction:
-        """``N(predict(X), noise_variance)``: see :func:`~fedgp.baselines._common.point_prediction`."""
-        return point_prediction(self.predict(X), noise_variance)
 
 
 def select_degree(
@@ -142,7 +154,7 @@ def select_degree(
     rows = []
     for degree in degrees:
         model = FedAvgPolynomial(degree=degree, **options).fit(fit_federation)
-        rmse = [float(((model.predict(c.X) - c.y) ** 2).mean().sqrt()) for c in validation]
+        rmse = [float(((model.curve(c.X) - c.y) ** 2).mean().sqrt()) for c in validation]
         rows.append(
             {
                 "degree": degree,

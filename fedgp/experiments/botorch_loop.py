@@ -28,6 +28,7 @@ from __future__ import annotations
 import time
 import warnings
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import gpytorch
@@ -35,11 +36,12 @@ import numpy as np
 import pandas as pd
 import torch
 
-import fedgp
 from fedgp.data import ClientData, Federation
-from fedgp.experiments.common import prepare_output
+from fedgp.experiments.common import Report, fit_study, reproduction
 from fedgp.experiments.metrics import markdown_table
+from fedgp.models import GPSpec
 from fedgp.rng import generator
+from fedgp.run import FitResult
 from fedgp.strategies import FGPR
 
 __all__ = ["FourierDraw", "botorch_loop_study", "summary", "reproduce", "METHODS"]
@@ -101,26 +103,16 @@ def _federation(seed: int) -> Federation:
     return Federation(clients)
 
 
-def _spec() -> fedgp.GPSpec:
-    return fedgp.GPSpec(kernel=gpytorch.kernels.ScaleKernel(gpytorch.kernels.RBFKernel(ard_num_dims=DIM)))
+def _spec() -> GPSpec:
+    return GPSpec(kernel=gpytorch.kernels.ScaleKernel(gpytorch.kernels.RBFKernel(ard_num_dims=DIM)))
 
 
-def federated_prior(seed: int, rounds: int = 60, engine: str = "batched") -> fedgp.FitResult:
+def federated_prior(seed: int, rounds: int = 60, engine: str = "batched") -> FitResult:
     """FGPR on the 20 clients of ``seed``."""
     strategy = FGPR(local_steps=5, batch_size=20, lr=0.05)
     fed = _federation(seed)
     # Transforms off, as in the committed run: the functions are already on [0, 1]² with unit scale.
-    return fedgp.fit(
-        _spec(),
-        fed,
-        strategy,
-        rounds=rounds,
-        engine=engine,
-        seed=seed,
-        progress=False,
-        outcome_transform=None,
-        input_transform=None,
-    )
+    return fit_study(_spec(), fed, strategy, rounds, seed, engine)
 
 
 def _local_model(X: torch.Tensor, y: torch.Tensor):
@@ -230,28 +222,27 @@ def summary(frame: pd.DataFrame) -> pd.DataFrame:
 
 def reproduce(repeats, out_dir: Path, seed: int = 0, quick: bool = False, progress=None) -> list[Path]:
     """``fedgp reproduce botorch-loop``: results/botorch_loop.csv and botorch_loop.md."""
-    out = prepare_output(out_dir)
     repeats = (1 if quick else 10) if repeats is None else repeats
     iterations, rounds = (2, 10) if quick else (10, 60)
-    began = time.perf_counter()
-    frame = botorch_loop_study(range(seed, seed + repeats), iterations, rounds)
-    minutes = (time.perf_counter() - began) / 60
-    csv, md = out / "botorch_loop.csv", out / "botorch_loop.md"
-    frame.to_csv(csv, index=False)
-    table = summary(frame)
-    curve = frame.pivot_table(index="iteration", columns="method", values="regret", aggfunc="mean")
-    wins = table.attrs.get("federated_wins")
-    md.write_text(
-        f"# BoTorch loop on a new client: federated prior vs its own points ({repeats} seeds from {seed}, "
-        f"{iterations} iterations, {minutes:.1f} min)\n\n"
-        + markdown_table(table)
-        + (
-            f"\n\nFederated ends with a lower regret than local on {wins} of {repeats} seeds.\n"
-            if wins is not None
-            else "\n"
+
+    def report(frame: pd.DataFrame, minutes: float) -> Report:
+        table = summary(frame)
+        curve = frame.pivot_table(index="iteration", columns="method", values="regret", aggfunc="mean")
+        wins = table.attrs.get("federated_wins")
+        text = (
+            f"# BoTorch loop on a new client: federated prior vs its own points ({repeats} seeds from "
+            f"{seed}, {iterations} iterations, {minutes:.1f} min)\n\n"
+            + markdown_table(table)
+            + (
+                f"\n\nFederated ends with a lower regret than local on {wins} of {repeats} seeds.\n"
+                if wins is not None
+                else "\n"
+            )
+            + "\nMean regret per iteration:\n\n"
+            + markdown_table(curve.reset_index())
+            + "\n"
         )
-        + "\nMean regret per iteration:\n\n"
-        + markdown_table(curve.reset_index())
-        + "\n"
-    )
-    return [csv, md]
+        return Report({"botorch_loop.csv": frame}, {"botorch_loop.md": text})
+
+    study = partial(botorch_loop_study, range(seed, seed + repeats), iterations, rounds)
+    return reproduction(out_dir, study, report)

@@ -22,7 +22,6 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
@@ -32,7 +31,7 @@ import pandas as pd
 import torch
 
 from fedgp.data import gaussian_mixed_regression, gp_mixture_federation
-from fedgp.experiments.common import default_engine, fit_study, prepare_output
+from fedgp.experiments.common import Report, default_engine, fit_study, reproduction
 from fedgp.experiments.metrics import markdown_table
 from fedgp.models import GPSpec, ZeroKernel
 from fedgp.strategies import FGPR, MomentDescentInit
@@ -206,33 +205,36 @@ def reproduce(
     repeats: int | None, out_dir: Path, seed: int = 0, quick: bool = False, progress: bool | None = None
 ) -> list[Path]:
     """``fedgp reproduce clustered-gp``: per-client tables and summaries of both studies."""
-    out_dir = prepare_output(out_dir)
     repeats = repeats or (1 if quick else 5)
     seeds = range(seed, seed + repeats)
-    start = time.perf_counter()
-    # few points per client (federation matters) and more (a local GP can learn alone)
-    gp = pd.concat(
-        [
-            clustered_fgpr_study(seeds, n=n, rounds=15 if quick else 60, progress=progress).assign(n_train=n)
-            for n in ((20,) if quick else (20, 60))
-        ],
-        ignore_index=True,
-    )
-    blr = kernel_variants_study(seeds, rounds=40 if quick else 300, progress=progress)
-    minutes = (time.perf_counter() - start) / 60
-    paths = [out_dir / "clustered_gp.csv", out_dir / "clustered_gp_kernels.csv", out_dir / "clustered_gp.md"]
-    gp.to_csv(paths[0], index=False)
-    blr.to_csv(paths[1], index=False)
-    paths[2].write_text(
-        "# Clustered FGPR and kernel variants\n\n"
-        f"{repeats} seeds from {seed}, {minutes:.1f} min, engine {default_engine()}.\n\n"
-        "## GP-population mixture (3 populations × 6 clients, n train / 40 test points each)\n\n"
-        + "\n\n".join(
-            f"n = {n}:\n\n" + markdown_table(per_client_summary(sub, "fgpr"))
-            for n, sub in gp.groupby("n_train")
+
+    def study():
+        # few points per client (federation matters) and more (a local GP can learn alone)
+        sizes, rounds = ((20,), 15) if quick else ((20, 60), 60)
+        gp = pd.concat(
+            [
+                clustered_fgpr_study(seeds, n=n, rounds=rounds, progress=progress).assign(n_train=n)
+                for n in sizes
+            ],
+            ignore_index=True,
         )
-        + "\n\n## Mixed linear regression with random effects (k = 2, d = 20, 60 clients × 12 points)\n\n"
-        + markdown_table(per_client_summary(blr, "noise_only"))
-        + "\n"
-    )
-    return paths
+        return gp, kernel_variants_study(seeds, rounds=40 if quick else 300, progress=progress)
+
+    def report(ran, minutes: float) -> Report:
+        gp, blr = ran
+        text = (
+            "# Clustered FGPR and kernel variants\n\n"
+            f"{repeats} seeds from {seed}, {minutes:.1f} min, engine {default_engine()}.\n\n"
+            "## GP-population mixture (3 populations × 6 clients, n train / 40 test points each)\n\n"
+            + "\n\n".join(
+                f"n = {n}:\n\n" + markdown_table(per_client_summary(sub, "fgpr"))
+                for n, sub in gp.groupby("n_train")
+            )
+            + "\n\n## Mixed linear regression with random effects (k = 2, d = 20, 60 clients × 12 points)\n\n"
+            + markdown_table(per_client_summary(blr, "noise_only"))
+            + "\n"
+        )
+        tables = {"clustered_gp.csv": gp, "clustered_gp_kernels.csv": blr}
+        return Report(tables, {"clustered_gp.md": text})
+
+    return reproduction(out_dir, study, report)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pandas as pd
 
-import fedgp
 from fedgp.data import gp_federation, sin_personalisation
-from fedgp.models import fit_mle
+from fedgp.experiments.common import fit_study
+from fedgp.models import GPSpec, fit_mle
 from fedgp.strategies import FGPR
 
 __all__ = ["personalisation_demo", "convergence_study", "DEMO_THETA"]
@@ -25,18 +25,8 @@ def personalisation_demo(rounds: int = 60, seed: int = 0, progress: bool | None 
     Returns a table (one row per client) and the :class:`~fedgp.FitResult`.
     """
     fed = sin_personalisation(n=100, n_test=50, seed=seed)
-    result = fedgp.fit(
-        fedgp.GPSpec(),
-        fed,
-        FGPR(local_steps=5, batch_size=20, lr=0.1),
-        rounds=rounds,
-        seed=seed,
-        progress=progress,
-        outcome_transform=None,
-        input_transform=None,
-        eval_every=0,
-        engine="sequential",
-    )
+    strategy = FGPR(local_steps=5, batch_size=20, lr=0.1)
+    result = fit_study(GPSpec(), fed, strategy, rounds, seed, "sequential", progress)
     per_client = result.evaluate()
     table = pd.DataFrame(
         {
@@ -59,17 +49,8 @@ def convergence_study(
     Returns (parameter table: truth, FGPR, centralised MLE; per-round error table; FitResult).
     """
     draws = gp_federation(num_clients=num_clients, n=n, d=2, theta=DEMO_THETA, seed=seed)
-    result = fedgp.fit(
-        draws.spec,
-        draws.federation,
-        FGPR(local_steps=5, batch_size=64, lr=0.05),
-        rounds=rounds,
-        seed=seed,
-        progress=progress,
-        engine="sequential",
-        outcome_transform=None,
-        input_transform=None,
-    )
+    strategy = FGPR(local_steps=5, batch_size=64, lr=0.05)
+    result = fit_study(draws.spec, draws.federation, strategy, rounds, seed, "sequential", progress)
     central, _ = fit_mle(draws.spec, [(c.X, c.y) for c in draws.federation])
     truth = draws.truth.to_dict()
     table = pd.DataFrame(

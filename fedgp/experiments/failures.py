@@ -3,7 +3,7 @@
 The README's federation (20 clients of 250 points drawn from a GP with known θ*, 50 test points
 each) and FGPR (5 Adam steps of 32 points, lr 0.05, 50 rounds), trained fault-free and with every
 participating client failing its local update with probability p = 0.2 per round
-(``fit(simulate_failures=0.2)``: the failure is raised inside the client's update, so the real
+(``fit(faults=Faults(simulate=0.2))``: the failure is raised inside the client's update, so the real
 failure path runs, and the draw depends only on (seed, round, client), so both engines drop the
 same clients). A failed client is dropped from its round and the weights are renormalised over the
 replies. Reported per engine and seed: failures, the smallest round, the final mean test RMSE and
@@ -13,13 +13,17 @@ its ratio to the fault-free run, and the learned θ beside θ*.
 from __future__ import annotations
 
 import time
+from functools import partial
 from pathlib import Path
 
 import gpytorch
 import pandas as pd
 
-import fedgp
+from fedgp.data import gp_federation
+from fedgp.experiments.common import Report, reproduction
 from fedgp.experiments.metrics import markdown_table
+from fedgp.models import GPSpec
+from fedgp.run import Evaluate, Faults, Progress, fit
 from fedgp.strategies import FGPR
 
 __all__ = ["THETA", "run_failure_study", "reproduce"]
@@ -33,22 +37,20 @@ THETA = {
 
 
 def _one(engine: str, p: float, seed: int, rounds: int) -> dict:
-    draws = fedgp.data.gp_federation(num_clients=20, n=250, d=2, theta=THETA, n_test=50, seed=0)
-    spec = fedgp.GPSpec(kernel=gpytorch.kernels.ScaleKernel(gpytorch.kernels.RBFKernel(ard_num_dims=2)))
+    draws = gp_federation(num_clients=20, n=250, d=2, theta=THETA, n_test=50, seed=0)
+    spec = GPSpec(kernel=gpytorch.kernels.ScaleKernel(gpytorch.kernels.RBFKernel(ard_num_dims=2)))
     strategy = FGPR(local_steps=5, batch_size=32, lr=0.05)
     began = time.perf_counter()
-    result = fedgp.fit(
+    result = fit(
         spec,
         draws.federation,
         strategy,
         rounds=rounds,
         engine=engine,
         seed=seed,
-        progress=False,
-        outcome_transform=None,
-        input_transform=None,
-        eval_every=rounds,
-        simulate_failures=p,
+        transforms=None,
+        faults=Faults(simulate=p),
+        callbacks=[Evaluate(every=rounds), Progress(False)],
     )
     seconds = time.perf_counter() - began
     h = result.history
@@ -84,41 +86,40 @@ def reproduce(repeats, out_dir: Path, seed: int = 0, quick: bool = False, progre
     """``fedgp reproduce failures``: results/failures.csv and failures.md."""
     repeats = (1 if quick else 5) if repeats is None else repeats
     rounds = 10 if quick else 50
-    frame = run_failure_study(range(seed, seed + repeats), rounds=rounds)
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    csv, md = out / "failures.csv", out / "failures.md"
-    frame.to_csv(csv, index=False)
-    faulty = frame[frame["simulate_failures"] > 0]
-    summary = (
-        faulty.groupby("engine")
-        .agg(
-            runs=("seed", "size"),
-            failures_per_run=("failures", "mean"),
-            fewest_replies=("fewest_replies", "min"),
-            rmse_ratio_max=("rmse_ratio", "max"),
-            rmse_ratio_mean=("rmse_ratio", "mean"),
+
+    def report(frame: pd.DataFrame, minutes: float) -> Report:
+        summary = (
+            frame[frame["simulate_failures"] > 0]
+            .groupby("engine")
+            .agg(
+                runs=("seed", "size"),
+                failures_per_run=("failures", "mean"),
+                fewest_replies=("fewest_replies", "min"),
+                rmse_ratio_max=("rmse_ratio", "max"),
+                rmse_ratio_mean=("rmse_ratio", "mean"),
+            )
+            .reset_index()
         )
-        .reset_index()
-    )
-    md.write_text(
-        f"# Simulated client failures (p = 0.2, {rounds} rounds, README example)\n\n"
-        + markdown_table(summary, floatfmt=".4f")
-        + "\n\nPer run:\n\n"
-        + markdown_table(
-            frame[
-                [
-                    "engine",
-                    "seed",
-                    "simulate_failures",
-                    "failures",
-                    "fewest_replies",
-                    "test_rmse_mean",
-                    "rmse_ratio",
-                ]
-            ],
-            floatfmt=".4f",
+        runs = frame[
+            [
+                "engine",
+                "seed",
+                "simulate_failures",
+                "failures",
+                "fewest_replies",
+                "test_rmse_mean",
+                "rmse_ratio",
+            ]
+        ]
+        text = (
+            f"# Simulated client failures (p = 0.2, {rounds} rounds, README example)\n\n"
+            + markdown_table(summary, floatfmt=".4f")
+            + "\n\nPer run:\n\n"
+            + markdown_table(runs, floatfmt=".4f")
+            + "\n"
         )
-        + "\n"
-    )
-    return [csv, md]
+        return Report({"failures.csv": frame}, {"failures.md": text})
+
+    # torch's default threads: the committed failures study was computed so
+    study = partial(run_failure_study, range(seed, seed + repeats), rounds=rounds)
+    return reproduction(out_dir, study, report, one_thread=False)

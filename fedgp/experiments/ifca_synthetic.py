@@ -25,7 +25,6 @@ paper's (the separation ‖θ*_1 − θ*_2‖ ≈ R √(d/2) shrinks with d), th
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
@@ -33,7 +32,7 @@ import numpy as np
 import pandas as pd
 
 from fedgp.data import mixed_linear_regression
-from fedgp.experiments.common import default_engine, fit_study, prepare_output
+from fedgp.experiments.common import Report, default_engine, fit_study, reproduction
 from fedgp.experiments.metrics import markdown_table, mean_matched_error, nearest_truth_error
 from fedgp.experiments.mixed_regression import linear_spec
 from fedgp.strategies import clustered as C
@@ -186,37 +185,41 @@ def reproduce(
     repeats: int | None, out_dir: Path, seed: int = 0, quick: bool = False, progress: bool | None = None
 ) -> list[Path]:
     """``fedgp reproduce ifca-synthetic``: Fig. 3(a)–(c) at reduced scale (see the module docstring)."""
-    out_dir = prepare_output(out_dir)
-    start = time.perf_counter()
-    if quick:
-        trials = range(seed, seed + (repeats or 2))
-        small = dict(rounds=60, inits=4)
-        a = success_vs_separation(2, sigmas=(0.1,), rs=(0.1, 0.5), trials=trials, **small)
-        b = success_vs_separation(4, sigmas=(0.1,), rs=(0.5,), trials=trials, **small)
-        c = success_vs_size(2, ms=(50, 100), ns=(10,), trials=trials, **small)
-    else:
+
+    def study():
+        if quick:
+            trials = range(seed, seed + (repeats or 2))
+            small = dict(rounds=60, inits=4)
+            return (
+                success_vs_separation(2, sigmas=(0.1,), rs=(0.1, 0.5), trials=trials, **small),
+                success_vs_separation(4, sigmas=(0.1,), rs=(0.5,), trials=trials, **small),
+                success_vs_size(2, ms=(50, 100), ns=(10,), trials=trials, **small),
+            )
         # γ = 0.01 never came within 1.0 of θ* in 300 rounds in a 60-trial pilot (k = 2), so the
         # k = 2 sweeps use γ ∈ {0.1, 1}; the best over step sizes is unchanged, the time is 2/3.
         k2 = dict(lrs=(0.1, 1.0))
-        a = success_vs_separation(
-            2, sigmas=(0.0, 0.1, 0.4), rs=RS, trials=range(seed, seed + (repeats or 15)), **k2
+        return (
+            success_vs_separation(
+                2, sigmas=(0.0, 0.1, 0.4), rs=RS, trials=range(seed, seed + (repeats or 15)), **k2
+            ),
+            success_vs_separation(4, sigmas=(0.1,), rs=RS[1:], trials=range(seed, seed + (repeats or 8))),
+            success_vs_size(2, sigma=0.1, r=0.1, trials=range(seed, seed + (repeats or 8)), **k2),
         )
-        b = success_vs_separation(4, sigmas=(0.1,), rs=RS[1:], trials=range(seed, seed + (repeats or 8)))
-        c = success_vs_size(2, sigma=0.1, r=0.1, trials=range(seed, seed + (repeats or 8)), **k2)
-    minutes = (time.perf_counter() - start) / 60
-    rows = pd.concat([a.assign(panel="a"), b.assign(panel="b"), c.assign(panel="c")], ignore_index=True)
-    paths = [out_dir / "ifca_synthetic.csv", out_dir / "ifca_synthetic.md"]
-    rows.to_csv(paths[0], index=False)
-    text = [
-        "# IFCA synthetic (Ghosh et al. Fig. 3), reduced scale: d = 100, n = 10\n",
-        f"{minutes:.1f} min, engine {default_engine()}.\n",
-        "## (a) k = 2, m = 100: success probability against R\n",
-        markdown_table(success_table(a, ["sigma", "R"])),
-        "\n## (b) k = 4, m = 400: success probability against R\n",
-        markdown_table(success_table(b, ["sigma", "R"])),
-        "\n## (c) k = 2, σ = 0.1, R = 0.1: success probability against m, n\n",
-        markdown_table(success_table(c, ["n", "m"])),
-        "",
-    ]
-    paths[1].write_text("\n".join(text))
-    return paths
+
+    def report(panels, minutes: float) -> Report:
+        a, b, c = panels
+        rows = pd.concat([a.assign(panel="a"), b.assign(panel="b"), c.assign(panel="c")], ignore_index=True)
+        text = [
+            "# IFCA synthetic (Ghosh et al. Fig. 3), reduced scale: d = 100, n = 10\n",
+            f"{minutes:.1f} min, engine {default_engine()}.\n",
+            "## (a) k = 2, m = 100: success probability against R\n",
+            markdown_table(success_table(a, ["sigma", "R"])),
+            "\n## (b) k = 4, m = 400: success probability against R\n",
+            markdown_table(success_table(b, ["sigma", "R"])),
+            "\n## (c) k = 2, σ = 0.1, R = 0.1: success probability against m, n\n",
+            markdown_table(success_table(c, ["n", "m"])),
+            "",
+        ]
+        return Report({"ifca_synthetic.csv": rows}, {"ifca_synthetic.md": "\n".join(text)})
+
+    return reproduction(out_dir, study, report)

@@ -39,7 +39,8 @@ import pandas as pd
 import torch
 
 from fedgp.data import su_xu_yang_setting
-from fedgp.experiments.common import default_engine, fit_study, prepare_output
+from fedgp.errors import InputError
+from fedgp.experiments.common import Report, default_engine, fit_study, reproduction
 from fedgp.experiments.metrics import markdown_table, max_matched_error
 from fedgp.models import GPSpec, ZeroKernel
 from fedgp.models.linear import linear_model
@@ -110,7 +111,7 @@ def _strategy(method, k, d, spec, truth, eta, s, delta, phase1_centres=None):
         return C.ifca(k, lr=eta, local_steps=s, units=units, initializer=random)
     if method == "oracle":
         return C.oracle(_states(spec, truth), lr=eta, local_steps=s, units=units)
-    raise ValueError(f"unknown method {method!r}; known: {METHODS + SWEEP}")
+    raise InputError(f"unknown method {method!r}; known: {METHODS + SWEEP}")
 
 
 def _run(method, data, spec, seed, rounds, eta, s, delta, engine, progress, phase1_centres=None):
@@ -118,7 +119,8 @@ def _run(method, data, spec, seed, rounds, eta, s, delta, engine, progress, phas
     strategy = _strategy(method, k, d, spec, truth, eta, s, delta, phase1_centres)
     rows, captured = [], {}
 
-    def track(rnd, server):
+    def track(run):
+        server = run.server
         if server.initialising:
             return
         if server.phase_round == 0:
@@ -131,7 +133,14 @@ def _run(method, data, spec, seed, rounds, eta, s, delta, engine, progress, phas
 
     start = time.perf_counter()
     result = fit_study(
-        spec, data.federation, strategy, strategy.init_rounds + rounds, seed, engine, progress, callback=track
+        spec,
+        data.federation,
+        strategy,
+        strategy.init_rounds + rounds,
+        seed,
+        engine,
+        progress,
+        callbacks=[track],
     )
     seconds = time.perf_counter() - start
     curve = pd.DataFrame(rows)
@@ -329,36 +338,34 @@ def reproduce(
     repeats: int | None, out_dir: Path, seed: int = 0, quick: bool = False, progress: bool | None = None
 ) -> list[Path]:
     """``fedgp reproduce mixed-regression``: CSVs of final errors and curves, and a markdown summary."""
-    out_dir = prepare_output(out_dir)
     repeats = repeats or (2 if quick else 10)
     rounds = 60 if quick else 400
-    start = time.perf_counter()
-    finals, curves = mixed_regression(range(seed, seed + repeats), rounds=rounds, progress=progress)
-    main = finals[finals["method"].isin(METHODS)][
-        ["setting", "method", "seed", "final_error", "oracle_error"]
-    ]
-    paths = [out_dir / "mixed_regression.csv", out_dir / "mixed_regression_sweep.csv"]
-    main.to_csv(paths[0], index=False)
-    finals[finals["method"].isin(SWEEP + ("two_phase",))].to_csv(paths[1], index=False)
-    summary_path = out_dir / "mixed_regression_curves.csv"
-    curve_summary(curves).to_csv(summary_path, index=False)
-    paths.append(summary_path)
-    phase1 = phase1_study("C1", range(seed, seed + repeats))
-    phase1_path = out_dir / "mixed_regression_phase1.csv"
-    phase1.to_csv(phase1_path, index=False)
-    paths.append(phase1_path)
-    last = phase1[phase1["iteration"] == phase1["iteration"].max()]
-    below = last.groupby("sign_fix")["merged_error_over_delta"].apply(lambda v: int((v < 0.5).sum()))
-    minutes = (time.perf_counter() - start) / 60
-    md = out_dir / "mixed_regression.md"
-    table = summarize(finals)
-    md.write_text(
-        "# Su, Xu & Yang, Appendix C: mixed linear regression\n\n"
-        f"{repeats} seeds from {seed}, {rounds} Phase-2 rounds, engine {default_engine()}, "
-        f"{minutes:.1f} min.\n\n" + markdown_table(table) + "\n\n"
-        "Phase 1 alone on C1 (5 iterations): seeds with d(θ̂, θ*) < 0.5 Δ, by sign fix: "
-        + ", ".join(f"{fix}: {count}/{repeats}" for fix, count in below.items())
-        + "\n"
-    )
-    paths.append(md)
-    return paths
+    seeds = range(seed, seed + repeats)
+
+    def study():
+        finals, curves = mixed_regression(seeds, rounds=rounds, progress=progress)
+        return finals, curves, phase1_study("C1", seeds)
+
+    def report(ran, minutes: float) -> Report:
+        finals, curves, phase1 = ran
+        last = phase1[phase1["iteration"] == phase1["iteration"].max()]
+        below = last.groupby("sign_fix")["merged_error_over_delta"].apply(lambda v: int((v < 0.5).sum()))
+        text = (
+            "# Su, Xu & Yang, Appendix C: mixed linear regression\n\n"
+            f"{repeats} seeds from {seed}, {rounds} Phase-2 rounds, engine {default_engine()}, "
+            f"{minutes:.1f} min.\n\n" + markdown_table(summarize(finals)) + "\n\n"
+            "Phase 1 alone on C1 (5 iterations): seeds with d(θ̂, θ*) < 0.5 Δ, by sign fix: "
+            + ", ".join(f"{fix}: {count}/{repeats}" for fix, count in below.items())
+            + "\n"
+        )
+        tables = {
+            "mixed_regression.csv": finals[finals["method"].isin(METHODS)][
+                ["setting", "method", "seed", "final_error", "oracle_error"]
+            ],
+            "mixed_regression_sweep.csv": finals[finals["method"].isin(SWEEP + ("two_phase",))],
+            "mixed_regression_curves.csv": curve_summary(curves),
+            "mixed_regression_phase1.csv": phase1,
+        }
+        return Report(tables, {"mixed_regression.md": text})
+
+    return reproduction(out_dir, study, report)

@@ -16,19 +16,20 @@ The table compares both with a centralised GPyTorch MAP fit (L-BFGS on the poole
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 
 import gpytorch
 import pandas as pd
 import torch
 
-import fedgp
 from fedgp.data import gp_federation
-from fedgp.experiments.common import prepare_output
+from fedgp.experiments.common import Report, reproduction
 from fedgp.experiments.metrics import markdown_table
 from fedgp.models.objective import log_prior, minibatch_nll
 from fedgp.models.spec import GPSpec
 from fedgp.models.state import HyperState
+from fedgp.run import Evaluate, Progress, fit
 from fedgp.strategies import FGPR
 from fedgp.strategies.local import SGD
 
@@ -85,17 +86,15 @@ def federated_map(spec: GPSpec, federation, rounds: int, lr: float, seed: int = 
         optimizer=SGD(lr=lr, schedule="constant"),
         average_space="raw",
     )
-    result = fedgp.fit(
+    result = fit(
         spec,
         federation,
         strategy,
         rounds=rounds,
         seed=seed,
         engine="batched",
-        eval_every=0,
-        progress=False,
-        outcome_transform=None,  # the priors and the centralised MAP are in the data's units
-        input_transform=None,
+        transforms=None,  # the priors and the centralised MAP are in the data's units
+        callbacks=[Evaluate(every=0), Progress(False)],
     )
     return result.state
 
@@ -130,13 +129,14 @@ def prior_map_study(
 
 def reproduce(repeats, out_dir: Path, seed: int = 0, quick: bool = False, progress=None) -> list[Path]:
     """``fedgp reproduce prior-map``: results/prior_map.csv and prior_map.md."""
-    out = prepare_output(out_dir)
-    frame = prior_map_study(rounds=300 if quick else 3000, seed=seed)
-    csv, md = out / "prior_map.csv", out / "prior_map.md"
-    frame.to_csv(csv, index=False)
-    md.write_text(
-        "# Federated fixed point vs centralised MAP (GPyTorch priors)\n\n"
-        + markdown_table(frame, floatfmt=".6g")
-        + "\n"
-    )
-    return [csv, md]
+
+    def report(frame: pd.DataFrame, minutes: float) -> Report:
+        text = (
+            "# Federated fixed point vs centralised MAP (GPyTorch priors)\n\n"
+            + markdown_table(frame, floatfmt=".6g")
+            + "\n"
+        )
+        return Report({"prior_map.csv": frame}, {"prior_map.md": text})
+
+    study = partial(prior_map_study, rounds=300 if quick else 3000, seed=seed)
+    return reproduction(out_dir, study, report)

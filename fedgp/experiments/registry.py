@@ -2,8 +2,11 @@
 
 Each entry maps a name to ``"module:function"``; the function has the signature
 ``reproduce(repeats: int | None, out_dir: pathlib.Path, seed: int, quick: bool, progress: bool | None)
--> list[pathlib.Path]`` (the files it wrote: CSV and markdown at least). Modules are imported only
-when their reproduction is asked for, so one heavy experiment never slows the others' start-up.
+-> list[pathlib.Path]`` (the files it wrote: CSV and markdown at least), plus the keyword options the
+CLI finds in its signature (``--function``, ``--subset``, ...). Each supplies only what its experiment
+runs and writes; :func:`fedgp.experiments.common.reproduction` does the rest (the folder, the timing,
+the files). Modules are imported only when their reproduction is asked for, so one heavy experiment
+never slows the others' start-up.
 """
 
 from __future__ import annotations

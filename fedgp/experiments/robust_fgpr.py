@@ -25,18 +25,21 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable, Sequence
+from functools import partial
 from pathlib import Path
 
 import gpytorch
 import pandas as pd
 import torch
 
-from fedgp import GPSpec, attacks
 from fedgp import aggregators as A
+from fedgp import attacks
 from fedgp.data import gp_federation
-from fedgp.experiments.common import default_engine, fit_study, prepare_output
+from fedgp.experiments.common import Report, default_engine, fit_study, reproduction
 from fedgp.experiments.failures import THETA
 from fedgp.experiments.metrics import markdown_table
+from fedgp.models import GPSpec
+from fedgp.run import Faults
 from fedgp.strategies import FGPR
 
 __all__ = ["ATTACKS", "AGGREGATORS", "robust_fgpr_study", "grid", "criteria", "seed_criteria", "reproduce"]
@@ -90,12 +93,12 @@ def robust_fgpr_study(
         truth = torch.cat([draws.truth[p.name].reshape(-1) for p in spec.params if p.trainable])
         for attack_name in attack_names:
             build, f = ATTACKS[attack_name]
-            attack = None if build is None else build(f)
+            faults = Faults(attack=None if build is None else build(f))
             for agg_name in aggregator_names:
                 strategy = FGPR(local_steps=5, batch_size=32, lr=0.05, aggregator=AGGREGATORS[agg_name](f))
                 began = time.perf_counter()
                 result = fit_study(
-                    spec, draws.federation, strategy, rounds, seed, engine, progress, attack=attack
+                    spec, draws.federation, strategy, rounds, seed, engine, progress, faults=faults
                 )
                 seconds = time.perf_counter() - began
                 learned = torch.cat([result.state[p.name].reshape(-1) for p in spec.params if p.trainable])
@@ -175,28 +178,29 @@ def reproduce(
     repeats: int | None, out_dir: Path, seed: int = 0, quick: bool = False, progress: bool | None = None
 ) -> list[Path]:
     """``fedgp reproduce robust-fgpr``: every (seed, attack, aggregator) run, the grids, the criteria."""
-    out_dir = prepare_output(out_dir)
     repeats = repeats or (1 if quick else 5)
-    began = time.perf_counter()
-    table = robust_fgpr_study(
-        range(seed, seed + repeats), rounds=10 if quick else 50, n=60 if quick else 250, progress=progress
+
+    def report(table: pd.DataFrame, minutes: float) -> Report:
+        per_seed = seed_criteria(table).sum().rename_axis("criterion").rename("seeds").reset_index()
+        text = (
+            "# Robust FGPR: every attack × every aggregator\n\n"
+            f"{repeats} seeds from {seed}, {minutes:.1f} min, engine {default_engine()}.\n\n"
+            "## Mean relative θ error\n\n"
+            + markdown_table(grid(table).reset_index())
+            + "\n\n## Mean honest test RMSE\n\n"
+            + markdown_table(grid(table, "rmse").reset_index())
+            + "\n\n## Criteria (θ error)\n\n"
+            + markdown_table(criteria(table))
+            + "\n\n## Criteria (test RMSE)\n\n"
+            + markdown_table(criteria(table, "rmse"))
+            + "\n\n## Criteria per seed (θ error): seeds passing\n\n"
+            + markdown_table(per_seed)
+            + "\n"
+        )
+        return Report({"robust_fgpr.csv": table}, {"robust_fgpr.md": text})
+
+    seeds = range(seed, seed + repeats)
+    study = partial(
+        robust_fgpr_study, seeds, rounds=10 if quick else 50, n=60 if quick else 250, progress=progress
     )
-    minutes = (time.perf_counter() - began) / 60
-    paths = [out_dir / "robust_fgpr.csv", out_dir / "robust_fgpr.md"]
-    table.to_csv(paths[0], index=False)
-    paths[1].write_text(
-        "# Robust FGPR: every attack × every aggregator\n\n"
-        f"{repeats} seeds from {seed}, {minutes:.1f} min, engine {default_engine()}.\n\n"
-        "## Mean relative θ error\n\n"
-        + markdown_table(grid(table).reset_index())
-        + "\n\n## Mean honest test RMSE\n\n"
-        + markdown_table(grid(table, "rmse").reset_index())
-        + "\n\n## Criteria (θ error)\n\n"
-        + markdown_table(criteria(table))
-        + "\n\n## Criteria (test RMSE)\n\n"
-        + markdown_table(criteria(table, "rmse"))
-        + "\n\n## Criteria per seed (θ error): seeds passing\n\n"
-        + markdown_table(seed_criteria(table).sum().rename_axis("criterion").rename("seeds").reset_index())
-        + "\n"
-    )
-    return paths
+    return reproduction(out_dir, study, report)

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
 import pandas as pd
+
+from fedgp.experiments.common import Report
+from fedgp.experiments.paper import verdict
 
 __all__ = ["per_repeat", "over_repeats_x10", "PaperTable", "TableRun"]
 
@@ -101,12 +103,11 @@ class PaperTable:
 
     def markdown(self, per_client: pd.DataFrame) -> str:
         """The comparison as a markdown table: ours (std over repeats) | the paper's | the verdict
-        (:func:`fedgp.experiments.verdicts.verdict` on the RMSE)."""
+        (:func:`fedgp.experiments.paper.verdict` on the RMSE)."""
         return self.markdown_of_repeats(self.per_repeat(per_client))
 
     def markdown_of_repeats(self, per_repeat: pd.DataFrame) -> str:
         """:meth:`markdown` from :meth:`per_repeat`'s rows (the committed ``*_per_repeat.csv``)."""
-        from fedgp.experiments.verdicts import verdict
 
         def cell(mean, sd):
             return f"{mean:.2f}" + ("" if np.isnan(sd) else f" ({sd:.2f})")
@@ -161,12 +162,12 @@ class TableRun:
         """This run's summary beside the paper's numbers."""
         return self.table.comparison(self.rows)
 
-    def write(self, out: Path, name: str, header: str) -> list[Path]:
+    def report(self, name: str, header: str) -> Report:
         """``{name}.csv`` (the summary), ``{name}_per_repeat.csv``, ``{name}_details.csv`` and
-        ``{name}.md`` (``header`` and the comparison) in ``out``."""
-        paths = [out / f"{name}{end}" for end in (".csv", "_per_repeat.csv", "_details.csv", ".md")]
-        self.summary().to_csv(paths[0], index=False)
-        self.per_repeat.to_csv(paths[1], index=False)
-        self.details.to_csv(paths[2], index=False)
-        paths[3].write_text(header + self.table.markdown(self.rows))
-        return paths
+        ``{name}.md`` (``header`` and the comparison): what ``fedgp reproduce`` writes of this run."""
+        tables = {
+            f"{name}.csv": self.summary(),
+            f"{name}_per_repeat.csv": self.per_repeat,
+            f"{name}_details.csv": self.details,
+        }
+        return Report(tables, {f"{name}.md": header + self.table.markdown(self.rows)})

@@ -26,15 +26,16 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-import fedgp
 from fedgp.baselines import FedAvgMLP, FedAvgPolynomial, LocalGP, select_degree
 from fedgp.baselines.gp import client_metrics
 from fedgp.data import ClientData, gp_spec, load_cmapss
 from fedgp.data.cmapss import _sensor_column
+from fedgp.errors import InputError
 from fedgp.experiments import summaries
-from fedgp.experiments.common import TaskCache, default_engine
-from fedgp.progress import progress_bar
+from fedgp.experiments.common import Report, TaskCache, cache_folder, default_engine, fit_study, reproduction
+from fedgp.experiments.paper import PAPER_TABLE2
 from fedgp.rng import generator
+from fedgp.run.progress import progress_bar
 from fedgp.strategies import FGPR
 
 __all__ = [
@@ -52,20 +53,6 @@ __all__ = [
 
 #: The methods run for Table 2 (the paper's three, plus LocalGP).
 METHODS = ("FGPR", "Polynomial", "Neural", "LocalGP")
-
-#: Table 2 of the paper: mean over 30 repeats (and, in brackets there, the std over repeats) of the
-#: averaged per-engine RMSE ×10 and of the std of the per-engine RMSE ×10.
-PAPER_TABLE2 = pd.DataFrame(
-    [
-        ("s2", "FGPR", 5.45, 0.01, 0.87, 0.02),
-        ("s2", "Polynomial", 6.79, 0.01, 0.98, 0.02),
-        ("s2", "Neural", 6.47, 0.05, 1.02, 0.01),
-        ("s7", "FGPR", 5.76, 0.03, 0.76, 0.01),
-        ("s7", "Polynomial", 6.55, 0.02, 0.89, 0.04),
-        ("s7", "Neural", 6.71, 0.02, 0.85, 0.03),
-    ],
-    columns=["sensor", "method", "rmse_mean_x10", "rmse_mean_x10_sd", "rmse_std_x10", "rmse_std_x10_sd"],
-)
 
 CSV_COLUMNS = ["sensor", "method", "rmse_mean_x10", "rmse_std_x10", "nll_mean", "coverage95_mean", "repeats"]
 
@@ -110,7 +97,7 @@ class Table2Settings:
 
     def __post_init__(self) -> None:
         if self.standardize_test not in ("engine", "observed"):
-            raise ValueError("standardize_test must be 'engine' (paper) or 'observed' (leak-free)")
+            raise InputError("standardize_test must be 'engine' (paper) or 'observed' (leak-free)")
 
     @classmethod
     def quick(cls) -> Table2Settings:
@@ -196,17 +183,7 @@ def _test_clients(cm, settings: Table2Settings, sensor: str, units, seed: int, r
 def _fit_fgpr(cm, settings: Table2Settings, sensor: str, units, fit_seed: int, engine: str):
     spec = gp_spec(1, settings.kernel, ard=False)
     train = cm.federation(sensor, units=units, x_scale=settings.x_scale)
-    return fedgp.fit(
-        spec,
-        train,
-        settings.fgpr,
-        rounds=settings.rounds,
-        engine=engine,
-        seed=fit_seed,
-        progress=False,
-        outcome_transform=None,
-        input_transform=None,
-    )
+    return fit_study(spec, train, settings.fgpr, settings.rounds, fit_seed, engine)
 
 
 def fgpr_repeat(
@@ -237,18 +214,18 @@ def _one_repeat(cm, settings: Table2Settings, seed: int, repeat: int, engine: st
         result = _fit_fgpr(cm, settings, sensor, train_units, fit_seed, engine)
         degree, degree_table = select_degree(fit_fed, val_fed, settings.degrees, **settings.poly)
         poly_var = float(degree_table.set_index("degree").loc[degree, "val_mse"])
-        poly = FedAvgPolynomial(degree=degree, **settings.poly).fit(train)
-        neural_val = FedAvgMLP(seed=fit_seed, **settings.neural).fit(fit_fed)
-        neural_var = neural_val.mse(val_fed)
-        neural = FedAvgMLP(seed=fit_seed, **settings.neural).fit(train)
+        poly = FedAvgPolynomial(degree=degree, noise_variance=poly_var, **settings.poly).fit(train)
+        # the network's residual variance, from a network trained without the validation engines
+        neural_var = FedAvgMLP(seed=fit_seed, **settings.neural).fit(fit_fed).mse(val_fed)
+        neural = FedAvgMLP(seed=fit_seed, noise_variance=neural_var, **settings.neural).fit(train)
         local = LocalGP(spec, max_iter=settings.local_max_iter)
 
         for c in tests:
             predictions = {
                 "FGPR": result.posterior(c.X_test, c),
-                "Polynomial": poly.posterior(c.X_test, poly_var),
-                "Neural": neural.posterior(c.X_test, neural_var),
-                "LocalGP": local.posterior(c.X_test, c),
+                "Polynomial": poly.predict(c.X_test, c),
+                "Neural": neural.predict(c.X_test, c),
+                "LocalGP": local.predict(c.X_test, c),
             }
             for method, pred in predictions.items():
                 records.append(
@@ -296,12 +273,12 @@ def run_table2(
     cache = TaskCache(cache_dir, settings, seed)
     records, details = [], []
     for repeat in progress_bar(range(repeats), desc="Table 2 repeats", progress=progress, leave=True):
-        done = cache.load(f"repeat{repeat}")
-        if done is None:
-            done = tuple(pd.DataFrame(part) for part in _one_repeat(cm, settings, seed, repeat, engine))
-            cache.save(f"repeat{repeat}", done)
-        records.append(done[0])
-        details.append(done[1])
+        frames = cache.load(f"repeat{repeat}")
+        if frames is None:
+            frames = tuple(pd.DataFrame(part) for part in _one_repeat(cm, settings, seed, repeat, engine))
+            cache.save(f"repeat{repeat}", frames)
+        records.append(frames[0])
+        details.append(frames[1])
     per_engine = pd.concat(records, ignore_index=True)
     per_engine["sensor"] = per_engine["sensor"].astype(str)
     return Table2Run(per_engine, pd.concat(details, ignore_index=True), settings)
@@ -329,25 +306,30 @@ def reproduce(
         settings = replace(settings, subset=str(subset).upper())
     if sensors is not None:
         if not sensors:
-            raise ValueError("sensors: give at least one C-MAPSS sensor, e.g. s3 s4")
+            raise InputError("sensors: give at least one C-MAPSS sensor, e.g. s3 s4")
         settings = replace(settings, sensors=tuple(_sensor_column(s) for s in sensors))
     name = f"table2_{settings.subset}_{'-'.join(settings.sensors)}" if held_out else "table2"
     repeats = (2 if quick else 30) if repeats is None else repeats
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    cache = os.environ.get("FEDGP_CACHE")
-    cache = None if quick or not cache else Path(cache) / name
-    run = run_table2(repeats, seed, settings, progress=progress, cache_dir=cache)
-    if settings.subset != "FD001":  # the paper reports FD001 only
-        run.table = replace(TABLE, paper=PAPER_TABLE2.iloc[:0])
-    test_engines = int(run.per_repeat["engines"].iloc[0])
-    header = (
-        f"# Table 2 (NASA C-MAPSS {settings.subset}) — {repeats} repeats"
-        f"{' (quick mode)' if quick else ''}\n\n"
-        "Mean over repeats (std over repeats in brackets) of the averaged per-engine RMSE ×10 and of the "
-        f"std of the per-engine RMSE ×10 across the {test_engines} test engines; NLL and 95% coverage of "
-        "the predicted half. Paper: Yue & Kontar, Table 2 (FGPR, Polynomial, Neural; LocalGP is ours)"
-        + ("" if settings.subset == "FD001" else f"; the paper has no {settings.subset} numbers")
-        + ".\n\n"
-    )
-    return run.write(out, name, header)
+
+    def study() -> Table2Run:
+        run = run_table2(repeats, seed, settings, progress=progress, cache_dir=cache_folder(name, quick))
+        if settings.subset != "FD001":  # the paper reports FD001 only
+            run.table = replace(TABLE, paper=PAPER_TABLE2.iloc[:0])
+        return run
+
+    def report(run: Table2Run, minutes: float) -> Report:
+        test_engines = int(run.per_repeat["engines"].iloc[0])
+        header = (
+            f"# Table 2 (NASA C-MAPSS {settings.subset}) — {repeats} repeats"
+            f"{' (quick mode)' if quick else ''}\n\n"
+            "Mean over repeats (std over repeats in brackets) of the averaged per-engine RMSE ×10 and of "
+            f"the std of the per-engine RMSE ×10 across the {test_engines} test engines; NLL and 95% "
+            "coverage of the predicted half. Paper: Yue & Kontar, Table 2 (FGPR, Polynomial, Neural; "
+            "LocalGP is ours)"
+            + ("" if settings.subset == "FD001" else f"; the paper has no {settings.subset} numbers")
+            + ".\n\n"
+        )
+        return run.report(name, header)
+
+    # torch's default threads: the committed Table 2 was computed so
+    return reproduction(out_dir, study, report, one_thread=False)

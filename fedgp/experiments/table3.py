@@ -32,14 +32,15 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-import fedgp
 from fedgp.baselines import CentralGP, Ditto, LocalGP, fit_ditto
 from fedgp.baselines.gp import client_metrics
 from fedgp.data import gp_spec, load_sarcos
+from fedgp.errors import InputError
 from fedgp.experiments import summaries
-from fedgp.experiments.common import TaskCache, default_engine
-from fedgp.progress import progress_bar
+from fedgp.experiments.common import Report, TaskCache, cache_folder, default_engine, fit_study, reproduction
+from fedgp.experiments.paper import PAPER_TABLE3
 from fedgp.rng import generator
+from fedgp.run.progress import progress_bar
 from fedgp.strategies import FGPR
 
 __all__ = [
@@ -66,22 +67,6 @@ CSV_COLUMNS = [
     "coverage95_mean",
     "repeats",
 ]
-
-#: Table 3 of the paper (paper protocol, random partition): averaged per-device RMSE ×10 and std of
-#: the per-device RMSE ×10, each with the std over 30 repeats (the paper's brackets).
-PAPER_TABLE3 = pd.DataFrame(
-    [
-        (1, "FGPR", 2.75, 0.00, 1.84, 0.01),
-        (3, "FGPR", 2.42, 0.03, 1.57, 0.01),
-        (5, "FGPR", 2.20, 0.05, 1.29, 0.02),
-        (7, "FGPR", 2.38, 0.01, 1.44, 0.02),
-        (1, "Ditto", 3.01, 0.01, 1.70, 0.00),
-        (3, "Ditto", 3.05, 0.06, 2.11, 0.02),
-        (5, "Ditto", 2.89, 0.09, 1.37, 0.02),
-        (7, "Ditto", 2.90, 0.02, 1.50, 0.01),
-    ],
-    columns=["output", "method", "rmse_mean_x10", "rmse_mean_x10_sd", "rmse_std_x10", "rmse_std_x10_sd"],
-)
 
 TABLE = summaries.PaperTable(
     keys=("output", "protocol", "partition", "method"),
@@ -205,18 +190,7 @@ def _task(
     dittos = fit_ditto([Ditto(seed=fit_seed, **settings.ditto) for _ in feds], list(feds.values()))
     records, details = [], []
     for (output, fed), ditto in zip(feds.items(), dittos):
-        result = fedgp.fit(
-            spec,
-            fed,
-            settings.fgpr,
-            settings.rounds,
-            engine=engine,
-            seed=fit_seed,
-            progress=False,
-            outcome_transform=None,
-            input_transform=None,
-            eval_every=0,
-        )
+        result = fit_study(spec, fed, settings.fgpr, settings.rounds, fit_seed, engine)
         tables = {"FGPR": result.evaluate()}
         local = LocalGP(spec, max_iter=settings.local_max_iter)
         tables["LocalGP"] = local.evaluate(fed)
@@ -227,8 +201,8 @@ def _task(
             if not c.has_test:
                 continue
             base = {"client": c.id, "n_test": len(c.y_test)}
-            rows_d.append({**base, **client_metrics(ditto.posterior(c.X_test, k), c.y_test)})
-            rows_g.append({**base, **client_metrics(ditto.global_posterior(c.X_test), c.y_test)})
+            rows_d.append({**base, **client_metrics(ditto.predict(c.X_test, k), c.y_test)})
+            rows_g.append({**base, **client_metrics(ditto.predict_global(c.X_test), c.y_test)})
         tables["Ditto"], tables["FedAvgMLP"] = pd.DataFrame(rows_d), pd.DataFrame(rows_g)
         n_train = {c.id: c.n for c in fed}
         for method, table in tables.items():
@@ -291,22 +265,22 @@ def run_table3(
         load_sarcos(root, protocol=settings.protocol)  # fail here, early, if the files are wrong
     cache = TaskCache(cache_dir, settings, seed)
     tasks = [(r, p) for r in range(repeats) for p in settings.partitions]
-    done: dict = {}
+    finished: dict = {}
     todo = []
     for task in tasks:
         stem = f"r{task[0]}_{task[1]}"
         cached = cache.load(stem)
         if cached is not None:
-            done[task] = cached
+            finished[task] = cached
         else:
             todo.append((task, stem))
     bar = progress_bar(
-        total=len(tasks), initial=len(done), desc="Table 3 tasks", progress=progress, leave=True
+        total=len(tasks), initial=len(finished), desc="Table 3 tasks", progress=progress, leave=True
     )
 
     def store(task, stem, res):
         cache.save(stem, res)
-        done[task] = res
+        finished[task] = res
         bar.update(1)
 
     if n_jobs > 1 and len(todo) > 1:
@@ -323,7 +297,7 @@ def run_table3(
         for t, f in todo:
             store(t, f, _task(settings, seed, t[0], t[1], root, engine, None))
     bar.close()
-    ordered = [done[t] for t in tasks]
+    ordered = [finished[t] for t in tasks]
     per_device = pd.concat([o[0] for o in ordered], ignore_index=True)
     details = pd.concat([o[1] for o in ordered], ignore_index=True)
     return Table3Run(per_device, details, settings)
@@ -352,33 +326,39 @@ def reproduce(
     if outputs is not None:
         bad = [o for o in outputs if isinstance(o, bool) or not isinstance(o, int) or not 1 <= o <= 7]
         if bad or not outputs:
-            raise ValueError(f"outputs: SARCOS has torques 1..7; got {list(outputs)!r}")
+            raise InputError(f"outputs: SARCOS has torques 1..7; got {list(outputs)!r}")
         settings = replace(settings, outputs=tuple(dict.fromkeys(outputs)))
         name += f"_outputs{'-'.join(map(str, settings.outputs))}"
     if partition_seed is not None:
         if isinstance(partition_seed, bool) or not isinstance(partition_seed, int) or partition_seed < 0:
-            raise ValueError(f"partition_seed must be an int >= 0, got {partition_seed!r}")
+            raise InputError(f"partition_seed must be an int >= 0, got {partition_seed!r}")
         settings = replace(settings, partition_seed=partition_seed)
         name += f"_pseed{partition_seed}"
     repeats = (1 if quick else 30) if repeats is None else repeats
     n_jobs = int(os.environ.get("FEDGP_JOBS", "1")) if n_jobs is None else n_jobs
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    cache = os.environ.get("FEDGP_CACHE")
-    cache = None if quick or not cache else Path(cache) / name
-    run = run_table3(repeats, seed, settings, progress=progress, cache_dir=cache, n_jobs=n_jobs)
-    protocol = ", ".join(sorted(run.rows["protocol"].unique()))
-    header = (
-        f"# Table 3 (SARCOS, protocol: {protocol}) — {repeats} repeats"
-        f"{' (quick mode)' if quick else ''}\n\n"
-        "Mean over repeats (std over repeats in brackets) of the averaged per-device RMSE ×10 and of the "
-        "std of the per-device RMSE ×10 across the 25 devices; NLL and 95% coverage of the devices' test "
-        "rows. Paper: Yue & Kontar, Table 3 (FGPR and Ditto, outputs 1/3/5/7, paper protocol, random "
-        "partition). The reduced protocol uses only the 4,449-row test file: its numbers are not "
-        "comparable with the paper's in level, only in spirit.\n\n"
-    )
-    if partition_seed is not None:
-        header += (
-            f"Device partitions and splits drawn from seed {partition_seed}; training from seed {seed}.\n\n"
+
+    def study() -> Table3Run:
+        cache = cache_folder(name, quick)
+        return run_table3(repeats, seed, settings, progress=progress, cache_dir=cache, n_jobs=n_jobs)
+
+    def report(run: Table3Run, minutes: float) -> Report:
+        protocol = ", ".join(sorted(run.rows["protocol"].unique()))
+        header = (
+            f"# Table 3 (SARCOS, protocol: {protocol}) — {repeats} repeats"
+            f"{' (quick mode)' if quick else ''}\n\n"
+            "Mean over repeats (std over repeats in brackets) of the averaged per-device RMSE ×10 and of "
+            "the std of the per-device RMSE ×10 across the 25 devices; NLL and 95% coverage of the "
+            "devices' test rows. Paper: Yue & Kontar, Table 3 (FGPR and Ditto, outputs 1/3/5/7, paper "
+            "protocol, random partition). The reduced protocol uses only the 4,449-row test file: its "
+            "numbers are not comparable with the paper's in level, only in spirit.\n\n"
         )
-    return run.write(out, name, header)
+        if partition_seed is not None:
+            header += (
+                f"Device partitions and splits drawn from seed {partition_seed}; training from seed "
+                f"{seed}.\n\n"
+            )
+        return run.report(name, header)
+
+    # torch's default threads (single-threaded workers with FEDGP_JOBS): the committed Table 3 was
+    # computed so
+    return reproduction(out_dir, study, report, one_thread=False)

@@ -35,10 +35,11 @@ from scipy.optimize import linear_sum_assignment
 
 from fedgp.data import gaussian_mixed_regression, skewed_sizes
 from fedgp.data.synthetic import MixedRegression
-from fedgp.experiments.common import default_engine, fit_study, prepare_output
+from fedgp.errors import ConvergenceWarning
+from fedgp.experiments.common import Report, default_engine, fit_study, reproduction
 from fedgp.experiments.metrics import markdown_table
 from fedgp.experiments.mixed_regression import NOISE, WEIGHTS, linear_spec, separation
-from fedgp.stopping import ConvergenceWarning, StateChange
+from fedgp.run.stopping import StateChange
 from fedgp.strategies import clustered as C
 from fedgp.strategies.clustered.moment_descent import MomentDescentInit
 
@@ -136,7 +137,8 @@ def run_method(method: str, data: MixedRegression, seed: int, budget: int = BUDG
     rows: list[dict] = []
     last: dict = {}
 
-    def track(rnd, server):
+    def track(run):
+        server = run.server
         if server.initialising or server.phase_round == 0:
             return
         errors = matched_errors(server.states[WEIGHTS][server.best, :, :, 0].numpy(), truth)
@@ -157,7 +159,7 @@ def run_method(method: str, data: MixedRegression, seed: int, budget: int = BUDG
             strategy.init_rounds + budget,
             seed,
             engine,
-            callback=track,
+            callbacks=[track],
             stop=stop,
         )
     seconds = time.perf_counter() - start
@@ -300,28 +302,29 @@ def reproduce(
     repeats: int | None, out_dir: Path, seed: int = 0, quick: bool = False, progress: bool | None = None
 ) -> list[Path]:
     """``fedgp reproduce two-phase-unbalanced``: per-cluster curves and finals (CSV) and a summary."""
-    out = prepare_output(out_dir)
     repeats = repeats or (2 if quick else 5)
     budget = 300 if quick else BUDGET
     changes = {"clients": 60, "d": 10} if quick else {}
-    started = time.perf_counter()
-    parts = [run_seed(s, METHODS, budget, None, **changes) for s in range(seed, seed + repeats)]
-    curves = pd.concat([p[0] for p in parts], ignore_index=True)
-    finals = pd.concat([p[1] for p in parts], ignore_index=True)
-    minutes = (time.perf_counter() - started) / 60
-    paths = [out / "two_phase_unbalanced.csv", out / "two_phase_unbalanced_curves.csv"]
-    finals.to_csv(paths[0], index=False)
-    curves.to_csv(paths[1], index=False)
-    table = summarize(finals)
-    md = out / "two_phase_unbalanced.md"
-    md.write_text(
-        "# Two-phase on unbalanced clusters, trained to convergence"
-        f"{' (QUICK MODE)' if quick else ''}\n\n"
-        f"Written by `fedgp reproduce two-phase-unbalanced` in {minutes:.1f} min: {repeats} seeds from "
-        f"{seed}, setting { ({**SETTING, **changes}) }, η = {ETA}, s = {LOCAL_STEPS}, stop = {STOP!r} "
-        f"within {budget} Phase-2 rounds, engine {default_engine()}.\n\n"
-        "Per method and cluster (rounds to oracle: the first round from which the cluster's error stays "
-        f"within {WITHIN}× the converged oracle's; medians over seeds):\n\n" + markdown_table(table) + "\n"
-    )
-    paths.append(md)
-    return paths
+
+    def study():
+        parts = [run_seed(s, METHODS, budget, None, **changes) for s in range(seed, seed + repeats)]
+        curves = pd.concat([p[0] for p in parts], ignore_index=True)
+        return pd.concat([p[1] for p in parts], ignore_index=True), curves
+
+    def report(ran, minutes: float) -> Report:
+        finals, curves = ran
+        text = (
+            "# Two-phase on unbalanced clusters, trained to convergence"
+            f"{' (QUICK MODE)' if quick else ''}\n\n"
+            f"Written by `fedgp reproduce two-phase-unbalanced` in {minutes:.1f} min: {repeats} seeds from "
+            f"{seed}, setting { ({**SETTING, **changes}) }, η = {ETA}, s = {LOCAL_STEPS}, stop = {STOP!r} "
+            f"within {budget} Phase-2 rounds, engine {default_engine()}.\n\n"
+            "Per method and cluster (rounds to oracle: the first round from which the cluster's error "
+            f"stays within {WITHIN}× the converged oracle's; medians over seeds):\n\n"
+            + markdown_table(summarize(finals))
+            + "\n"
+        )
+        tables = {"two_phase_unbalanced.csv": finals, "two_phase_unbalanced_curves.csv": curves}
+        return Report(tables, {"two_phase_unbalanced.md": text})
+
+    return reproduction(out_dir, study, report)

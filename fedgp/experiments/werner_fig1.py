@@ -22,10 +22,10 @@ import gpytorch
 import pandas as pd
 import torch
 
-import fedgp
 from fedgp.clustering import FixedRadius
 from fedgp.data import ClientData, Federation
 from fedgp.models import GPSpec, ZeroKernel
+from fedgp.run import Progress, fit
 from fedgp.strategies import FederatedClustering, MyopicClustering
 
 __all__ = ["ETA", "Fig1aMean", "fig1a_problem", "loss", "fig1a_study"]
@@ -87,12 +87,19 @@ def fig1a_study(rounds: int = 40, eta: float = ETA, radius: float = 5.0) -> pd.D
     rows = []
     for name, strategy in methods.items():
         trace = [(0, torch.full((3,), 1.5, dtype=torch.float64))]
-        fedgp.fit(
-            spec, federation, strategy, rounds=rounds, progress=False,
+
+        def record(run, trace=trace):
+            trace.append((run.completed, run.server.states[THETA][:, 0].clone()))
+
+        fit(
+            spec,
+            federation,
+            strategy,
+            rounds=rounds,
             engine="sequential",
-            outcome_transform=None, input_transform=None,
-            callback=lambda r, s, trace=trace: trace.append((r, s.states[THETA][:, 0].clone())),
-        )  # fmt: skip
+            transforms=None,
+            callbacks=[Progress(False), record],
+        )
         for r, theta in trace:
             for i, value in enumerate(theta.tolist()):
                 rows.append(

@@ -37,6 +37,7 @@ import math
 import re
 import time
 from collections.abc import Iterable, Sequence
+from functools import partial
 from pathlib import Path
 
 import gpytorch
@@ -46,10 +47,11 @@ import torch
 from fedgp import attacks
 from fedgp.clustering import FixedRadius, QuantileRadius
 from fedgp.data import BumpClusters, bump_federation
-from fedgp.experiments.common import default_engine, fit_study, prepare_output
+from fedgp.errors import InputError, RoundFailedError
+from fedgp.experiments.common import Report, default_engine, fit_study, reproduction
 from fedgp.experiments.metrics import markdown_table
 from fedgp.models import GaussianBumpMean, GPSpec
-from fedgp.rounds import RoundFailedError
+from fedgp.run import Faults
 from fedgp.strategies import FederatedClustering
 
 __all__ = ["SCENARIOS", "bump_spec", "curvature_step", "werner_gp_study", "summary", "criteria", "reproduce"]
@@ -114,7 +116,7 @@ def _attack(name: str, data: BumpClusters):
         return attacks.BitFlip(clients=data.extra)
     if name == "edge":
         return attacks.EdgeOfBall(clients=data.extra, labels=tuple(int(z) for z in data.labels))
-    raise ValueError(f"unknown scenario {name!r}; known: {SCENARIOS}")
+    raise InputError(f"unknown scenario {name!r}; known: {SCENARIOS}")
 
 
 def _row(result, data: BumpClusters) -> dict:
@@ -165,7 +167,7 @@ def werner_gp_study(
             data = bump_federation(extra=0 if scenario == "clean" else 8, seed=seed)
             spec = bump_spec(data)
             lr = curvature_step(data, spec)
-            attack = None if scenario == "clean" else _attack(scenario, data)
+            faults = Faults(attack=None if scenario == "clean" else _attack(scenario, data))
             methods = _methods(data, lr, qs, scenario)
             if kernel_variant and scenario == "clean" and 0.2 in qs:
                 methods["fc_q0.2_kernel"] = (
@@ -177,8 +179,9 @@ def werner_gp_study(
                 began = time.perf_counter()
                 row = {"seed": seed, "scenario": scenario, "method": name, "lr": lr, "rounds": rounds}
                 try:
+                    fed = data.federation
                     result = fit_study(
-                        method_spec, data.federation, strategy, rounds, seed, engine, progress, attack=attack
+                        method_spec, fed, strategy, rounds, seed, engine, progress, faults=faults
                     )
                     row.update(_row(result, data), diverged_round=None)
                 except RoundFailedError as err:
@@ -219,28 +222,30 @@ def reproduce(
     repeats: int | None, out_dir: Path, seed: int = 0, quick: bool = False, progress: bool | None = None
 ) -> list[Path]:
     """``fedgp reproduce werner-gp``: the per-run table, the summary and the pass criteria."""
-    out_dir = prepare_output(out_dir)
     repeats = repeats or (1 if quick else 5)
-    began = time.perf_counter()
-    table = werner_gp_study(range(seed, seed + repeats), rounds=100 if quick else 1500, progress=progress)
-    minutes = (time.perf_counter() - began) / 60
-    paths = [out_dir / "werner_gp.csv", out_dir / "werner_gp.md"]
-    table.to_csv(paths[0], index=False)
-    crit = {
-        fc: criteria(table, fc)
-        for fc in sorted(m for m in table["method"].unique() if m.startswith("fc_q") and "kernel" not in m)
-    }
-    text = "\n\n".join(
-        f"### {fc}: seeds passing each criterion (of {len(c)})\n\n"
-        + markdown_table(c.sum().rename_axis("criterion").rename("seeds passing").reset_index())
-        for fc, c in crit.items()
-    )
-    paths[1].write_text(
-        "# Werner et al. in GP form: Federated-Clustering with Byzantine clients (digest §7)\n\n"
-        f"{repeats} seeds from {seed}, {minutes:.1f} min, engine {default_engine()}.\n\n"
-        + markdown_table(summary(table))
-        + "\n\n"
-        + text
-        + "\n"
-    )
-    return paths
+
+    def report(table: pd.DataFrame, minutes: float) -> Report:
+        crit = {
+            fc: criteria(table, fc)
+            for fc in sorted(
+                m for m in table["method"].unique() if m.startswith("fc_q") and "kernel" not in m
+            )
+        }
+        passing = "\n\n".join(
+            f"### {fc}: seeds passing each criterion (of {len(c)})\n\n"
+            + markdown_table(c.sum().rename_axis("criterion").rename("seeds passing").reset_index())
+            for fc, c in crit.items()
+        )
+        text = (
+            "# Werner et al. in GP form: Federated-Clustering with Byzantine clients (digest §7)\n\n"
+            f"{repeats} seeds from {seed}, {minutes:.1f} min, engine {default_engine()}.\n\n"
+            + markdown_table(summary(table))
+            + "\n\n"
+            + passing
+            + "\n"
+        )
+        return Report({"werner_gp.csv": table}, {"werner_gp.md": text})
+
+    seeds = range(seed, seed + repeats)
+    study = partial(werner_gp_study, seeds, rounds=100 if quick else 1500, progress=progress)
+    return reproduction(out_dir, study, report)

@@ -29,6 +29,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Iterable
+from functools import partial
 from pathlib import Path
 
 import gpytorch
@@ -37,25 +38,17 @@ import torch
 
 from fedgp.clustering import FixedRadius, QuantileRadius
 from fedgp.data import dx_federation
-from fedgp.experiments.common import default_engine, fit_study, prepare_output
+from fedgp.experiments.common import Report, default_engine, fit_study, reproduction
 from fedgp.experiments.metrics import markdown_table
+from fedgp.experiments.paper import WERNER_SYNTHETIC
 from fedgp.models import GPSpec, HyperState, ZeroKernel
 from fedgp.strategies import FederatedClustering
 
 __all__ = ["REFERENCE", "dx_spec", "synthetic_study", "summary", "reproduce"]
 
-#: The authors' script (float32), seed 0: mean ‖θ_i − θ*‖ at the given epoch (issue 15).
-REFERENCE = pd.DataFrame(
-    [
-        ("fc", 100, 1.76e-3),
-        ("ground_truth", 100, 1.66e-3),
-        ("fc", 300, 2.7e-5),
-        ("ground_truth", 300, 4.9e-5),
-        ("local", 100, 0.113),
-        ("local", 790, 0.084),
-    ],
-    columns=["method", "epoch", "reference_error"],
-)
+#: The authors' script (float32), seed 0: mean ‖θ_i − θ*‖ at the given epoch
+#: (:data:`fedgp.experiments.paper.WERNER_SYNTHETIC`, where every paper's numbers are kept).
+REFERENCE = WERNER_SYNTHETIC
 
 W = "mean_module.weights"
 
@@ -108,11 +101,11 @@ def synthetic_study(
         for name, strategy in methods.items():
             errors = [float((start[..., 0] - truth).norm(dim=1).mean())]
 
-            def record(rnd, server, errors=errors, truth=truth):
-                errors.append(float((server.states[W][..., 0] - truth).norm(dim=1).mean()))
+            def record(run, errors=errors, truth=truth):
+                errors.append(float((run.server.states[W][..., 0] - truth).norm(dim=1).mean()))
 
             began = time.perf_counter()
-            fit_study(spec, data.federation, strategy, epochs, seed, engine, progress, callback=record)
+            fit_study(spec, data.federation, strategy, epochs, seed, engine, progress, callbacks=[record])
             seconds = time.perf_counter() - began
             rows += [
                 {"seed": seed, "method": name, "updates": e, "error": err, "seconds": seconds}
@@ -138,17 +131,17 @@ def reproduce(
     repeats: int | None, out_dir: Path, seed: int = 0, quick: bool = False, progress: bool | None = None
 ) -> list[Path]:
     """``fedgp reproduce werner-synthetic``: per-epoch curves and the summary beside the reference."""
-    out_dir = prepare_output(out_dir)
     repeats = repeats or (1 if quick else 5)
-    began = time.perf_counter()
-    curves = synthetic_study(range(seed, seed + repeats), epochs=110 if quick else 800, progress=progress)
-    minutes = (time.perf_counter() - began) / 60
-    paths = [out_dir / "werner_synthetic.csv", out_dir / "werner_synthetic.md"]
-    curves.to_csv(paths[0], index=False)
-    paths[1].write_text(
-        "# Werner et al. synthetic linear regression DX(4, 16, 9, 10)\n\n"
-        f"{repeats} seeds from {seed}, {minutes:.1f} min, engine {default_engine()}, float64.\n\n"
-        + markdown_table(summary(curves))
-        + "\n"
-    )
-    return paths
+
+    def report(curves: pd.DataFrame, minutes: float) -> Report:
+        text = (
+            "# Werner et al. synthetic linear regression DX(4, 16, 9, 10)\n\n"
+            f"{repeats} seeds from {seed}, {minutes:.1f} min, engine {default_engine()}, float64.\n\n"
+            + markdown_table(summary(curves))
+            + "\n"
+        )
+        return Report({"werner_synthetic.csv": curves}, {"werner_synthetic.md": text})
+
+    seeds = range(seed, seed + repeats)
+    study = partial(synthetic_study, seeds, epochs=110 if quick else 800, progress=progress)
+    return reproduction(out_dir, study, report)

@@ -7,6 +7,7 @@ from linear_operator.utils.errors import NanError
 
 from fedgp.baselines import CentralGP, LocalGP
 from fedgp.data import ClientData, Federation, gp_spec
+from fedgp.errors import NotFittedError, UnknownClientError
 from fedgp.models import condition, fit_mle, maximize_likelihood, total_nll
 from fedgp.models.mle import adam
 
@@ -39,7 +40,28 @@ def test_local_gp_is_maximum_likelihood_on_each_client_alone():
     direct = condition(spec, local.states_[1], fed[1].X, fed[1].y, fed[1].X_test)
     assert table.loc[1, "rmse"] == pytest.approx(direct.rmse(fed[1].y_test))
     new = ClientData(fed[0].X, fed[0].y)  # a client outside the federation is fitted on the fly
-    assert torch.allclose(local.posterior(fed[0].X_test, new).mean, local.posterior(fed[0].X_test, 0).mean)
+    assert torch.allclose(local.predict(fed[0].X_test, new).mean, local.predict(fed[0].X_test, 0).mean)
+    # a client by position, by id and as its ClientData is the same client
+    by_position = local.predict(fed[1].X_test, 1)
+    for name in (fed[1].id, fed[1]):
+        same = local.predict(fed[1].X_test, name)
+        assert torch.equal(same.mean, by_position.mean) and torch.equal(
+            same.variance_y, by_position.variance_y
+        )
+    assert torch.allclose(by_position.mean, direct.mean)
+
+
+def test_local_gp_names_unknown_clients_and_needs_fit_for_known_ones():
+    fed = draws(n_clients=2)
+    spec = gp_spec(1, "rbf", ard=False)
+    with pytest.raises(NotFittedError, match="LocalGP is not fitted"):
+        LocalGP(spec).predict(fed[0].X_test, 0)
+    assert LocalGP(spec).predict(fed[0].X_test, fed[0]).mean.shape == (10,)  # a new client needs no fit
+    local = LocalGP(spec, max_iter=5).fit(fed)
+    with pytest.raises(UnknownClientError, match="positions 0..1"):
+        local.predict(fed[0].X_test, 2)
+    with pytest.raises(UnknownClientError, match="'nobody'"):
+        local.predict(fed[0].X_test, "nobody")
 
 
 def test_central_gp_pools_raw_targets_and_scores_on_each_clients_scale():
@@ -57,7 +79,10 @@ def test_central_gp_pools_raw_targets_and_scores_on_each_clients_scale():
         m, s = c.metadata["y_mean"], c.metadata["y_std"]
         expected = ((pooled.mean * std + mean - m) / s - c.y_test).pow(2).mean().sqrt()
         assert table.loc[k, "rmse"] == pytest.approx(float(expected))
-        assert torch.allclose(central.posterior(c.X_test, c).variance_y, pooled.variance_y * (std / s) ** 2)
+        assert torch.allclose(central.predict(c.X_test, c).variance_y, pooled.variance_y * (std / s) ** 2)
+        assert torch.equal(central.predict(c.X_test, k).mean, central.predict(c.X_test, c.id).mean)
+    with pytest.raises(NotFittedError, match="CentralGP is not fitted"):
+        CentralGP(spec).predict(fed[0].X_test, fed[0])
 
 
 def test_central_gp_on_one_client_is_that_clients_local_gp():

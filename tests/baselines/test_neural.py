@@ -9,6 +9,7 @@ import torch
 from fedgp.baselines import Ditto, FedAvgMLP
 from fedgp.baselines.neural import fit_ditto, init_mlp
 from fedgp.data import ClientData, Federation
+from fedgp.errors import NotFittedError, UnknownClientError
 
 
 def small_federation(sizes=(12, 20, 7), d=3, seed=0):
@@ -56,7 +57,7 @@ def test_fedavg_with_one_sgd_step_per_round_is_gradient_descent_on_the_pooled_ob
         loss.backward()
         opt.step()
     X = torch.randn(9, 3, dtype=torch.float64)
-    assert torch.allclose(model.predict(X), net(X).squeeze(-1).detach(), atol=1e-10)
+    assert torch.allclose(model.network(X), net(X).squeeze(-1).detach(), atol=1e-10)
 
 
 def test_every_client_is_an_independent_adam_run_within_a_round():
@@ -102,14 +103,14 @@ def test_ditto_lambda_zero_is_local_training_and_infinity_is_the_global_model():
             opt.zero_grad()
             ((net(c.X).squeeze(-1) - c.y) ** 2).mean().backward()
             opt.step()
-        assert torch.allclose(local.predict(X, k), net(X).squeeze(-1).detach(), atol=1e-10)
+        assert torch.allclose(local.predict(X, k).mean, net(X).squeeze(-1).detach(), atol=1e-10)
     inf = Ditto(lam=math.inf, **common).fit(fed)
     huge = Ditto(lam=1e12, **common).fit(fed)
     for k in range(len(fed)):
-        assert torch.equal(inf.predict(X, k), inf.predict_global(X))
-        assert torch.allclose(huge.predict(X, k), huge.predict_global(X), atol=1e-9)
+        assert torch.equal(inf.predict(X, k).mean, inf.predict_global(X).mean)
+        assert torch.allclose(huge.predict(X, k).mean, huge.predict_global(X).mean, atol=1e-9)
     # the global model never depends on λ
-    assert torch.equal(local.predict_global(X), inf.predict_global(X))
+    assert torch.equal(local.predict_global(X).mean, inf.predict_global(X).mean)
 
 
 def test_ditto_global_model_is_the_fedavg_mlp():
@@ -118,7 +119,9 @@ def test_ditto_global_model_is_the_fedavg_mlp():
     fedavg = FedAvgMLP(**kw).fit(fed)
     ditto = Ditto(lam=0.3, validation_fraction=0.0, **kw).fit(fed)
     X = torch.randn(4, 3, dtype=torch.float64)
-    assert torch.equal(fedavg.predict(X), ditto.predict_global(X))
+    assert torch.equal(fedavg.network(X), ditto.predict_global(X).mean)
+    # with no validation rows both fall back to the federated training MSE of the global model
+    assert torch.allclose(fedavg.predict(X, 0).variance_y, ditto.predict_global(X).variance_y, rtol=1e-12)
 
 
 def test_ditto_picks_a_small_lambda_when_clients_disagree():
@@ -140,8 +143,11 @@ def test_ditto_picks_a_small_lambda_when_clients_disagree():
     assert ditto.lam_ == 0.01
     table = ditto.validation_.set_index("lam")["val_rmse_mean"]
     assert table[0.01] < 0.5 * table[100.0]
-    personal = np.mean([ditto.posterior(c.X, k).rmse(c.y) for k, c in enumerate(fed)])
-    shared = np.mean([ditto.global_posterior(c.X).rmse(c.y) for c in fed])
+    personal = np.mean([ditto.predict(c.X, k).rmse(c.y) for k, c in enumerate(fed)])
+    shared = np.mean([ditto.predict_global(c.X).rmse(c.y) for c in fed])
+    # a client by position, by id and as its ClientData is the same client
+    assert torch.equal(ditto.predict(x, "-sin").mean, ditto.predict(x, fed[1]).mean)
+    assert torch.equal(ditto.predict(x, 1).variance_y, ditto.predict(x, fed[1]).variance_y)
     assert personal < 0.5 * shared and ditto.noise_variance_.shape == (2,)
 
 
@@ -155,7 +161,18 @@ def test_input_errors():
         FedAvgMLP(optimizer="lbfgs", rounds=1).fit(fed)
     model = FedAvgMLP(rounds=1).fit(fed)
     with pytest.raises(ValueError, match=r"shape \(n, 3\)"):
-        model.predict(torch.zeros(2, 4))
+        model.predict(torch.zeros(2, 4), 0)
+    with pytest.raises(NotFittedError, match="FedAvgMLP is not fitted"):
+        FedAvgMLP().predict(torch.zeros(2, 3), 0)
+    with pytest.raises(NotFittedError, match="Ditto is not fitted"):
+        Ditto().predict_global(torch.zeros(2, 3))
+    with pytest.raises(NotFittedError, match="Ditto is not fitted"):
+        Ditto().predict(torch.zeros(2, 3), 0)
+    ditto = Ditto(lam=1.0, rounds=1, validation_fraction=0.0).fit(fed)
+    with pytest.raises(UnknownClientError, match="positions 0..2"):
+        ditto.predict(torch.zeros(2, 3), 3)
+    with pytest.raises(UnknownClientError, match="no personal model"):
+        ditto.predict(torch.zeros(2, 3), ClientData(np.zeros((2, 3)), np.arange(2.0), id="new"))
 
 
 def test_fitting_several_ditto_models_together_equals_fitting_each_alone():
@@ -176,7 +193,8 @@ def test_fitting_several_ditto_models_together_equals_fitting_each_alone():
         assert a.lam_ == b.lam_
         # bitwise: batching groups together changes nothing
         assert np.array_equal(a.validation_["val_rmse_mean"], b.validation_["val_rmse_mean"])
-        assert torch.equal(a.predict_global(X), b.predict_global(X))
-        assert all(torch.equal(a.predict(X, k), b.predict(X, k)) for k in range(3))
+        assert torch.equal(a.predict_global(X).mean, b.predict_global(X).mean)
+        assert all(torch.equal(a.predict(X, k).mean, b.predict(X, k).mean) for k in range(3))
+        assert np.array_equal(a.noise_variance_, b.noise_variance_)
     with pytest.raises(ValueError, match="differ only in their seed"):
         fit_ditto([Ditto(seed=3, **kw), Ditto(seed=4, **{**kw, "rounds": 6})], feds)

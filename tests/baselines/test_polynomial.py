@@ -6,6 +6,7 @@ import torch
 
 from fedgp.baselines import FedAvgPolynomial, legendre_features, select_degree
 from fedgp.data import ClientData, Federation
+from fedgp.errors import NotFittedError, UnknownClientError
 
 
 def federation(xs, f, noise=0.0, seed=0):
@@ -61,19 +62,31 @@ def test_exact_polynomial_is_recovered_and_degree_selection_finds_it():
     assert degree == 3 and table.set_index("degree").loc[3, "val_rmse_mean"] < 1e-6
     model = FedAvgPolynomial(degree=3, rounds=3000, local_steps=5, lr=0.4).fit(fit_fed)
     x = torch.linspace(0, 2, 7, dtype=torch.float64)[:, None]
-    assert torch.allclose(model.predict(x), torch.from_numpy(f(x[:, 0].numpy())), atol=1e-6)
+    assert torch.allclose(model.curve(x), torch.from_numpy(f(x[:, 0].numpy())), atol=1e-6)
+    with pytest.raises(ValueError, match="fits its training data exactly"):
+        model.predict(x, 0)  # no noise to put around the curve
+    model.noise_variance = 1e-6
+    assert torch.equal(model.predict(x, 0).mean, model.curve(x))  # every client gets the curve
     assert model.history_["train_mse"].iloc[-1] < 1e-12
 
 
-def test_posterior_and_errors():
+def test_prediction_and_errors():
     fed = federation([np.linspace(0, 1, 10), np.linspace(0, 1, 12)], np.cos)
-    model = FedAvgPolynomial(degree=2, rounds=5).fit(fed)
-    pred = model.posterior(fed[0].X, noise_variance=0.25)
+    model = FedAvgPolynomial(degree=2, rounds=5, noise_variance=0.25).fit(fed)
+    pred = model.predict(fed[0].X, 0)
     assert torch.all(pred.variance_y == 0.25) and torch.all(pred.variance_f == 0)
+    assert torch.equal(pred.mean, model.curve(fed[0].X))
+    # without a held-out variance, the federated training MSE of the fit
+    plain = FedAvgPolynomial(degree=2, rounds=5).fit(fed).predict(fed[0].X, fed[1])
+    assert torch.all(plain.variance_y == model.history_["train_mse"].iloc[-1])
     with pytest.raises(ValueError, match="one input"):
         rng = np.random.default_rng(0)
         FedAvgPolynomial().fit(Federation([ClientData(rng.random((5, 2)), rng.random(5))]))
     with pytest.raises(ValueError, match="shape"):
-        model.predict(torch.zeros(3, 2))
-    with pytest.raises(RuntimeError, match="not fitted"):
-        FedAvgPolynomial().predict(torch.zeros(3, 1))
+        model.predict(torch.zeros(3, 2), 0)
+    with pytest.raises(UnknownClientError, match="positions 0..1"):
+        model.predict(fed[0].X, 5)
+    with pytest.raises(NotFittedError, match="not fitted"):
+        FedAvgPolynomial().predict(torch.zeros(3, 1), 0)
+    with pytest.raises(ValueError, match="noise_variance must be positive"):
+        FedAvgPolynomial(noise_variance=0.0)

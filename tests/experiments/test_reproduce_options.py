@@ -74,7 +74,7 @@ def test_table2_runs_the_held_out_subset_and_sensors(tmp_path, capsys):
 
 def test_table3_partition_seed_is_apart_from_the_training_seed(monkeypatch):
     """The split seed of a task depends on the partition seed only; left out, on the master seed
-    as before (so the committed tables keep their numbers)."""
+    (so the committed tables keep their numbers)."""
     seeds = []
 
     class Seen(Exception):
@@ -155,7 +155,7 @@ def test_caches_written_before_the_partition_seed_still_resume(tmp_path):
     settings = Table3Settings.quick()
     old = {k: v for k, v in asdict(replace(settings, engine=None)).items() if k != "partition_seed"}
     (tmp_path / "settings.txt").write_text(repr(sorted(old.items())) + " seed=0")  # an older stamp
-    TaskCache(tmp_path, settings, 0)  # accepted: the default partition seed is the old behaviour
+    TaskCache(tmp_path, settings, 0)  # accepted: an unset partition seed is the run the stamp describes
     with pytest.raises(ValueError, match="holds results of different settings or seed"):
         TaskCache(tmp_path, replace(settings, partition_seed=3), 0)
 
@@ -171,7 +171,7 @@ def test_table1_methods_runs_only_those(tmp_path):
 
 
 def test_table1_methods_without_a_sweep_method_skip_the_sweep(tmp_path):
-    # NARGP is not one of the sweep's methods: the sweep is not run (it once ran all of its own)
+    # NARGP is not one of the sweep's methods: the sweep is not run (rather than all of its own)
     argv = ["reproduce", "table1", "--quick", "--repeats", "1", "--out", str(tmp_path)]
     assert main([*argv, "--methods", "NARGP", "--no-progress"]) == 0
     table = pd.read_csv(tmp_path / "table1.csv")

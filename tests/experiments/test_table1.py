@@ -43,13 +43,11 @@ def _fit(strategy, fed, rounds=4):
         rbf_spec(2),
         fed,
         strategy,
+        engine="sequential",
         rounds=rounds,
         seed=1,
-        progress=False,
-        eval_every=0,
-        engine="sequential",
-        outcome_transform=None,  # the one-client federation below would learn other transforms
-        input_transform=None,
+        transforms=None,
+        callbacks=[fedgp.run.Evaluate(every=0)],
     ).state
 
 
@@ -129,7 +127,7 @@ def test_hf_weight_changes_aggregation_weights_only():
     problem = multifidelity_federation("currin", {"high": 6, "low": 12}, n_test=5, seed=0)
     ctx_weights = problem.federation.weights
     strategy = WeightedFGPR(local_epochs=1, batch_size=6, lr=0.05, hf_weight=0.75)
-    from fedgp.strategies.base import ServerContext
+    from fedgp.messages import ServerContext
 
     fed = problem.federation
     ctx = ServerContext(rbf_spec(2), fed.sizes, ctx_weights, fed.ids, 0)
@@ -191,8 +189,8 @@ def test_cli_reuse_runs_nothing_twice(tmp_path, monkeypatch):
     assert len(list((tmp_path / "cache" / "table1").glob("forrester-*.csv"))) == 2  # per-repeat + MF-DGP jobs
     monkeypatch.delenv("FEDGP_CACHE")
     calls = []
-    monkeypatch.setattr("fedgp.experiments.table1.run_once", lambda *a, **k: calls.append(a))
-    monkeypatch.setattr("fedgp.experiments.table1.run_batched", lambda *a, **k: calls.append(a))
+    monkeypatch.setattr("fedgp.experiments.table1.jobs.run_once", lambda *a, **k: calls.append(a))
+    monkeypatch.setattr("fedgp.experiments.table1.jobs.run_batched", lambda *a, **k: calls.append(a))
     assert main([*args, "--out", str(tmp_path / "b"), "--reuse", str(tmp_path / "a")]) == 0
     assert calls == []  # every row came from the first run
     a = pd.read_csv(tmp_path / "a" / "table1_forrester_runs.csv")

@@ -180,8 +180,9 @@ def test_the_committed_table_markdown_carries_the_rule(name):
 
 
 def test_the_committed_table1_markdown_carries_the_rule():
-    from fedgp.experiments.table1 import _md_table, compare_with_paper
+    from fedgp.experiments.metrics import markdown_table
+    from fedgp.experiments.table1 import compare_with_paper
 
     text = (RESULTS / "table1.md").read_text()
-    assert _md_table(compare_with_paper(pd.read_csv(RESULTS / "table1.csv"))) in text
+    assert markdown_table(compare_with_paper(pd.read_csv(RESULTS / "table1.csv")), ".4f") in text
     assert "paper + 1 std" not in text
