@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import fedgp
-import fedgp.progress
+import fedgp.run.progress
 from fedgp.cli import _out, build_parser, default_out, main
 from fedgp.data import ClientData
 from fedgp.data.table import read_owner_table
@@ -74,7 +74,7 @@ def test_fit_writes_model_history_metrics_and_columns(data_csv, tmp_path, capsys
     printed = capsys.readouterr()
     assert "3 owners, 31 rows to train on" in printed.out and printed.err == ""  # --quiet: nothing
     assert {p.name for p in out.iterdir()} == {
-        "model.safetensors",
+        "model.fedgp",
         "history.csv",
         "metrics.csv",
         "columns.json",
@@ -87,8 +87,8 @@ def test_fit_writes_model_history_metrics_and_columns(data_csv, tmp_path, capsys
     )
     columns = json.loads((out / "columns.json").read_text())
     assert (columns["features"], columns["target"], columns["group"]) == (["x1", "x2"], "y", "owner")
-    model = fedgp.load(out / "model.safetensors")
-    assert model.registry.ids == ["north", "south", "007"]
+    model = fedgp.load(out / "model.fedgp")
+    assert model.roster.ids == ["north", "south", "007"]
     kernel = model.spec.kernel.base_kernel
     assert type(kernel).__name__ == "MaternKernel" and kernel.nu == 2.5 and kernel.ard_num_dims == 2
 
@@ -99,8 +99,8 @@ def test_fit_is_fedgp_fit_and_predict_is_the_owners_posterior(data_csv, tmp_path
     assert fit_cli(data_csv, tmp_path / "m") == 0
     table = read_owner_table(data_csv, group="owner", target="y")
     spec = make_spec("rbf", "constant", d=2, ard=True)
-    result = fedgp.fit(spec, table.federation(), FGPR(), rounds=3, seed=0, progress=False)
-    saved = fedgp.load(tmp_path / "m" / "model.safetensors")
+    result = fedgp.fit(spec, table.federation(), FGPR(), rounds=3, seed=0)
+    saved = fedgp.load(tmp_path / "m" / "model.fedgp")
     for name, value in result.state.items():
         torch.testing.assert_close(saved.state[name], value, rtol=1e-10, atol=0)
 
@@ -132,7 +132,7 @@ def test_held_out_metrics_are_evaluate(data_csv, tmp_path):
     assert (metrics["n_train"] + metrics["n_test"]).tolist() == [10, 12, 9]
     table = read_owner_table(data_csv, group="owner", target="y")
     spec = make_spec("rbf", "constant", d=2, ard=True)
-    result = fedgp.fit(spec, table.federation(0.3, seed=0), FGPR(), rounds=3, seed=0, progress=False)
+    result = fedgp.fit(spec, table.federation(0.3, seed=0), FGPR(), rounds=3, seed=0)
     np.testing.assert_allclose(metrics["rmse"], result.evaluate()["rmse"], rtol=1e-10)
 
 
@@ -146,7 +146,7 @@ def test_predict_from_the_prior_for_owners_without_rows(data_csv, tmp_path, caps
     assert main([*argv, "--unknown", "prior", "--out", str(tmp_path / "p")]) == 0
     pred = pd.read_csv(tmp_path / "p" / "predictions.csv")
     assert pred["conditioned_on"].tolist() == [0, 10, 0]
-    model = fedgp.load(tmp_path / "m" / "model.safetensors")
+    model = fedgp.load(tmp_path / "m" / "model.fedgp")
     cold = ClientData(np.empty((0, 2)), np.empty(0), id="newcomer")
     expected = model.posterior(new.loc[[0, 2], ["x1", "x2"]].to_numpy(), cold)
     np.testing.assert_allclose(pred.loc[[0, 2], "mean"], expected.mean.numpy(), rtol=1e-10)
@@ -301,7 +301,7 @@ def test_out_defaults_to_a_new_timestamped_folder_never_results(data_csv, tmp_pa
     monkeypatch.chdir(tmp_path)
     assert main(["fit", str(data_csv), "--target", "y", "--group", "owner", *ROUNDS, "--quiet"]) == 0
     (folder,) = [p for p in tmp_path.iterdir() if p.name.startswith("fedgp-fit-")]
-    assert re.fullmatch(r"fedgp-fit-\d{8}-\d{6}", folder.name) and (folder / "model.safetensors").exists()
+    assert re.fullmatch(r"fedgp-fit-\d{8}-\d{6}", folder.name) and (folder / "model.fedgp").exists()
     assert f"wrote {folder}" in capsys.readouterr().out
     for argv in (["reproduce", "table2"], ["demo"], ["predict", "m", "new.csv"]):
         args = build_parser().parse_args(argv)
@@ -318,7 +318,7 @@ def test_out_defaults_to_a_new_timestamped_folder_never_results(data_csv, tmp_pa
 
 
 def test_progress_lines_without_a_terminal_and_quiet(data_csv, tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr(fedgp.progress, "MIN_SECONDS", 0.0)
+    monkeypatch.setattr(fedgp.run.progress, "MIN_SECONDS", 0.0)
     argv = ["fit", str(data_csv), "--target", "y", "--group", "owner", "--rounds", "20"]
     assert main([*argv, "--out", str(tmp_path / "a")]) == 0
     lines = capsys.readouterr().err.splitlines()  # pytest's stderr is not a terminal

@@ -12,7 +12,7 @@ from fedgp.strategies import FGPR, IFCA, ClusteredGP, FederatedClustering
 from fedgp.strategies.clustered import FixedAssigner
 
 D = 2
-RAW = {"outcome_transform": None, "input_transform": None}
+RAW = {"transforms": None}
 
 
 @pytest.fixture(scope="module")
@@ -25,7 +25,7 @@ def fitted():
         initial_values={"mean_module.raw_constant": 0.7},
     )
     # transforms off: the closed forms below are in the model's units, which are then the data's
-    return fedgp.fit(spec, draws.federation, FGPR(local_steps=2), rounds=3, progress=False, **RAW)
+    return fedgp.fit(spec, draws.federation, FGPR(local_steps=2), rounds=3, **RAW)
 
 
 def _kernel(state, A, B):
@@ -59,7 +59,7 @@ def test_prior_predictive_comes_back_in_the_data_units_with_default_transforms()
     rng = np.random.default_rng(3)
     clients = [ClientData(rng.uniform(size=(20, D)), 150 + 70 * rng.normal(size=20), id=i) for i in range(3)]
     spec = fedgp.GPSpec(mean=gpytorch.means.ConstantMean())
-    result = fedgp.fit(spec, Federation(clients), FGPR(local_steps=2), rounds=2, progress=False)
+    result = fedgp.fit(spec, Federation(clients), FGPR(local_steps=2), rounds=2)
     offset, scale = float(result.transform.y_offset), float(result.transform.y_scale)
     assert abs(offset - float(torch.cat([c.y for c in clients]).mean())) < 1e-9  # it is on
     pred = result.posterior(torch.rand(4, D, dtype=torch.float64), ClientData(np.zeros((0, D)), [], id="new"))
@@ -109,7 +109,7 @@ def test_clustered_cold_start_takes_the_cluster_with_most_training_points():
     # cluster 0 has two clients but 20 points; cluster 1 one client with 30: by points, cluster 1.
     fed = _mixture([(10, 1.0), (10, 1.0), (30, -1.0)])
     strategy = ClusteredGP(num_clusters=2, assigner=FixedAssigner(labels=(0, 0, 1)), restarts=1)
-    result = fedgp.fit(fedgp.GPSpec(), fed, strategy, rounds=2, progress=False, **RAW)
+    result = fedgp.fit(fedgp.GPSpec(), fed, strategy, rounds=2, **RAW)
     empty = ClientData(np.zeros((0, D)), np.zeros(0), id="new")
     assert int(result._ask("personal", empty)["cluster"][0]) == 1
     torch.testing.assert_close(result.client_state(empty).to_dict(), result.state.index(1).to_dict())
@@ -120,9 +120,7 @@ def test_clustered_cold_start_takes_the_cluster_with_most_training_points():
 
 def test_ifca_cold_start_follows_the_best_restarts_assignment():
     fed = _mixture([(10, 1.0), (10, 1.0), (12, -1.0), (40, -1.0)])
-    result = fedgp.fit(
-        fedgp.GPSpec(), fed, IFCA(num_clusters=2, local_steps=2), rounds=3, progress=False, **RAW
-    )
+    result = fedgp.fit(fedgp.GPSpec(), fed, IFCA(num_clusters=2, local_steps=2), rounds=3, **RAW)
     server = result.server_state
     labels = server.assignment[server.best]
     points = torch.zeros(2, dtype=torch.float64).index_add_(0, labels, fed.sizes.to(torch.float64))
@@ -138,9 +136,7 @@ def test_ifca_cold_start_follows_the_best_restarts_assignment():
 
 def test_personal_strategies_cold_start_takes_the_largest_clients_state():
     fed = _mixture([(10, 1.0), (30, 1.0), (12, -1.0)])
-    result = fedgp.fit(
-        fedgp.GPSpec(), fed, FederatedClustering(iterations=2), rounds=2, progress=False, **RAW
-    )
+    result = fedgp.fit(fedgp.GPSpec(), fed, FederatedClustering(iterations=2), rounds=2, **RAW)
     empty = ClientData(np.zeros((0, D)), np.zeros(0), id="new")
     assert int(result._ask("personal", empty)["cluster"][0]) == 1
     torch.testing.assert_close(result.client_state(empty).to_dict(), result.state.index(1).to_dict())

@@ -1,6 +1,8 @@
 """Every user mistake the GP researcher hit (issue 16) is a ValueError/TypeError naming the client,
 argument or field, and the fix."""
 
+import dataclasses
+import re
 import warnings
 
 import numpy as np
@@ -10,7 +12,7 @@ import torch
 
 import fedgp
 from fedgp.data import ClientData
-from fedgp.fit import UnknownClientError, engine_options
+from fedgp.errors import UnknownClientError
 from fedgp.strategies import FGPR
 
 
@@ -21,7 +23,7 @@ def draws():
 
 @pytest.fixture(scope="module")
 def result(draws):
-    return fedgp.fit(draws.spec, draws.federation, FGPR(local_steps=1), rounds=1, progress=False)
+    return fedgp.fit(draws.spec, draws.federation, FGPR(local_steps=1), rounds=1)
 
 
 def test_unknown_client_position_or_id_lists_the_valid_ones(result):
@@ -57,36 +59,82 @@ def test_X_with_the_wrong_width_names_the_client_and_width(result):
 @pytest.mark.parametrize(
     "engine, extra", [("sequential", None), ("batched", None), ("ray", "ray"), ("flower", "flwr")]
 )
-def test_unknown_engine_option_lists_the_valid_keys(draws, engine, extra):
+def test_unknown_engine_option_is_refused_by_the_engines_config(engine, extra):
     if extra:
         pytest.importorskip(extra)
+    config = type(fedgp.engines.engine_config(engine))  # the config fit(engine="...") uses
+    assert config.name == engine
+    with pytest.raises(TypeError, match=r"unexpected keyword argument 'bogus'"):
+        config(bogus=1)
+    assert "timeout" in [f.name for f in dataclasses.fields(config)]  # the valid keys are its fields
+
+
+def test_an_unknown_engine_name_or_a_wrong_engine_type_is_a_clear_error(draws):
     with pytest.raises(
         ValueError,
-        match=rf"engine_options: unknown key\(s\) 'bogus' for engine '{engine}'; valid keys: .*timeout",
+        match=r"unknown engine 'warp'; available: auto, sequential, batched, ray, flower, or a fedgp.engines "
+        r"config",
     ):
-        fedgp.fit(draws.spec, draws.federation, rounds=1, engine=engine, engine_options={"bogus": 1})
+        fedgp.fit(draws.spec, draws.federation, rounds=1, engine="warp")
+    factory = lambda spec, clients, seed=0, *, chunk: None  # noqa: E731  (engine factories are gone)
+    for wrong in (42, {"chunk_size": 3}, factory, fedgp.engines.SequentialEngine):
+        message = (
+            r"engine must be a name \('auto', 'sequential', 'batched', .*\), a fedgp.engines config such "
+            r"as fedgp.engines.Batched\(device='cuda'\), or an Engine; got " + re.escape(type(wrong).__name__)
+        )
+        with pytest.raises(TypeError, match=message):
+            fedgp.fit(draws.spec, draws.federation, rounds=1, engine=wrong)
 
 
-def test_engine_option_names_follow_the_constructors():
+def test_engine_configs_hold_their_engines_options_and_build_it_with_them(draws):
+    from fedgp.engines import Batched, Ray, Sequential
     from fedgp.engines.batched import BatchedEngine
     from fedgp.engines.sequential import SequentialEngine
 
-    assert engine_options(SequentialEngine) == ["loopback", "timeout", "keys"]
-    assert engine_options(BatchedEngine)[:5] == [
+    assert [f.name for f in dataclasses.fields(Sequential)] == ["loopback", "timeout"]
+    assert [f.name for f in dataclasses.fields(Batched)] == [
+        "device",
         "chunk_size",
-        "memory_mb",
-        "check",
         "minibatch_dtype",
         "compiled",
+        "fused",
+        "memory_mb",
+        "check",
+        "loopback",
+        "timeout",
     ]
-    assert "loopback" in engine_options(BatchedEngine)
-    assert engine_options(lambda spec, clients, seed=0, *, chunk: None) == ["chunk"]  # a factory
+    keys = torch.tensor([7, 8, 9])  # the clients' global positions, for a shard of a larger federation
+    seq = Sequential(loopback=True, timeout=5.0).build(draws.spec, draws.federation, seed=0, keys=keys)
+    assert type(seq) is SequentialEngine
+    assert (seq.loopback, seq.timeout, seq.keys.tolist()) == (True, 5.0, [7, 8, 9])
+    bat = Batched(chunk_size=2, memory_mb=1.0, minibatch_dtype=torch.float32, loopback=True, timeout=5.0)
+    built = bat.build(draws.spec, draws.federation, seed=0, keys=keys)
+    assert type(built) is BatchedEngine
+    assert (built.chunk_size, built.memory_mb, built.minibatch_dtype) == (2, 1.0, torch.float32)
+    assert (built.loopback, built.timeout, built.keys.tolist()) == (True, 5.0, [7, 8, 9])
+    with pytest.raises(ValueError, match="the Ray engine hosts a whole federation, not a shard of one"):
+        Ray().build(draws.spec, draws.federation, seed=0, keys=keys)
 
 
-def test_ray_lists_its_own_options_and_its_shards(draws):
-    pytest.importorskip("ray")
-    with pytest.raises(ValueError, match=r"valid keys: address, num_workers, threads, timeout, chunk_size"):
-        fedgp.fit(draws.spec, draws.federation, rounds=1, engine="ray", engine_options={"chunk": 1})
+def test_ray_has_its_own_options_and_its_shards_a_batched_config():
+    from fedgp.engines import Batched, Ray, Sequential
+
+    assert [f.name for f in dataclasses.fields(Ray)] == [
+        "address",
+        "num_workers",
+        "threads",
+        "timeout",
+        "shard",
+    ]
+    assert Ray().shard == Batched()
+    with pytest.raises(TypeError, match=r"unexpected keyword argument 'chunk_size'"):
+        Ray(chunk_size=1)  # a shard's option: Ray(shard=Batched(chunk_size=1))
+    with pytest.raises(TypeError, match=r"unexpected keyword argument 'chunk'"):
+        Ray(shard=Batched(chunk=1))
+    with pytest.raises(
+        TypeError, match=r"Ray\(shard=\.\.\.\) must be a fedgp.engines.Batched config, got Sequential"
+    ):
+        Ray(shard=Sequential())
 
 
 def test_spec_and_strategy_must_be_the_right_objects(draws):

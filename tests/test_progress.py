@@ -6,8 +6,8 @@ import pytest
 from tqdm import tqdm
 
 import fedgp
-import fedgp.progress
-from fedgp.progress import LineProgress, progress_bar
+import fedgp.run.progress
+from fedgp.run.progress import LineProgress, progress_bar
 
 
 class Terminal(io.StringIO):
@@ -20,7 +20,7 @@ def counts(text: str, desc: str = "loop") -> list[int]:
 
 
 def test_a_line_every_tenth_and_the_last(monkeypatch):
-    monkeypatch.setattr(fedgp.progress, "MIN_SECONDS", 0.0)
+    monkeypatch.setattr(fedgp.run.progress, "MIN_SECONDS", 0.0)
     out = io.StringIO()
     for _ in progress_bar(range(25), progress=True, desc="loop", file=out):
         pass
@@ -60,8 +60,20 @@ def test_terminal_gets_tqdms_bar_and_false_none_behave_as_before():
 
 
 def test_fit_reports_rounds_and_train_nll(monkeypatch, capsys):
-    monkeypatch.setattr(fedgp.progress, "MIN_SECONDS", 0.0)
+    monkeypatch.setattr(fedgp.run.progress, "MIN_SECONDS", 0.0)
     draws = fedgp.data.gp_federation(num_clients=3, n=12, d=1, seed=0)
-    fedgp.fit(draws.spec, draws.federation, fedgp.strategies.FGPR(batch_size=8), rounds=10, progress=True)
+    fedgp.fit(
+        draws.spec,
+        draws.federation,
+        fedgp.strategies.FGPR(batch_size=8),
+        rounds=10,
+        callbacks=[fedgp.run.Progress(True)],
+    )
     lines = capsys.readouterr().err.splitlines()
     assert counts("\n".join(lines), "FGPR") == list(range(1, 11)) and all("train_nll=" in x for x in lines)
+    # The default Progress() shows a bar only on a terminal, and Progress(False) never: nothing here.
+    for callbacks in ((), [fedgp.run.Progress(False)]):
+        fedgp.fit(
+            draws.spec, draws.federation, fedgp.strategies.FGPR(batch_size=8), rounds=3, callbacks=callbacks
+        )
+        assert capsys.readouterr().err == ""

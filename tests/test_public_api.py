@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import importlib
+import importlib.util
 import inspect
 import json
 import pkgutil
@@ -128,8 +129,7 @@ def test_public_methods_of_public_classes_have_docstrings():
 
 def test_every_top_level_module_is_exposed():
     """A new module under ``fedgp/`` must be added to the lazily exposed list (or be private)."""
-    on_disk = top_level_modules() - {"fit"}  # ``fedgp.fit`` is the function; its module is fedgp.fit
-    assert on_disk == set(fedgp._SUBMODULES)
+    assert top_level_modules() == set(fedgp._SUBMODULES)
     assert set(fedgp.__all__) <= set(dir(fedgp))
     assert set(fedgp._SUBMODULES) <= set(dir(fedgp))
 
@@ -146,7 +146,10 @@ for name in fedgp._SUBMODULES:
         "is_the_module": isinstance(value, types.ModuleType) and value is sys.modules[f"fedgp.{name}"],
     }
 report["fit_is_function"] = isinstance(fedgp.fit, types.FunctionType)
-report["from_import"] = __import__("fedgp").load.__name__
+report["fit_is_run_fit"] = fedgp.fit is sys.modules["fedgp.run"].fit
+report["load_is_fit_result_load"] = (
+    fedgp.load == fedgp.FitResult.load and fedgp.FitResult is fedgp.run.FitResult
+)
 print(json.dumps(report))
 """
 
@@ -166,7 +169,7 @@ def test_subpackages_are_attributes_in_a_fresh_process():
     assert report["modules"][first]["was_imported"] is False
     bad = [name for name, r in report["modules"].items() if not r["is_the_module"]]
     assert not bad, f"fedgp.<name> is not the subpackage for {bad}"
-    assert report["fit_is_function"] and report["from_import"] == "load_result"
+    assert report["fit_is_function"] and report["fit_is_run_fit"] and report["load_is_fit_result_load"]
 
 
 @pytest.mark.parametrize("name", ["baselines", "plotting", "experiments"])
@@ -178,14 +181,64 @@ def test_named_subpackage_first_in_a_fresh_process(name):
     assert out.stdout.strip() == f"fedgp.{name}"
 
 
-def test_fit_stays_the_function_whatever_is_imported_first():
-    code = (
-        "import fedgp.fit, fedgp, sys, types; from fedgp.fit import FitResult; "
-        "assert isinstance(fedgp.fit, types.FunctionType), fedgp.fit; "
-        "assert sys.modules['fedgp.fit'].FitResult is FitResult is fedgp.FitResult; print('ok')"
-    )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=PACKAGE.parent)
-    assert out.returncode == 0, out.stderr
+def test_fit_is_the_run_function_whatever_is_imported_first():
+    """``fedgp.fit`` is :func:`fedgp.run.fit` (there is no module ``fedgp.fit`` to shadow it), and the
+    top-level names are the objects of :mod:`fedgp.run` whether ``fedgp.run`` is imported first or not."""
+    for first in ("fedgp.run, fedgp", "fedgp, fedgp.run"):
+        code = (
+            f"import {first}, sys, types; from fedgp.run import FitResult, fit, load; "
+            "assert isinstance(fedgp.fit, types.FunctionType) and fedgp.fit is fit, fedgp.fit; "
+            "assert fedgp.FitResult is FitResult and fedgp.load == load == FitResult.load; "
+            "assert 'fedgp.fit' not in sys.modules; print('ok')"
+        )
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=PACKAGE.parent)
+        assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
+
+
+#: Modules that moved in the run-layer refactor (issue 28), with no shim left behind at the old path.
+MOVED_WITHOUT_SHIMS = [
+    "fedgp.fit",
+    "fedgp.rounds",
+    "fedgp.stopping",
+    "fedgp.progress",
+    "fedgp.state_codec",
+    "fedgp.engines.checkpoint",
+    "fedgp.engines.fingerprint",
+    "fedgp.engines.remote",
+    "fedgp.export.saved",
+    "fedgp.export.spec_io",
+    "fedgp.strategies.aggregators",
+]
+
+
+@pytest.mark.parametrize("name", MOVED_WITHOUT_SHIMS)
+def test_moved_modules_are_gone_not_shimmed(name):
+    assert importlib.util.find_spec(name) is None, f"{name} still exists"
+    assert name not in public_modules()
+
+
+def test_every_error_and_warning_is_a_fedgp_one_and_importable_from_fedgp():
+    """``fedgp.errors`` holds them all; each is ``fedgp.<Name>`` and derives from ``FedGPError`` (or
+    ``FedGPWarning``), so ``except fedgp.FedGPError`` catches anything fedgp refused on purpose."""
+    from fedgp.errors import FedGPError, FedGPWarning
+
+    assert set(fedgp.errors.__all__) <= set(fedgp.__all__)
+    for name in fedgp.errors.__all__:
+        cls = getattr(fedgp.errors, name)
+        assert getattr(fedgp, name) is cls, name
+        assert issubclass(cls, FedGPWarning if issubclass(cls, Warning) else FedGPError), name
+    strays = []
+    for module_name in public_modules():
+        for value in vars(importlib.import_module(module_name)).values():
+            if (
+                isinstance(value, type)
+                and issubclass(value, BaseException)
+                and value.__module__.startswith("fedgp")
+                and not value.__name__.startswith("_")  # internal signals and mixins, never raised to you
+                and not issubclass(value, (FedGPError, FedGPWarning))
+            ):
+                strays.append(f"{value.__module__}.{value.__qualname__}")
+    assert not strays, f"error classes outside fedgp.errors' hierarchy: {sorted(set(strays))}"
 
 
 def test_a_missing_extra_is_named():

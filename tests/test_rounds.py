@@ -8,10 +8,11 @@ import torch
 from hypothesis import given
 
 import fedgp
+from fedgp.aggregators import CoordinateMedian, WeightedMean
 from fedgp.data import gp_federation
-from fedgp.fit import RoundFailedError
-from fedgp.rounds import required_replies
-from fedgp.strategies import FGPR, CoordinateMedian, WeightedMean
+from fedgp.errors import RoundFailedError
+from fedgp.run.exchange import required_replies
+from fedgp.strategies import FGPR
 
 
 @pytest.fixture(scope="module")
@@ -36,12 +37,13 @@ def test_bad_min_replies_are_refused(bad):
         required_replies(bad, 10)
 
 
-@pytest.mark.parametrize("p", [-0.1, 1.0, 2, "0.1"])
-def test_simulate_failures_must_be_a_probability(draws, p):
-    with pytest.raises(ValueError, match="simulate_failures must be a probability"):
-        fedgp.fit(
-            draws.spec, draws.federation, rounds=1, progress=False, simulate_failures=p, engine="sequential"
-        )
+@pytest.mark.parametrize(
+    "p, error", [(-0.1, ValueError), (1.0, ValueError), (2, ValueError), ("0.1", TypeError)]
+)
+def test_simulate_failures_must_be_a_probability(p, error):
+    # refused when the settings are made, before any fit starts
+    with pytest.raises(error, match=r"Faults\(simulate=\.\.\.\) must be a probability"):
+        fedgp.run.Faults(simulate=p)
 
 
 def test_every_client_failing_stops_the_run_naming_them(draws):
@@ -49,10 +51,9 @@ def test_every_client_failing_stops_the_run_naming_them(draws):
         fedgp.fit(
             draws.spec,
             draws.federation,
-            rounds=2,
-            progress=False,
-            simulate_failures=0.999999,
             engine="sequential",
+            rounds=2,
+            faults=fedgp.run.Faults(simulate=0.999999),
         )
     assert sorted(info.value.failures) == sorted(draws.federation.ids)
 
@@ -74,10 +75,8 @@ def test_a_late_reply_is_a_timeout_failure_of_that_round(draws):
         draws.spec,
         draws.federation,
         Slow(batch_size=8),
+        engine=fedgp.engines.Sequential(timeout=0.5),
         rounds=2,
-        progress=False,
-        engine="sequential",  # a timeout per client (batched: per chunk)
-        engine_options={"timeout": 0.5},
     )
     # the slow client fails every round (others are fast, but on a loaded machine not guaranteed so)
     slow = result.failures[result.failures["client"] == draws.federation.ids[1]]
@@ -107,12 +106,14 @@ def test_median_lies_within_the_participants_values_and_a_shared_state_is_kept(x
 def test_fit_takes_an_engine_instance_and_then_needs_no_federation(draws):
     from fedgp.engines.batched import BatchedEngine
 
-    by_name = fedgp.fit(
-        draws.spec, draws.federation, FGPR(batch_size=8), rounds=2, engine="batched", progress=False
-    )
+    by_name = fedgp.fit(draws.spec, draws.federation, FGPR(batch_size=8), engine="batched", rounds=2)
     engine = BatchedEngine(draws.spec, draws.federation, chunk_size=2)
-    by_instance = fedgp.fit(draws.spec, None, FGPR(batch_size=8), rounds=2, engine=engine, progress=False)
+    by_instance = fedgp.fit(draws.spec, None, FGPR(batch_size=8), engine=engine, rounds=2)
     assert all(torch.equal(by_name.state[k], by_instance.state[k]) for k in by_name.state)
     assert by_instance.evaluate()["client"].tolist() == list(draws.federation.ids)
-    with pytest.raises(ValueError, match="engine_options apply to an engine given by name"):
-        fedgp.fit(draws.spec, None, engine=engine, engine_options={"chunk_size": 3}, progress=False)
+    assert by_instance.engine is engine  # used as it is
+    # options go on a config, which builds its engine for a federation: without one it cannot
+    with pytest.raises(
+        TypeError, match="federation is None: pass a fedgp.data.Federation, or an Engine instance that hosts"
+    ):
+        fedgp.fit(draws.spec, None, engine=fedgp.engines.Batched(chunk_size=3), rounds=1)

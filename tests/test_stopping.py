@@ -10,8 +10,9 @@ import torch
 
 import fedgp
 from fedgp.data import Federation, gp_federation
+from fedgp.errors import ConvergenceWarning
 from fedgp.models import HyperState
-from fedgp.stopping import AnyOf, ConvergenceWarning, NLLPlateau, StateChange, auto_rule, state_rows
+from fedgp.run.stopping import AnyOf, NLLPlateau, StateChange, auto_rule, state_rows
 from fedgp.strategies import FGPR, IFCA
 from fedgp.strategies.gradient_clustering import FederatedClustering
 from fedgp.strategies.local import SGD
@@ -28,15 +29,13 @@ def draws():
 
 @pytest.fixture(scope="module")
 def full_run(draws):
-    return fedgp.fit(draws.spec, draws.federation, CONVERGING, rounds=150, progress=False)
+    return fedgp.fit(draws.spec, draws.federation, CONVERGING, rounds=150)
 
 
 def test_the_rule_stops_a_converged_run_early_at_the_full_runs_state(draws, full_run):
     with warnings.catch_warnings():
         warnings.simplefilter("error", ConvergenceWarning)
-        early = fedgp.fit(
-            draws.spec, draws.federation, CONVERGING, rounds=150, progress=False, stop=StateChange(1e-9, 5)
-        )
+        early = fedgp.fit(draws.spec, draws.federation, CONVERGING, rounds=150, stop=StateChange(1e-9, 5))
     assert len(early.history) < 100  # it stopped well before the budget
     assert early.history.attrs["stopped"] is True
     assert early.history.attrs["stop_reason"].startswith(f"round {len(early.history)}: StateChange")
@@ -48,7 +47,7 @@ def test_the_rule_stops_a_converged_run_early_at_the_full_runs_state(draws, full
 
 def test_nll_plateau_stops_where_train_nll_stops_improving(draws, full_run):
     rule = NLLPlateau(patience=5, min_delta=1e-6)
-    early = fedgp.fit(draws.spec, draws.federation, CONVERGING, rounds=150, progress=False, stop=rule)
+    early = fedgp.fit(draws.spec, draws.federation, CONVERGING, rounds=150, stop=rule)
     stopped = len(early.history)
     nll = full_run.history["train_nll"].tolist()
 
@@ -69,7 +68,7 @@ def test_a_lucky_minibatch_nll_does_not_end_a_run_that_still_improves():
 
 def test_a_too_short_run_warns_that_it_did_not_converge(draws):
     with pytest.warns(ConvergenceWarning, match="did not converge.*5-round budget.*Raise rounds"):
-        short = fedgp.fit(draws.spec, draws.federation, CONVERGING, rounds=5, progress=False, stop="auto")
+        short = fedgp.fit(draws.spec, draws.federation, CONVERGING, rounds=5, stop="auto")
     assert short.history.attrs["stopped"] is False
     assert short.history.attrs["stop_reason"].startswith("round budget: all 5 rounds")
     assert issubclass(ConvergenceWarning, UserWarning) and fedgp.ConvergenceWarning is ConvergenceWarning
@@ -78,31 +77,55 @@ def test_a_too_short_run_warns_that_it_did_not_converge(draws):
 def test_no_rule_runs_every_round_without_a_warning(draws):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        result = fedgp.fit(draws.spec, draws.federation, CONVERGING, rounds=3, progress=False)
+        result = fedgp.fit(draws.spec, draws.federation, CONVERGING, rounds=3)
     assert len(result.history) == 3 and "stop_reason" not in result.history.attrs
 
 
 def test_a_stopped_run_resumes_to_the_same_round_and_state(draws, tmp_path):
     rule = StateChange(1e-9, 5)
-    unbroken = fedgp.fit(draws.spec, draws.federation, CONVERGING, rounds=150, progress=False, stop=rule)
+    unbroken = fedgp.fit(draws.spec, draws.federation, CONVERGING, rounds=150, stop=rule)
     path = tmp_path / "run.ckpt"
     # Interrupted at round 30 (the budget), then resumed with the full budget.
     with pytest.warns(ConvergenceWarning):
-        fedgp.fit(draws.spec, draws.federation, CONVERGING, rounds=30, progress=False, stop=rule,
-                  checkpoint_every=10, checkpoint_path=path)  # fmt: skip
-    resumed = fedgp.fit(draws.spec, draws.federation, CONVERGING, rounds=150, progress=False, stop=rule,
-                        resume_from=path, checkpoint_every=10, checkpoint_path=path)  # fmt: skip
+        fedgp.fit(
+            draws.spec,
+            draws.federation,
+            CONVERGING,
+            rounds=30,
+            stop=rule,
+            callbacks=[fedgp.run.Checkpointing(path, every=10)],
+        )
+    resumed = fedgp.fit(
+        draws.spec,
+        draws.federation,
+        CONVERGING,
+        rounds=150,
+        stop=rule,
+        callbacks=[fedgp.run.Checkpointing(path, every=10, resume=True)],
+    )
     assert len(resumed.history) == len(unbroken.history)
     assert resumed.history.attrs["stop_reason"] == unbroken.history.attrs["stop_reason"]
     for name in unbroken.state:
         assert torch.equal(resumed.state[name], unbroken.state[name])
     # The checkpoint of a stopped run stays stopped; a different rule is a different run.
-    again = fedgp.fit(draws.spec, draws.federation, CONVERGING, rounds=150, progress=False, stop=rule,
-                      resume_from=path)  # fmt: skip
+    again = fedgp.fit(
+        draws.spec,
+        draws.federation,
+        CONVERGING,
+        rounds=150,
+        stop=rule,
+        callbacks=[fedgp.run.Checkpointing(path, every=None, resume=True)],
+    )
     assert len(again.history) == len(unbroken.history)
-    with pytest.raises(fedgp.engines.checkpoint.CheckpointError, match="fit.stop"):
-        fedgp.fit(draws.spec, draws.federation, CONVERGING, rounds=150, progress=False,
-                  stop=StateChange(1e-8, 5), resume_from=path)  # fmt: skip
+    with pytest.raises(fedgp.CheckpointError, match=r"written with a different stop \(checkpoint: "):
+        fedgp.fit(
+            draws.spec,
+            draws.federation,
+            CONVERGING,
+            rounds=150,
+            stop=StateChange(1e-8, 5),
+            callbacks=[fedgp.run.Checkpointing(path, every=None, resume=True)],
+        )
 
 
 def test_state_change_looks_at_every_cluster():
@@ -140,10 +163,10 @@ def test_a_clustered_run_stops_only_when_every_cluster_has_settled():
     rule = StateChange(tol=1e-3, window=3)
     states = []
 
-    def record(rnd, server):
-        states.append(state_rows(strategy.global_state(server)))
+    def record(run):
+        states.append(state_rows(strategy.global_state(run.server)))
 
-    result = fedgp.fit(spec, federation, strategy, rounds=300, progress=False, stop=rule, callback=record)
+    result = fedgp.fit(spec, federation, strategy, rounds=300, stop=rule, callbacks=[record])
     done = len(result.history)
     assert result.history.attrs["stopped"] and done < 300
     series = torch.stack(states)  # (round, cluster, value)
@@ -159,7 +182,7 @@ def test_personal_strategies_are_checked_on_every_clients_state(draws):
     strategy = FederatedClustering(iterations=1)
     rule = StateChange(tol=1e-12, window=1)
     with pytest.warns(ConvergenceWarning):
-        result = fedgp.fit(draws.spec, draws.federation, strategy, rounds=2, progress=False, stop=rule)
+        result = fedgp.fit(draws.spec, draws.federation, strategy, rounds=2, stop=rule)
     assert result.state.batch_shape == (3,) and len(result.history) == 2
 
 
@@ -177,7 +200,7 @@ def test_personal_strategies_are_checked_on_every_clients_state(draws):
         (
             lambda: AnyOf(StateChange(), "auto"),
             TypeError,
-            r"AnyOf: every rule must be a fedgp.stopping.StopRule",
+            r"AnyOf: every rule must be a fedgp.run.StopRule",
         ),
     ],
 )
@@ -187,8 +210,10 @@ def test_rule_settings_are_checked(make, error, message):
 
 
 def test_fit_rejects_an_unknown_stop(draws):
-    with pytest.raises(ValueError, match=r"stop must be None .* 'auto', or a fedgp.stopping rule.*got 'yes'"):
-        fedgp.fit(draws.spec, draws.federation, CONVERGING, rounds=2, progress=False, stop="yes")
+    with pytest.raises(
+        ValueError, match=r"stop must be None .* 'auto', or a fedgp.run stopping rule.*got 'yes'"
+    ):
+        fedgp.fit(draws.spec, draws.federation, CONVERGING, rounds=2, stop="yes")
 
 
 def test_auto_is_either_rule():

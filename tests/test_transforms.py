@@ -15,9 +15,9 @@ import fedgp
 from fedgp.data import ClientData, Federation
 from fedgp.engines.sequential import SequentialEngine
 from fedgp.strategies import FGPR
-from fedgp.transforms import DataTransform, Normalize, Standardize, learn, outward_bounds, summarise
+from fedgp.transforms import DataTransform, Normalize, Standardize, client_summaries, learn, outward_bounds
 
-RAW = {"outcome_transform": None, "input_transform": None}
+RAW = {"transforms": None}
 
 
 def raw_federation(seed=0, num_clients=5):
@@ -66,7 +66,14 @@ SPEC = fedgp.GPSpec(
 def test_transformed_fit_is_the_fit_on_transformed_data_mapped_back(engine, local):
     fed = raw_federation()
     outcome = Standardize(local=local)
-    ours = fedgp.fit(SPEC, fed, FGPR(batch_size=16), rounds=4, engine=engine, outcome_transform=outcome)
+    ours = fedgp.fit(
+        SPEC,
+        fed,
+        FGPR(batch_size=16),
+        engine=engine,
+        rounds=4,
+        transforms=fedgp.transforms.Transforms(outcome=outcome),
+    )
     manual, maps, (lower, span) = by_hand(fed, local)
     ref = fedgp.fit(SPEC, manual, FGPR(batch_size=16), rounds=4, engine=engine, **RAW)
     assert ours.state.allclose(ref.state, rtol=1e-10)
@@ -108,7 +115,9 @@ def test_auto_leaves_specs_tied_to_the_data_units_alone():
     through_origin = fedgp.GPSpec(mean=gpytorch.means.LinearMean(2, bias=False))
     assert "without a bias" in fedgp.fit(through_origin, fed, rounds=1).transforms["note"]
     # asked for explicitly, they apply anyway
-    assert not fedgp.fit(fixed, fed, rounds=1, outcome_transform=Standardize()).transform.is_identity
+    assert not fedgp.fit(
+        fixed, fed, rounds=1, transforms=fedgp.transforms.Transforms(outcome=Standardize())
+    ).transform.is_identity
 
 
 class Recording(SequentialEngine):
@@ -128,21 +137,26 @@ def test_only_sums_leave_for_the_outcome_and_nothing_for_known_bounds():
 
     def summaries(**options):
         engine = Recording(SPEC, fed)
-        fedgp.fit(SPEC, None, rounds=1, engine=engine, **options)
+        fedgp.fit(SPEC, None, rounds=1, engine=engine, transforms=fedgp.transforms.Transforms(**options))
         return [entry for entry in engine.log if entry[0] == "summarise"]
 
     mean, spread = summaries()
     assert mean[2] == ["count", "y_sum"] and mean[3] == ["x_max", "x_min"]
     assert spread[2] == ["y_sumsq"] and spread[3] == []
-    assert [entry[3] for entry in summaries(input_transform=Normalize(bounds=bounds))] == [[], []]
-    assert summaries(outcome_transform=Standardize(local=True), input_transform=Normalize(bounds)) == []
-    (bounds_only,) = summaries(outcome_transform=None)
+    assert [entry[3] for entry in summaries(inputs=Normalize(bounds=bounds))] == [[], []]
+    assert summaries(outcome=Standardize(local=True), inputs=Normalize(bounds)) == []
+    (bounds_only,) = summaries(outcome=None)
     assert bounds_only[3] == ["x_max", "x_min"]
 
 
 def test_known_bounds_are_used_as_given():
     fed = raw_federation()
-    result = fedgp.fit(SPEC, fed, rounds=1, input_transform=Normalize(bounds=[[0.0, -50.0], [20.0, 0.0]]))
+    result = fedgp.fit(
+        SPEC,
+        fed,
+        rounds=1,
+        transforms=fedgp.transforms.Transforms(inputs=Normalize(bounds=[[0.0, -50.0], [20.0, 0.0]])),
+    )
     torch.testing.assert_close(result.transform.x_offset, torch.tensor([0.0, -50.0], dtype=torch.float64))
     torch.testing.assert_close(result.transform.x_scale, torch.tensor([20.0, 50.0], dtype=torch.float64))
 
@@ -163,11 +177,18 @@ def test_bad_bounds_are_refused(bounds, message):
 def test_bounds_of_the_wrong_width_and_unknown_transforms_are_refused():
     fed = raw_federation()
     with pytest.raises(ValueError, match="bounds are for 3 features; the data have 2"):
-        fedgp.fit(SPEC, fed, rounds=1, input_transform=Normalize(bounds=[[0, 0, 0], [1, 1, 1]]))
-    with pytest.raises(TypeError, match="outcome_transform must be 'auto'"):
-        fedgp.fit(SPEC, fed, rounds=1, outcome_transform="standardize")
-    with pytest.raises(TypeError, match="input_transform must be 'auto'"):
-        fedgp.fit(SPEC, fed, rounds=1, input_transform=True)
+        fedgp.fit(
+            SPEC,
+            fed,
+            rounds=1,
+            transforms=fedgp.transforms.Transforms(inputs=Normalize(bounds=[[0, 0, 0], [1, 1, 1]])),
+        )
+    with pytest.raises(TypeError, match=r"Transforms\(outcome=...\) must be 'auto'"):
+        fedgp.fit(SPEC, fed, rounds=1, transforms=fedgp.transforms.Transforms(outcome="standardize"))
+    with pytest.raises(TypeError, match=r"Transforms\(inputs=...\) must be 'auto'"):
+        fedgp.fit(SPEC, fed, rounds=1, transforms=fedgp.transforms.Transforms(inputs=True))
+    with pytest.raises(TypeError, match="transforms must be 'auto', None or fedgp.transforms.Transforms"):
+        fedgp.fit(SPEC, fed, rounds=1, transforms=Standardize())
 
 
 def test_raw_targets_get_calibrated_intervals_by_default():
@@ -200,9 +221,9 @@ def test_learned_transform_matches_pooled_statistics(loc, scale, sizes, seed):
     ]
     if sum(sizes) < 2:
         return
-    first = summarise(clients, "mean", bounds=True)
+    first = client_summaries(clients, "mean", bounds=True)
     sums = {k: first[k].sum(0) for k in ("count", "y_sum")}
-    spread = summarise(clients, "spread", center=float(sums["y_sum"] / sums["count"]))
+    spread = client_summaries(clients, "spread", center=float(sums["y_sum"] / sums["count"]))
     sums["y_sumsq"] = spread["y_sumsq"].sum(0)
     t = learn(Standardize(), Normalize(), sums, {k: first[k] for k in ("x_min", "x_max")}, 3)
     X, y = torch.cat([c.X for c in clients]), torch.cat([c.y for c in clients])

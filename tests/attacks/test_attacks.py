@@ -17,7 +17,7 @@ from fedgp.aggregators import CoordinateMedian
 from fedgp.data import Federation, gaussian_mixed_regression, gp_federation
 from fedgp.engines.sequential import SequentialEngine
 from fedgp.models import ZeroKernel
-from fedgp.rounds import exchange
+from fedgp.run.exchange import exchange
 from fedgp.strategies import FGPR, IFCA, FederatedClustering
 from fedgp.strategies import clustered as C
 
@@ -38,7 +38,7 @@ HONEST = ~ATTACKED
 OWNERS = torch.tensor([[10, 12]] * 5)  # slot 0 is client 10's model, slot 1 client 12's
 POSITIONS = torch.tensor([10, 11, 12, 13, 14])
 
-RAW = {"outcome_transform": None, "input_transform": None}  # fit on the data as given
+RAW = {"transforms": None}  # fit on the data as given
 
 
 def forge(attack, rng=None):
@@ -96,9 +96,15 @@ def draws():
 
 def run(draws, strategy, attack, engine="sequential", seed=1, rounds=3):
     return fedgp.fit(
-        draws.spec, draws.federation, strategy, rounds=rounds, engine=engine, seed=seed,
-        progress=False, eval_every=0, attack=attack,
-    )  # fmt: skip
+        draws.spec,
+        draws.federation,
+        strategy,
+        engine=engine,
+        rounds=rounds,
+        seed=seed,
+        faults=fedgp.run.Faults(attack=attack),
+        callbacks=[fedgp.run.Evaluate(every=0)],
+    )
 
 
 def test_attackers_and_draws_are_functions_of_the_seed(draws):
@@ -140,9 +146,8 @@ def test_every_engine_runs_the_same_attack_and_forged_states_stay_valid(draws, a
 
 
 def test_honest_replies_are_untouched_and_forged_ones_are_what_the_attack_says(draws, monkeypatch):
-    import sys
+    import fedgp.run.loop as loop_module  # where the round loop looks ``exchange`` up
 
-    fit_module = sys.modules["fedgp.fit"]  # the module (``fedgp.fit`` is the function)
     seen, captured = {}, []
 
     class Spy(SequentialEngine):
@@ -156,11 +161,18 @@ def test_honest_replies_are_untouched_and_forged_ones_are_what_the_attack_says(d
         captured.append(done.replies)
         return done
 
-    monkeypatch.setattr(fit_module, "exchange", spying)
+    monkeypatch.setattr(loop_module, "exchange", spying)
     spec, name = draws.spec, "covar_module.base_kernel.lengthscale"
     engine = Spy(spec, draws.federation)
-    result = fedgp.fit(spec, None, FGPR(batch_size=10), rounds=1, engine=engine, progress=False, eval_every=0,
-                       attack=attacks.SignFlip(clients=[3]))  # fmt: skip
+    result = fedgp.fit(
+        spec,
+        None,
+        FGPR(batch_size=10),
+        engine=engine,
+        rounds=1,
+        faults=fedgp.run.Faults(attack=attacks.SignFlip(clients=[3])),
+        callbacks=[fedgp.run.Evaluate(every=0)],
+    )
     replies, field = captured[-1], "state/" + name
     rows = replies.participants.tolist()
     for i, p in enumerate(rows):
@@ -187,7 +199,12 @@ def test_federated_clustering_resists_large_gradients_on_both_engines():
     fc = FederatedClustering(lr=0.05, group_size=5)
     results = [
         fedgp.fit(
-            spec, data.federation, fc, rounds=4, engine=e, progress=False, attack=attacks.Gaussian(count=2)
+            spec,
+            data.federation,
+            fc,
+            engine=e,
+            rounds=4,
+            faults=fedgp.run.Faults(attack=attacks.Gaussian(count=2)),
         )
         for e in ("sequential", "batched")
     ]
@@ -222,9 +239,16 @@ def test_label_flip_is_training_on_minus_y(engine):
         FederatedClustering(lr=0.05, radius=fedgp.clustering.QuantileRadius(0.5)),
     ):
         # transforms off: the reference flips raw y, whose federation mean differs from the attacked run's
-        attacked = fedgp.fit(spec, data.federation, strategy, rounds=3, engine=engine, progress=False,
-                             attack=attacks.LabelFlip(clients=[1, 4]), **RAW)  # fmt: skip
-        truth = fedgp.fit(spec, flipped, strategy, rounds=3, engine=engine, progress=False, **RAW)
+        attacked = fedgp.fit(
+            spec,
+            data.federation,
+            strategy,
+            engine=engine,
+            rounds=3,
+            **RAW,
+            faults=fedgp.run.Faults(attack=attacks.LabelFlip(clients=[1, 4])),
+        )
+        truth = fedgp.fit(spec, flipped, strategy, engine=engine, rounds=3, **RAW)
         for k in truth.state:
             assert torch.allclose(attacked.state[k], truth.state[k], rtol=1e-9, atol=1e-12), (strategy, k)
 
@@ -242,14 +266,23 @@ def test_label_flip_closed_forms_read_minus_y_and_a_zero_mean_cannot_tell():
     flipped = Federation([replace(c, y=-c.y) if c.id == 2 else c for c in data.federation])
     strategy = C.fedavg(lr=0.1)
     a = fedgp.fit(
-        spec, data.federation, strategy, rounds=3, progress=False, attack=attacks.LabelFlip(clients=[2])
+        spec,
+        data.federation,
+        strategy,
+        rounds=3,
+        faults=fedgp.run.Faults(attack=attacks.LabelFlip(clients=[2])),
     )
-    b = fedgp.fit(spec, flipped, strategy, rounds=3, progress=False)
+    b = fedgp.fit(spec, flipped, strategy, rounds=3)
     assert torch.allclose(a.state["mean_module.weights"], b.state["mean_module.weights"], rtol=1e-12)
     draws = gp_federation(num_clients=4, n=20, d=1, seed=0)
-    plain = fedgp.fit(draws.spec, draws.federation, FGPR(batch_size=8), rounds=2, progress=False)
-    flip = fedgp.fit(draws.spec, draws.federation, FGPR(batch_size=8), rounds=2, progress=False,
-                     attack=attacks.LabelFlip(count=2))  # fmt: skip
+    plain = fedgp.fit(draws.spec, draws.federation, FGPR(batch_size=8), rounds=2)
+    flip = fedgp.fit(
+        draws.spec,
+        draws.federation,
+        FGPR(batch_size=8),
+        rounds=2,
+        faults=fedgp.run.Faults(attack=attacks.LabelFlip(count=2)),
+    )
     assert all(torch.equal(plain.state[k], flip.state[k]) for k in plain.state)
 
 
@@ -264,8 +297,13 @@ def test_label_flip_refuses_a_mean_that_is_not_linear_in_its_parameters():
 
     draws = gp_federation(num_clients=4, n=20, d=1, seed=0)
     spec = GPSpec(mean=Square())
-    result = fedgp.fit(spec, draws.federation, FGPR(batch_size=8), rounds=1, progress=False,
-                       attack=attacks.LabelFlip(count=1), min_replies=1)  # fmt: skip
+    result = fedgp.fit(
+        spec,
+        draws.federation,
+        FGPR(batch_size=8),
+        rounds=1,
+        faults=fedgp.run.Faults(min_replies=1, attack=attacks.LabelFlip(count=1)),
+    )
     assert result.history["failed"].iloc[0] == 1
     assert "LabelFlip needs a mean linear" in result.failures["reason"].iloc[0]
 

@@ -16,6 +16,7 @@ Used by the property-based tests (``test_client_properties.py``) and by the fuzz
 
 from __future__ import annotations
 
+import inspect
 import math
 import re
 from dataclasses import dataclass, field
@@ -307,19 +308,14 @@ def one_round_on_each_engine(fed: Federation) -> list[str]:
     import fedgp
     from fedgp.strategies import FGPR
 
+    if "transforms" in inspect.signature(fedgp.fit).parameters:
+        raw = {"transforms": None}  # the data as given: the harder case
+    else:  # a fedgp from before fedgp.run (benchmarks/fuzz_inputs.py --against an older checkout)
+        raw = {"input_transform": None, "outcome_transform": None, "progress": False}
     labels = []
     for engine in ("sequential", "batched"):
         try:
-            fedgp.fit(
-                fedgp.GPSpec(),
-                fed,
-                FGPR(local_steps=1, batch_size=4),
-                rounds=1,
-                engine=engine,
-                progress=False,
-                input_transform=None,  # the data as given: the harder case
-                outcome_transform=None,
-            )
+            fedgp.fit(fedgp.GPSpec(), fed, FGPR(local_steps=1, batch_size=4), engine=engine, rounds=1, **raw)
             labels.append("fit-ok")
         except Exception as err:  # noqa: BLE001 - counted by the caller
             named = any(repr(i) in str(err) for i in fed.ids)

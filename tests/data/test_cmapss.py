@@ -9,9 +9,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from fedgp.data import DataFileError, DataFileMissing, load_cmapss
+from fedgp.data import load_cmapss
 from fedgp.data.cmapss import COLUMNS, SENSOR_NAMES
-from fedgp.data.registry import Registry
+from fedgp.data.registry import DataRegistry
+from fedgp.errors import DataFileError, DataFileMissing
 from tests.data.real import require_real_data
 
 FD001 = ("cmapss/train_FD001.txt", "cmapss/test_FD001.txt", "cmapss/RUL_FD001.txt")
@@ -104,7 +105,7 @@ def test_download_from_a_local_mirror_of_the_real_files(tmp_path, http_root, mon
 # -- stand-ins in the documented format, with their own registry --------------------------------------
 
 
-def _standin(tmp_path, rows: list[list[float]], test_rows=None, rul=(5, 7)) -> Registry:
+def _standin(tmp_path, rows: list[list[float]], test_rows=None, rul=(5, 7)) -> DataRegistry:
     folder = tmp_path / "cmapss"
     folder.mkdir(parents=True, exist_ok=True)
     files = {}
@@ -122,7 +123,7 @@ def _standin(tmp_path, rows: list[list[float]], test_rows=None, rul=(5, 7)) -> R
     write("train_FD001.txt", rows)
     write("test_FD001.txt", rows if test_rows is None else test_rows)
     write("RUL_FD001.txt", [[r] for r in rul])
-    return Registry({"datasets": {"cmapss": {"title": "C-MAPSS", "folder": "cmapss", "files": files}}})
+    return DataRegistry({"datasets": {"cmapss": {"title": "C-MAPSS", "folder": "cmapss", "files": files}}})
 
 
 def _rows(units=(1, 2), cycles=4, width=26):

@@ -9,23 +9,22 @@ from pathlib import Path
 import pytest
 
 from fedgp.data.registry import (
-    DataFileError,
-    DataFileMissing,
-    Registry,
+    DataRegistry,
     data_root,
     fetch,
     git_blob_sha1_of,
     locate,
     verify_file,
 )
+from fedgp.errors import DataFileError, DataFileMissing
 from tests.data.real import require_real_data
 
 CONTENT = b"1 2 3\n4 5 6\n"
 
 
-def make_registry(**entry) -> Registry:
+def make_registry(**entry) -> DataRegistry:
     files = {"toy.txt": {"url": "http://127.0.0.1:9/unused/toy.txt", **entry}}
-    return Registry({"datasets": {"toy": {"title": "Toy", "folder": "toydir", "files": files}}})
+    return DataRegistry({"datasets": {"toy": {"title": "Toy", "folder": "toydir", "files": files}}})
 
 
 def sha(data: bytes) -> str:
@@ -42,7 +41,7 @@ def test_data_root_precedence(monkeypatch, tmp_path):
 
 
 def test_the_repository_registry_lists_every_shared_file_with_a_checksum():
-    registry = Registry.load()
+    registry = DataRegistry.load()
     names = set(registry.files("cmapss"))
     for subset in ("FD001", "FD002", "FD003", "FD004"):
         assert {f"train_{subset}.txt", f"test_{subset}.txt", f"RUL_{subset}.txt"} <= names
@@ -142,9 +141,9 @@ def test_a_bad_download_leaves_nothing_behind(tmp_path, http_root, monkeypatch):
 
 def test_every_shared_real_file_matches_the_registry():
     """Sizes and sha256 of all 13 C-MAPSS files and the SARCOS test file (the training file is absent)."""
-    names = [f"cmapss/{n}" for n in Registry.load().files("cmapss")] + ["sarcos/sarcos_inv_test.mat"]
+    names = [f"cmapss/{n}" for n in DataRegistry.load().files("cmapss")] + ["sarcos/sarcos_inv_test.mat"]
     root = require_real_data(*names)
-    registry = Registry.load()
+    registry = DataRegistry.load()
     for name in names:
         folder, file = name.split("/")
         verify_file(root / name, registry.entry("cmapss" if folder == "cmapss" else "sarcos", file))

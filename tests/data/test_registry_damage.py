@@ -14,18 +14,21 @@ import pytest
 
 from fedgp.cli import main as cli_main
 from fedgp.data import registry as registry_module
-from fedgp.data.registry import DataFileError, Registry, fetch, locate
+from fedgp.data.registry import DataRegistry, fetch, locate
+from fedgp.errors import DataFileError
 
 CONTENT = b"1 2 3\n4 5 6\n" * 50
 
 
-def toy_registry() -> Registry:
+def toy_registry() -> DataRegistry:
     entry = {
         "url": "http://127.0.0.1:9/unused/toy.txt",
         "size": len(CONTENT),
         "sha256": hashlib.sha256(CONTENT).hexdigest(),
     }
-    return Registry({"datasets": {"toy": {"title": "Toy", "folder": "toydir", "files": {"toy.txt": entry}}}})
+    return DataRegistry(
+        {"datasets": {"toy": {"title": "Toy", "folder": "toydir", "files": {"toy.txt": entry}}}}
+    )
 
 
 def _locate(root, download=False, **kw):

@@ -9,9 +9,10 @@ import numpy as np
 import pytest
 from scipy.io import savemat
 
-from fedgp.data import DataFileError, DataFileMissing, IidPartitioner, load_sarcos
-from fedgp.data.registry import Registry
+from fedgp.data import IidPartitioner, load_sarcos
+from fedgp.data.registry import DataRegistry
 from fedgp.data.sarcos import COLUMNS
+from fedgp.errors import DataFileError, DataFileMissing
 from tests.data.real import require_real_data
 
 TEST_FILE = "sarcos/sarcos_inv_test.mat"
@@ -97,7 +98,7 @@ def test_truncated_real_test_file_is_an_error_not_a_fallback(tmp_path):
 # -- stand-ins written as MAT v5 files, with their own registry ---------------------------------------
 
 
-def _standin(tmp_path, n_train: int | None, n_test: int, train_bytes: bytes | None = None) -> Registry:
+def _standin(tmp_path, n_train: int | None, n_test: int, train_bytes: bytes | None = None) -> DataRegistry:
     rng = np.random.default_rng(0)
     folder = tmp_path / "sarcos"
     folder.mkdir(parents=True, exist_ok=True)
@@ -125,7 +126,7 @@ def _standin(tmp_path, n_train: int | None, n_test: int, train_bytes: bytes | No
             "variable": var,
             "shape": [n, 28],
         }
-    return Registry({"datasets": {"sarcos": {"title": "SARCOS", "folder": "sarcos", "files": files}}})
+    return DataRegistry({"datasets": {"sarcos": {"title": "SARCOS", "folder": "sarcos", "files": files}}})
 
 
 def test_paper_protocol_with_both_files(tmp_path):
@@ -169,4 +170,4 @@ def test_wrong_shape_in_a_verified_file_is_a_format_error(tmp_path):
     entry = registry.data["datasets"]["sarcos"]["files"]["sarcos_inv_test.mat"]
     entry["shape"] = [61, 28]
     with pytest.raises(DataFileError, match=r"shape \(60, 28\), expected \(61, 28\)"):
-        load_sarcos(root=tmp_path, registry=Registry(registry.data))
+        load_sarcos(root=tmp_path, registry=DataRegistry(registry.data))

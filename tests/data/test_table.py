@@ -11,7 +11,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from fedgp.data.table import TableError, read_owner_table, rows_by_owner
+from fedgp.data.table import read_owner_table, rows_by_owner
+from fedgp.errors import TableError
 
 # Labels pandas would read as missing (its default NA strings) are not owner names.
 NA_TEXT = {

@@ -8,25 +8,20 @@ import torch
 import fedgp
 from fedgp import GPSpec
 from fedgp.data import ClientData, Federation, gp_federation, mixed_linear_regression
-from fedgp.engines.batched import BatchedEngine, BatchedOps, GaussianNLL, StationaryGram
+from fedgp.engines.batched import BatchedEngine, BatchedOps
+from fedgp.engines.tensor_gp import GaussianNLL, StationaryGram
+from fedgp.errors import FactorizationError
 from fedgp.messages import Task
-from fedgp.models import FactorizationError, ZeroKernel
+from fedgp.models import ZeroKernel
 from fedgp.strategies import FGPR, IFCA
 
 RTOL = 1e-8
 
 
 def both(spec, fed, strategy, rounds=4, seed=3, **batched_options):
-    seq = fedgp.fit(spec, fed, strategy, rounds=rounds, seed=seed, progress=False, engine="sequential")
+    seq = fedgp.fit(spec, fed, strategy, engine="sequential", rounds=rounds, seed=seed)
     bat = fedgp.fit(
-        spec,
-        fed,
-        strategy,
-        rounds=rounds,
-        seed=seed,
-        progress=False,
-        engine="batched",
-        engine_options=batched_options or None,
+        spec, fed, strategy, engine=fedgp.engines.Batched(**batched_options), rounds=rounds, seed=seed
     )
     return seq, bat
 
@@ -86,10 +81,8 @@ def test_chunk_size_does_not_change_the_result(unequal):
             unequal.spec,
             unequal.federation,
             strategy,
+            engine=fedgp.engines.Batched(chunk_size=c, memory_mb=m),
             rounds=3,
-            engine="batched",
-            progress=False,
-            engine_options={"chunk_size": c, "memory_mb": m},
         )
         for c, m in ((1, 256.0), (4, 0.01), (1000, 256.0))
     ]
@@ -102,11 +95,9 @@ def test_batched_personalised_prediction_matches_per_client(unequal):
         unequal.spec,
         unequal.federation,
         FGPR(local_steps=3),
-        rounds=3,
-        progress=False,
         engine="sequential",
-        outcome_transform=None,
-        input_transform=None,  # the engine below holds the raw data
+        rounds=3,
+        transforms=None,  # the engine below holds the raw data
     )
     engine = BatchedEngine(unequal.spec, unequal.federation, 0, chunk_size=4, memory_mb=0.05)
     X = torch.rand(9, 3, dtype=torch.float64)

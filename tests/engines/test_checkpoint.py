@@ -9,8 +9,9 @@ import torch
 
 import fedgp
 from fedgp.data import gp_federation
-from fedgp.engines import checkpoint as ckpt_module
-from fedgp.engines.checkpoint import Checkpoint, CheckpointError, load_checkpoint, save_checkpoint
+from fedgp.errors import CheckpointError
+from fedgp.run import checkpoint as ckpt_module
+from fedgp.run.checkpoint import FORMAT_VERSION, Checkpoint, load_checkpoint, save_checkpoint
 from fedgp.strategies import FGPR
 from fedgp.strategies.clustered import presets as C
 
@@ -24,9 +25,13 @@ def draws():
 def written(draws, tmp_path_factory):
     path = tmp_path_factory.mktemp("ckpt") / "run.ckpt"
     fedgp.fit(
-        draws.spec, draws.federation, FGPR(local_steps=2), rounds=2, engine="sequential", progress=False,
-        checkpoint_every=1, checkpoint_path=path,
-    )  # fmt: skip
+        draws.spec,
+        draws.federation,
+        FGPR(local_steps=2),
+        engine="sequential",
+        rounds=2,
+        callbacks=[fedgp.run.Checkpointing(path, every=1)],
+    )
     return path
 
 
@@ -41,7 +46,10 @@ def test_old_pickle_checkpoints_are_refused_unread(tmp_path, monkeypatch):
                          ("raw.ckpt", lambda p: p.write_bytes(pickle.dumps(_Boom())))]:  # fmt: skip
         path = tmp_path / name
         writer(path)
-        with pytest.raises(CheckpointError, match="old format .*unpickling a file can run arbitrary code"):
+        with pytest.raises(
+            CheckpointError,
+            match=r"format 1 \(a torch.save pickle\)\. It is refused unread: unpickling a file can run",
+        ):
             load_checkpoint(path)
     assert not (tmp_path / "PWNED_BY_CHECKPOINT").exists()
 
@@ -55,35 +63,50 @@ def test_every_flipped_byte_and_every_truncation_is_a_clear_error(written, tmp_p
         flipped = bytearray(data)
         flipped[pos] ^= 0x01
         bad.write_bytes(bytes(flipped))
-        with pytest.raises(CheckpointError, match="damaged|not a fedgp checkpoint|format"):
+        with pytest.raises(CheckpointError, match="damaged|not a sealed fedgp file"):
             load_checkpoint(bad)
     for cut in (0, 10, len(data) // 2, len(data) - 1):
         bad.write_bytes(data[:cut])
-        with pytest.raises(CheckpointError, match="damaged|not a fedgp checkpoint"):
+        with pytest.raises(CheckpointError, match="damaged|not a sealed fedgp file"):
             load_checkpoint(bad)
 
 
 def test_a_valid_checksum_does_not_let_a_file_name_arbitrary_types(tmp_path):
     """A forged file sealed with a correct checksum, naming ``os:system`` as a type, is refused."""
     import hashlib
+
+    from fedgp.messages.container import pack
+
+    forged_state = {"type": "os:system", "params": {"command": "touch PWNED"}}
+    header = {
+        "completed_rounds": 0,
+        "server_state": forged_state,
+        "history": [],
+        "failures": [],
+        "callbacks": {"__dict__": {}},
+        "fingerprint": {},
+    }
+    payload = pack("checkpoint", FORMAT_VERSION, header, {})
+    path = tmp_path / "forged.ckpt"
+    path.write_bytes(b"FEDGP sha256=" + hashlib.sha256(payload).hexdigest().encode() + b"\n" + payload)
+    with pytest.raises(CheckpointError, match="'os:system' is not a registered or imported fedgp dataclass"):
+        load_checkpoint(path)
+
+
+def test_checkpoints_of_format_2_are_refused_naming_the_format(tmp_path):
+    """The previous layout (safetensors metadata behind ``FEDGP-CHECKPOINT 2``), even well sealed."""
+    import hashlib
     import json
 
     from safetensors.torch import save
 
-    forged_state = {"__dataclass__": "os:system", "fields": {"command": "touch PWNED"}}
-    manifest = {
-        "version": 2,
-        "completed_rounds": 0,
-        "history": [],
-        "fingerprint": {},
-        "server_state": forged_state,
-    }
+    manifest = {"version": 2, "completed_rounds": 0, "history": [], "fingerprint": {}, "server_state": {}}
     payload = save({}, metadata={"fedgp": json.dumps(manifest)})
-    path = tmp_path / "forged.ckpt"
+    path = tmp_path / "old.ckpt"
     path.write_bytes(
         b"FEDGP-CHECKPOINT 2 sha256=" + hashlib.sha256(payload).hexdigest().encode() + b"\n" + payload
     )
-    with pytest.raises(CheckpointError, match="'os:system', which is not an imported fedgp dataclass"):
+    with pytest.raises(CheckpointError, match=rf"format 2; this fedgp reads format {FORMAT_VERSION}"):
         load_checkpoint(path)
 
 
@@ -127,9 +150,13 @@ def test_write_is_fsynced_then_renamed_and_leaves_no_temporary_file(tmp_path, mo
 def _resume_error(draws, written, spec=None, federation=None, strategy=None, engine="sequential"):
     with pytest.raises(CheckpointError) as info:
         fedgp.fit(
-            spec or draws.spec, federation or draws.federation, strategy or FGPR(local_steps=2), rounds=3,
-            engine=engine, progress=False, resume_from=written,
-        )  # fmt: skip
+            spec or draws.spec,
+            federation or draws.federation,
+            strategy or FGPR(local_steps=2),
+            engine=engine,
+            rounds=3,
+            callbacks=[fedgp.run.Checkpointing(written, every=None, resume=True)],
+        )
     return str(info.value)
 
 
@@ -164,9 +191,14 @@ def test_resume_names_the_field_that_differs(draws, written):
     )
     with pytest.raises(CheckpointError, match=r"different transform.y_offset \(checkpoint: float64\[\]="):
         fedgp.fit(
-            draws.spec, draws.federation, FGPR(local_steps=2), rounds=3, engine="sequential", progress=False,
-            resume_from=written, outcome_transform=None,
-        )  # fmt: skip
+            draws.spec,
+            draws.federation,
+            FGPR(local_steps=2),
+            engine="sequential",
+            rounds=3,
+            transforms=fedgp.transforms.Transforms(outcome=None),
+            callbacks=[fedgp.run.Checkpointing(written, every=None, resume=True)],
+        )
     assert "different strategy.local_steps (checkpoint: 2; this run: 3)" in _resume_error(
         draws, written, strategy=FGPR(local_steps=3)
     )
@@ -174,8 +206,8 @@ def test_resume_names_the_field_that_differs(draws, written):
 
 def test_fingerprint_sees_fields_hidden_from_repr(draws):
     """``GivenInit.states`` has ``repr=False``: two strategies with equal reprs differ in config."""
-    from fedgp.engines.fingerprint import run_fingerprint
     from fedgp.engines.sequential import SequentialEngine
+    from fedgp.run.fingerprint import run_fingerprint
 
     a_states = draws.spec.initial_state().expand(2)
     b_states = draws.spec.state({"likelihood.noise_covar.noise": 0.5}).expand(2)

@@ -7,7 +7,8 @@ import fedgp
 from fedgp import GPSpec
 from fedgp.data import gp_federation
 from fedgp.engines import compiled
-from fedgp.engines.batched import BatchedEngine, GaussianNLL, StationaryGram
+from fedgp.engines.batched import BatchedEngine
+from fedgp.engines.tensor_gp import GaussianNLL, StationaryGram
 from fedgp.strategies import FGPR, IFCA
 
 pytestmark = pytest.mark.skipif(not compiled.available(), reason="numba is not installed")
@@ -79,16 +80,12 @@ def test_engines_agree_with_and_without_the_compiled_step():
                 draws.spec,
                 draws.federation,
                 strategy,
+                engine=fedgp.engines.Batched(compiled=c, chunk_size=4),
                 rounds=3,
-                engine="batched",
-                progress=False,
-                engine_options={"compiled": c, "chunk_size": 4},
             )
             for c in (False, True)
         ]
-        sequential = fedgp.fit(
-            draws.spec, draws.federation, strategy, rounds=3, progress=False, engine="sequential"
-        )
+        sequential = fedgp.fit(draws.spec, draws.federation, strategy, engine="sequential", rounds=3)
         assert runs[0].state.max_relative_difference(runs[1].state) < 1e-10
         assert sequential.state.max_relative_difference(runs[1].state) < 1e-8
 

@@ -1,12 +1,12 @@
-"""The engine contract (tests/engines/contract.py) for the in-process engines."""
+"""The engine contract (fedgp.testing.EngineContract) for the in-process engines."""
 
-from tests.engines.contract import EngineContract
+from fedgp.engines import Batched, Sequential
+from fedgp.testing import EngineContract
 
 
 class TestSequentialEngineContract(EngineContract):
-    engine_name = "sequential"
+    engine = Sequential()
 
 
 class TestBatchedEngineContract(EngineContract):
-    engine_name = "batched"
-    engine_options = {"chunk_size": 3}  # several chunks, so failures are isolated within and across them
+    engine = Batched(chunk_size=3)  # several chunks, so failures are isolated within and across them

@@ -14,7 +14,6 @@ from fedgp.data import ClientData, Federation, gp_federation
 from fedgp.engines.batched import BatchedEngine
 from fedgp.engines.sequential import SequentialEngine
 from fedgp.experiments.prior_map import centralised_map, prior_spec
-from fedgp.fit import make_engine
 from fedgp.strategies import FGPR
 from fedgp.strategies.local import SGD
 
@@ -22,9 +21,8 @@ from fedgp.strategies.local import SGD
 def fit_on(engine, spec, fed, strategy=None, rounds=3, **kwargs):
     strategy = FGPR(local_steps=3, batch_size=16) if strategy is None else strategy
     # the references here (GPyTorch, closed forms, the centralised MAP) see the data as given
-    kwargs.setdefault("outcome_transform", None)
-    kwargs.setdefault("input_transform", None)
-    return fedgp.fit(spec, fed, strategy, rounds=rounds, seed=2, engine=engine, progress=False, **kwargs)
+    kwargs.setdefault("transforms", None)
+    return fedgp.fit(spec, fed, strategy, engine=engine, rounds=rounds, seed=2, **kwargs)
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +42,7 @@ def test_float32_fits_agree_across_engines_and_with_float64(draws):
     assert s32.max_relative_difference(b32) < 1e-4  # float32 rounding, two code paths
     # States cross the wire as float64 records: exact for float32 values, so bytes change nothing.
     wired = fit_on(
-        "batched", GPSpec(dtype=torch.float32), draws.federation, rounds=4, engine_options={"loopback": True}
+        fedgp.engines.Batched(loopback=True), GPSpec(dtype=torch.float32), draws.federation, rounds=4
     )
     assert wired.state.max_relative_difference(b32) == 0.0
     f64 = runs[torch.float64, "sequential"].state
@@ -112,9 +110,13 @@ def test_prior_weight_one_over_n_makes_fedavgs_fixed_point_the_pooled_map():
         local_steps=1, batch_size=None, optimizer=SGD(lr=0.5, schedule="constant"), average_space="raw"
     )
     for engine in ("sequential", "batched"):
-        right = fit_on(engine, prior_spec(1.0 / 56, start), fed, step, rounds=1, eval_every=0).state
+        right = fit_on(
+            engine, prior_spec(1.0 / 56, start), fed, step, rounds=1, callbacks=[fedgp.run.Evaluate(every=0)]
+        ).state
         assert right.max_relative_difference(map_state) < 1e-8
-        default = fit_on(engine, prior_spec(None, start), fed, step, rounds=1, eval_every=0).state
+        default = fit_on(
+            engine, prior_spec(None, start), fed, step, rounds=1, callbacks=[fedgp.run.Evaluate(every=0)]
+        ).state
         assert default.max_relative_difference(map_state) > 1e-3
 
 
@@ -211,23 +213,31 @@ def test_kernel_width_that_does_not_match_the_data_is_named(draws, engine):
 
 
 def test_auto_engine_picks_batched_where_it_applies(draws):
-    assert isinstance(make_engine("auto", GPSpec(), draws.federation), BatchedEngine)
+    from fedgp.engines import Batched, Sequential, auto_engine, build_engine
+
+    assert isinstance(auto_engine(GPSpec(), draws.federation), Batched)
+    assert isinstance(build_engine("auto", GPSpec(), draws.federation, 0), BatchedEngine)
     fixed = GPSpec(likelihood=gpytorch.likelihoods.FixedNoiseGaussianLikelihood(noise=torch.ones(1)))
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        assert isinstance(make_engine("auto", fixed, with_noise(draws.federation)), SequentialEngine)
+        assert auto_engine(fixed, with_noise(draws.federation)) == Sequential()
+        assert isinstance(build_engine("auto", fixed, with_noise(draws.federation), 0), SequentialEngine)
     auto = fedgp.fit(
         GPSpec(),
         draws.federation,
         FGPR(local_steps=2),
         rounds=2,
         seed=2,
-        progress=False,
-        outcome_transform=None,
+        transforms=fedgp.transforms.Transforms(outcome=None),
     )
     assert auto.engine.name == "batched"
     seq = fit_on(
-        "sequential", GPSpec(), draws.federation, FGPR(local_steps=2), rounds=2, input_transform="auto"
+        "sequential",
+        GPSpec(),
+        draws.federation,
+        FGPR(local_steps=2),
+        rounds=2,
+        transforms=fedgp.transforms.Transforms(outcome=None, inputs="auto"),
     )
     assert auto.state.max_relative_difference(seq.state) < 1e-10
 
@@ -236,7 +246,7 @@ def test_auto_engine_picks_batched_where_it_applies(draws):
 def test_batched_engine_on_a_gpu_matches_the_cpu(draws):
     spec = sum_spec()  # once: LinearMean draws its initial weights at random on construction
     cpu = fit_on("batched", spec, draws.federation)
-    gpu = fit_on("batched", spec, draws.federation, device="cuda")
+    gpu = fit_on(fedgp.engines.Batched(device="cuda"), spec, draws.federation)
     assert gpu.engine.X.is_cuda
     assert gpu.state.max_relative_difference(fit_on("sequential", spec, draws.federation).state) < 1e-8
     mean, var = gpu.predict(draws.federation[0].X_test, client=0)
@@ -246,12 +256,12 @@ def test_batched_engine_on_a_gpu_matches_the_cpu(draws):
 
 def test_device_option_runs_the_tensor_path_where_asked(draws):
     cpu = fit_on("batched", GPSpec(), draws.federation)
-    explicit = fit_on("auto", GPSpec(), draws.federation, device="cpu")
+    explicit = fit_on(fedgp.engines.Batched(device="cpu"), GPSpec(), draws.federation)
     assert explicit.engine.device == torch.device("cpu") and explicit.engine.name == "batched"
     assert explicit.engine.chunk_size == 512  # the CPU's default (a GPU's is larger: test_gpu.py)
     assert explicit.state.max_relative_difference(cpu.state) == 0.0
-    with pytest.raises(ValueError, match="device='cpu' applies to engine='batched' or 'auto'"):
-        fit_on("sequential", GPSpec(), draws.federation, device="cpu")
+    with pytest.raises(TypeError, match="unexpected keyword argument 'device'"):
+        fedgp.engines.Sequential(device="cpu")  # the device is an option of the tensor path only
     if not torch.cuda.is_available():
         with pytest.raises(ValueError, match="device='cuda', but this PyTorch sees no CUDA GPU"):
-            fit_on("auto", GPSpec(), draws.federation, device="cuda")
+            fit_on(fedgp.engines.Batched(device="cuda"), GPSpec(), draws.federation)

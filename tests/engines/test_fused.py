@@ -26,16 +26,9 @@ RTOL = 1e-8
 
 
 def run(spec, fed, strategy, rounds=3, engine="batched", **options):
-    return fedgp.fit(
-        spec,
-        fed,
-        strategy,
-        rounds=rounds,
-        seed=3,
-        progress=False,
-        engine=engine,
-        engine_options=(options or None) if engine == "batched" else None,
-    )
+    if engine == "batched":
+        engine = fedgp.engines.Batched(**options)
+    return fedgp.fit(spec, fed, strategy, rounds=rounds, seed=3, engine=engine)
 
 
 @pytest.fixture(scope="module")
@@ -211,20 +204,11 @@ def test_a_failed_cholesky_redoes_the_round_step_by_step_with_jitter(calls):
         initial_values={"likelihood.noise_covar.noise": 1e-11, "covar_module.outputscale": 1e6},
     )
     strategy = FGPR(local_steps=2, batch_size=12, lr=1e-3)
-    kwargs = {"input_transform": None, "outcome_transform": None}
-    ours = fedgp.fit(spec, fed, strategy, rounds=1, seed=3, progress=False, engine="batched", **kwargs)
+    kwargs = {"transforms": None}
+    ours = fedgp.fit(spec, fed, strategy, engine="batched", rounds=1, seed=3, **kwargs)
     assert calls["fused"] == 1 and calls["stepwise"] == 1
-    options = {"fused": False}
     stepwise = fedgp.fit(
-        spec,
-        fed,
-        strategy,
-        rounds=1,
-        seed=3,
-        progress=False,
-        engine="batched",
-        engine_options=options,
-        **kwargs,
+        spec, fed, strategy, engine=fedgp.engines.Batched(fused=False), rounds=1, seed=3, **kwargs
     )
     assert calls["fused"] == 1 and calls["stepwise"] == 2
     for key in ours.state:
@@ -273,10 +257,9 @@ def test_a_batched_fit_leaves_the_thread_settings_and_no_thread_pool_behind():
         for threads in (1, 2):
             torch.set_num_threads(threads)
             fedgp.fit(draws.spec, draws.federation, fedgp.strategies.FGPR(local_steps=2, batch_size=16),
-                      rounds=2, engine="batched", progress=False,
-                      engine_options={"chunk_size": 8})  # 1 thread: fused; 2 threads: several tiles
+                      rounds=2, engine=fedgp.engines.Batched(chunk_size=8))  # 1 thread: fused; 2: tiles
             ifca = fedgp.strategies.IFCA(num_clusters=2, lr=0.05, gradient_batch_size=16)  # the compiled step
-            fedgp.fit(draws.spec, draws.federation, ifca, rounds=1, engine="batched", progress=False)
+            fedgp.fit(draws.spec, draws.federation, ifca, rounds=1, engine="batched")
             assert torch.get_num_threads() == threads, torch.get_num_threads()
         assert not parallel._is_initialized, "numba's parallel pool was started"
         print("ok")

@@ -35,11 +35,9 @@ def fit_on(device, kernel, dtype, federation, engine="batched"):
         spec,
         federation,
         FGPR(local_steps=3, batch_size=16),
+        engine=fedgp.engines.Batched(device=device) if engine == "batched" else engine,
         rounds=4,
         seed=2,
-        engine=engine,
-        progress=False,
-        **({"device": device} if engine == "batched" else {}),
     )
 
 

@@ -11,8 +11,9 @@ import pytest
 import torch
 from linear_operator.utils.cholesky import psd_safe_cholesky
 
-from fedgp.engines.batched import cholesky
-from fedgp.models.objective import CHOLESKY_JITTER, CHOLESKY_MAX_TRIES, FactorizationError
+from fedgp.engines.tensor_gp import cholesky
+from fedgp.errors import FactorizationError
+from fedgp.models.objective import CHOLESKY_JITTER, CHOLESKY_MAX_TRIES
 
 
 def matrices(smallest_eigenvalues, seed=0):

@@ -14,12 +14,13 @@ import torch
 import fedgp
 from fedgp.data import ClientData, Federation
 from fedgp.engines import compiled as compiled_step
-from fedgp.engines.batched import BatchedEngine, UnsupportedSpec, check_against_gpytorch
+from fedgp.engines.batched import BatchedEngine, check_against_gpytorch
+from fedgp.errors import UnsupportedSpec
 from fedgp.strategies import FGPR
 
-PATHS = [("sequential", {}), ("batched", {"compiled": False})]
+PATHS = [fedgp.engines.Sequential(), fedgp.engines.Batched(compiled=False)]
 if compiled_step.available():
-    PATHS.append(("batched", {"compiled": True}))
+    PATHS.append(fedgp.engines.Batched(compiled=True))
 
 
 def _federation(offset: float, seed: int = 0) -> Federation:
@@ -36,10 +37,10 @@ def _federation(offset: float, seed: int = 0) -> Federation:
 
 def _run_every_path(spec, fed):
     out = []
-    for engine, options in PATHS:
+    for engine in PATHS:
         result = fedgp.fit(
-            spec, fed, FGPR(local_steps=4, batch_size=8), rounds=3, engine=engine, engine_options=options,
-            progress=False, seed=1, input_transform=None, outcome_transform=None,  # the raw numerics
+            spec, fed, FGPR(local_steps=4, batch_size=8), rounds=3,
+            engine=engine, seed=1, transforms=None,  # the raw numerics
         )  # fmt: skip
         mean, var = result.predict(fed.by_id("c1").X_test, client="c1")
         out.append((result.state, mean, var, result.evaluate()[["rmse", "nll"]].to_numpy()))

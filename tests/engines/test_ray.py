@@ -10,7 +10,8 @@ import pytest
 import torch
 
 import fedgp
-from tests.engines.contract import EngineContract
+from fedgp.engines import Batched, Ray
+from fedgp.testing import EngineContract
 
 if os.environ.get("CI", "").strip().lower() == "true":
     import ray  # noqa: F401  (fail, not skip, when CI lacks it)
@@ -31,8 +32,7 @@ def ray_cluster():
 
 
 class TestRayEngineContract(EngineContract):
-    engine_name = "ray"
-    engine_options = {"num_workers": 2, "chunk_size": 2}
+    engine = Ray(num_workers=2, shard=Batched(chunk_size=2))
     supports_loopback = False  # every message already crosses as bytes
 
 
@@ -43,29 +43,23 @@ def test_a_dead_worker_fails_its_clients_for_that_round_and_the_run_goes_on():
     engine = RayEngine(draws.spec, draws.federation, num_workers=2)
     lost = set(engine.shards[0].tolist())
 
-    def crash_after_round_1(rnd, server):
-        if rnd == 1:
+    def crash_after_round_1(run):
+        if run.completed == 1:
             engine.kill(0)
 
     result = fedgp.fit(
         draws.spec,
         draws.federation,
         fedgp.strategies.FGPR(batch_size=8),
-        rounds=3,
         engine=engine,
-        progress=False,
-        callback=crash_after_round_1,
+        rounds=3,
+        callbacks=[crash_after_round_1],
     )
     assert result.history["failed"].tolist() == [0, len(lost), 0]
     assert set(result.failures["client"]) == {draws.federation.ids[p] for p in lost}
     assert result.failures["reason"].str.startswith("worker 0 lost").all()
     reference = fedgp.fit(
-        draws.spec,
-        draws.federation,
-        fedgp.strategies.FGPR(batch_size=8),
-        rounds=1,
-        progress=False,
-        engine="sequential",
+        draws.spec, draws.federation, fedgp.strategies.FGPR(batch_size=8), engine="sequential", rounds=1
     )
     assert result.evaluate()["client"].tolist() == reference.evaluate()["client"].tolist()
     engine.close()

@@ -6,8 +6,8 @@ import torch
 
 import fedgp
 from fedgp.data import gp_federation
-from fedgp.engines import load_checkpoint
 from fedgp.messages import Record, Task, state_tensors
+from fedgp.run.checkpoint import load_checkpoint
 from fedgp.strategies import FGPR, IFCA
 
 
@@ -31,37 +31,35 @@ def same(a, b):
 )
 def test_checkpoint_resume_is_bit_identical(draws, strategy, tmp_path):
     fed = draws.federation
-    full = fedgp.fit(draws.spec, fed, strategy, rounds=6, seed=11, progress=False, engine="sequential")
+    full = fedgp.fit(draws.spec, fed, strategy, engine="sequential", rounds=6, seed=11)
     path = tmp_path / "run.ckpt"
     fedgp.fit(
         draws.spec,
         fed,
         strategy,
+        engine="sequential",
         rounds=3,
         seed=11,
-        progress=False,
-        checkpoint_every=1,
-        checkpoint_path=path,
-        engine="sequential",
+        callbacks=[fedgp.run.Checkpointing(path, every=1)],
     )
     assert load_checkpoint(path).completed_rounds == 3
     resumed = fedgp.fit(
-        draws.spec, fed, strategy, rounds=6, seed=11, progress=False, resume_from=path, engine="sequential"
+        draws.spec,
+        fed,
+        strategy,
+        engine="sequential",
+        rounds=6,
+        seed=11,
+        callbacks=[fedgp.run.Checkpointing(path, every=None, resume=True)],
     )
     same(full, resumed)
 
 
 def test_same_seed_same_result_other_seed_other_result(draws):
     strategy = FGPR(local_steps=3, batch_size=16, clients_per_round=2)
-    a = fedgp.fit(
-        draws.spec, draws.federation, strategy, rounds=4, seed=1, progress=False, engine="sequential"
-    )
-    b = fedgp.fit(
-        draws.spec, draws.federation, strategy, rounds=4, seed=1, progress=False, engine="sequential"
-    )
-    c = fedgp.fit(
-        draws.spec, draws.federation, strategy, rounds=4, seed=2, progress=False, engine="sequential"
-    )
+    a = fedgp.fit(draws.spec, draws.federation, strategy, engine="sequential", rounds=4, seed=1)
+    b = fedgp.fit(draws.spec, draws.federation, strategy, engine="sequential", rounds=4, seed=1)
+    c = fedgp.fit(draws.spec, draws.federation, strategy, engine="sequential", rounds=4, seed=2)
     same(a, b)
     assert not a.state.allclose(c.state, rtol=1e-6)
 
@@ -72,32 +70,28 @@ def test_resume_refuses_a_different_run(draws, tmp_path):
         draws.spec,
         draws.federation,
         FGPR(),
-        rounds=2,
-        progress=False,
-        checkpoint_every=2,
-        checkpoint_path=path,
         engine="sequential",
+        rounds=2,
+        callbacks=[fedgp.run.Checkpointing(path, every=2)],
     )
     with pytest.raises(ValueError, match="different seed"):
         fedgp.fit(
             draws.spec,
             draws.federation,
             FGPR(),
+            engine="sequential",
             rounds=4,
             seed=9,
-            progress=False,
-            resume_from=path,
-            engine="sequential",
+            callbacks=[fedgp.run.Checkpointing(path, every=None, resume=True)],
         )
     with pytest.raises(ValueError, match="different strategy"):
         fedgp.fit(
             draws.spec,
             draws.federation,
             FGPR(lr=0.2),
-            rounds=4,
-            progress=False,
-            resume_from=path,
             engine="sequential",
+            rounds=4,
+            callbacks=[fedgp.run.Checkpointing(path, every=None, resume=True)],
         )
 
 
@@ -116,9 +110,7 @@ def test_local_results_do_not_depend_on_which_clients_run_with_them(draws):
 
 
 def test_history_has_hyperparameters_and_test_metrics(draws):
-    result = fedgp.fit(
-        draws.spec, draws.federation, FGPR(local_steps=2), rounds=3, progress=False, engine="sequential"
-    )
+    result = fedgp.fit(draws.spec, draws.federation, FGPR(local_steps=2), engine="sequential", rounds=3)
     h = result.history
     assert list(h["round"]) == [1, 2, 3]
     for column in [
@@ -141,12 +133,17 @@ def test_fit_rejects_bad_arguments(draws):
         fedgp.fit(draws.spec, draws.federation, engine="warp", rounds=1)
     with pytest.raises(TypeError, match="Federation"):
         fedgp.fit(draws.spec, list(draws.federation), rounds=1, engine="sequential")
-    with pytest.raises(ValueError, match="checkpoint_path"):
-        fedgp.fit(draws.spec, draws.federation, rounds=1, checkpoint_every=1, engine="sequential")
-    result = fedgp.fit(
-        draws.spec, draws.federation, FGPR(local_steps=1), rounds=1, progress=False, engine="sequential"
-    )
+    # a checkpoint setting that cannot work is refused before any round runs, naming the argument
+    with pytest.raises(ValueError, match=r"Checkpointing\(every=\.\.\.\) must be None or an int >= 1"):
+        fedgp.run.Checkpointing("run.ckpt", every=0)
+    with pytest.raises(ValueError, match=r"would neither write nor read a checkpoint"):
+        fedgp.run.Checkpointing("run.ckpt", every=None)
+    result = fedgp.fit(draws.spec, draws.federation, FGPR(local_steps=1), engine="sequential", rounds=1)
     with pytest.raises(ValueError, match=r"X must have shape \(n, 2\)"):
         result.predict(torch.zeros(3, 5), client=0)
     with pytest.raises(KeyError, match="no client with id"):
         result.predict(torch.zeros(3, 2), client="nobody")
+    # checkpointing without a file: refused when made (the old fit refused checkpoint_every without
+    # checkpoint_path), not by a bare TypeError from the file system after the first round
+    with pytest.raises(TypeError, match=r"Checkpointing\(path=\.\.\.\) must be a file path"):
+        fedgp.run.Checkpointing(None, every=1)

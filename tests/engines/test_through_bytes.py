@@ -27,10 +27,8 @@ def test_every_message_survives_bytes_bit_for_bit(name, engine):
             data.federation,
             strategy,
             rounds=rounds,
-            engine=engine,
+            engine=fedgp.engines.ENGINES[engine](loopback=loopback),
             seed=11,
-            progress=False,
-            engine_options={"loopback": loopback},
         )
         for loopback in (False, True)
     ]
@@ -63,10 +61,9 @@ def test_every_clustered_preset_survives_bytes(preset):
             spec,
             data.federation,
             strategy,
+            engine=fedgp.engines.Batched(loopback=loopback),
             rounds=rounds,
             seed=3,
-            progress=False,
-            engine_options={"loopback": loopback},
         )
         for loopback in (False, True)
     ]

@@ -32,7 +32,9 @@ def ifca_fit():
     )
     strategy = fedgp.strategies.IFCA(num_clusters=2, local_steps=3, lr=0.05, init="spec", init_scale=0.3)
     fed = fedgp.data.Federation(clients)
-    result = fedgp.fit(spec, fed, strategy, rounds=4, engine="batched", progress=False, eval_every=0)
+    result = fedgp.fit(
+        spec, fed, strategy, engine="batched", rounds=4, callbacks=[fedgp.run.Evaluate(every=0)]
+    )
     # The default transforms apply: the exports must map to and from the original units.
     assert result.transform.y_offset is not None and result.transform.x_offset is not None
     return fed, result
@@ -104,7 +106,10 @@ def test_exports_with_each_clients_own_standardisation():
         [ClientData(c.X, 40.0 * c.y + 100.0 * i, id=c.id) for i, c in enumerate(fed)]
     )
     result = fedgp.fit(
-        fedgp.GPSpec(), shifted, rounds=2, progress=False, outcome_transform=Standardize(local=True)
+        fedgp.GPSpec(),
+        shifted,
+        rounds=2,
+        transforms=fedgp.transforms.Transforms(outcome=Standardize(local=True)),
     )
     assert result.transform.y_local
     X = _inputs(5)

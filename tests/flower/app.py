@@ -38,7 +38,7 @@ def _build(context):
         "seed": int(config.get("seed", 5)),
         "out_dir": str(out_dir),
         "timeout": float(config.get("timeout", 60.0)),
-        "eval_every": 0,
+        "callbacks": [fedgp.run.Evaluate(every=0)],
     }
     return federation().spec, strategy(str(config.get("strategy", "fgpr"))), options
 

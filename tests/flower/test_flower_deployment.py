@@ -155,13 +155,7 @@ def in_process(strategy_name: str, rounds: int):
     finally:
         sys.path.remove(str(APP))
     return fedgp.fit(
-        spec(1),
-        owners().federation,
-        strategy(strategy_name),
-        rounds=rounds,
-        seed=0,
-        progress=False,
-        engine="sequential",
+        spec(1), owners().federation, strategy(strategy_name), engine="sequential", rounds=rounds, seed=0
     )
 
 

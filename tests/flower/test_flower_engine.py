@@ -9,7 +9,9 @@ import os
 import pytest
 
 import fedgp
-from tests.engines.contract import EngineContract
+from fedgp.engines import Batched
+from fedgp.flower import Flower
+from fedgp.testing import EngineContract
 
 if os.environ.get("CI", "").strip().lower() == "true":
     import flwr  # noqa: F401  (fail, not skip, when CI lacks it)
@@ -20,14 +22,12 @@ os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
 
 
 class TestFlowerEngineContract(EngineContract):
-    engine_name = "flower"
-    engine_options = {"num_nodes": 3}
+    engine = Flower(num_nodes=3)
     supports_loopback = False  # every message already crosses Flower's wire format
 
 
 class TestFlowerBatchedNodesContract(EngineContract):
-    engine_name = "flower"
-    engine_options = {"num_nodes": 2, "node_engine": "batched"}
+    engine = Flower(num_nodes=2, node_engine=Batched(check=False))
     supports_loopback = False
 
 
@@ -38,19 +38,17 @@ def test_a_lost_node_fails_its_clients_and_the_run_goes_on():
     engine = FlowerEngine(draws.spec, draws.federation, num_nodes=3)
     last_node = max(engine.grid.apps)
 
-    def lose_a_node(rnd, server):
-        if rnd == 1:
+    def lose_a_node(run):
+        if run.completed == 1:
             engine.grid.kill(last_node)
 
     result = fedgp.fit(
         draws.spec,
         draws.federation,
         fedgp.strategies.FGPR(batch_size=8),
-        rounds=3,
         engine=engine,
-        progress=False,
-        callback=lose_a_node,
-        eval_every=0,
+        rounds=3,
+        callbacks=[fedgp.run.Evaluate(every=0), lose_a_node],
     )
     assert result.history["failed"].tolist() == [0, 2, 2]
     assert set(result.failures["client"]) == set(draws.federation.ids[4:])

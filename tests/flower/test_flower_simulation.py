@@ -40,13 +40,7 @@ def test_flower_simulation_with_ray_backend_matches_sequential(tmp_path, monkeyp
     state = json.loads((tmp_path / "state.json").read_text())
     draws = app.federation()
     reference = fedgp.fit(
-        draws.spec,
-        draws.federation,
-        app.strategy("fgpr"),
-        rounds=3,
-        seed=5,
-        progress=False,
-        engine="sequential",
+        draws.spec, draws.federation, app.strategy("fgpr"), engine="sequential", rounds=3, seed=5
     )
     for name, value in reference.state.items():
         torch.testing.assert_close(torch.tensor(state[name], dtype=torch.float64), value, rtol=1e-8, atol=0)

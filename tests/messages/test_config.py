@@ -9,22 +9,22 @@ import torch
 
 from fedgp import GPSpec
 from fedgp import aggregators as A
+from fedgp.aggregators import CoordinateMedian, WeightedMean
 from fedgp.clustering import FixedRadius, KMeansRadius, QuantileRadius
-from fedgp.experiments.table1 import WeightedFGPR
-from fedgp.messages import config_json, from_config
+from fedgp.errors import CodecError
+from fedgp.messages import config_json, encode, from_config
 from fedgp.models import ZeroKernel
 from fedgp.strategies import (
     FGPR,
     IFCA,
     SGD,
     Adam,
-    CoordinateMedian,
     FederatedClustering,
     LocalTraining,
     MomentDescentInit,
     MomentumClustering,
     MyopicClustering,
-    WeightedMean,
+    WeightedFGPR,
 )
 from fedgp.strategies import clustered as C
 
@@ -106,12 +106,38 @@ def test_strategy_configs_are_json_and_round_trip(name):
 
 
 def test_configs_build_only_registered_classes():
-    with pytest.raises(ValueError, match="unknown type 'os:system'"):
+    with pytest.raises(CodecError, match="type 'os:system' is not a registered or imported fedgp dataclass"):
         from_config({"type": "os:system", "params": {"command": "true"}})
-    with pytest.raises(ValueError, match="unrecognised entry"):
+    with pytest.raises(CodecError, match="unrecognised encoded entry"):
         from_config({"__reduce__": ["os.system", ["true"]]})
     with pytest.raises(TypeError, match="describes a Adam, not a FGPR"):
         FGPR.from_config(Adam().to_config())
+    assert issubclass(CodecError, ValueError)
+
+
+def test_config_json_layout():
+    """Dataclasses are ``{"type", "params"}``, tensors inline ``{"__tensor__": {data, dtype, shape}}``,
+    dicts ``{"__dict__": ...}``, tuples ``{"__tuple__": ...}``."""
+    config = STRATEGIES["two_phase_theta0"].to_config()
+    assert config["type"] == "fedgp.strategies.clustered.model:ClusteredGP"
+    phase1 = config["params"]["initializer"]
+    assert phase1["type"] == "fedgp.strategies.clustered.moment_descent:MomentDescentInit"
+    assert phase1["params"]["theta0"] == {
+        "__tensor__": {"data": [0.5, -1.0, 2.0], "dtype": "float32", "shape": [3]}
+    }
+    init = STRATEGIES["ifca_given"].to_config()["params"]["init"]["__hyperstate__"]
+    weights = init["mean_module.weights"]["__tensor__"]
+    assert weights["dtype"] == "float64" and weights["shape"] == [2, 3, 1] and len(weights["data"]) == 6
+    adam = STRATEGIES["fgpr_adam_instance"].to_config()["params"]["optimizer"]
+    assert adam == {
+        "type": "fedgp.strategies.local:Adam",
+        "params": {"lr": 0.01, "betas": {"__tuple__": [0.8, 0.99]}, "eps": 1e-08},
+    }
+    assert encode({"a": (1, torch.tensor([2]))}) == {
+        "__dict__": {"a": {"__tuple__": [1, {"__tensor__": {"data": [2], "dtype": "int64", "shape": [1]}}]}}
+    }
+    assert from_config({"__dict__": {"a": {"__tuple__": [1, 2]}}}) == {"a": (1, 2)}
+    assert from_config(adam) == Adam(lr=0.01, betas=(0.8, 0.99))
 
 
 def test_a_clients_view_omits_other_clients_labels():

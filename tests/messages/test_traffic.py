@@ -110,7 +110,7 @@ def check(strategy_row, engine, spec, symbols, rows):
 
 def run(data, spec, strategy, rounds):
     engine = RecordingEngine(spec, data.federation)
-    fedgp.fit(spec, data.federation, strategy, rounds=rounds, engine=engine, progress=False)
+    fedgp.fit(spec, data.federation, strategy, engine=engine, rounds=rounds)
     return engine
 
 

@@ -8,7 +8,8 @@ import torch
 from linear_operator.utils.errors import NanError, NotPSDError
 
 from fedgp.data import gp_spec
-from fedgp.models import MLEError, fit_mle, maximize_likelihood, total_nll
+from fedgp.errors import MLEError
+from fedgp.models import fit_mle, maximize_likelihood, total_nll
 from fedgp.models.mle import adam, lbfgs, perturbed_starts
 
 

@@ -7,7 +7,8 @@ import pytest
 import torch
 from linear_operator.utils.errors import NanError
 
-from fedgp.models import MLEError, condition
+from fedgp.errors import MLEError
+from fedgp.models import condition
 from fedgp.models.multifidelity import AR1, NARGP, mle_with_restarts, rbf_spec
 
 # GPyTorch rounds tiny negative posterior variances (at training inputs) up to 1e-10 and warns.

@@ -6,7 +6,8 @@ from fedgp import GPSpec
 from fedgp.data import ClientData
 from fedgp.data.synthetic import gp_spec
 from fedgp.engines.sequential import SequentialOps
-from fedgp.models import FactorizationError, condition
+from fedgp.errors import FactorizationError
+from fedgp.models import condition
 
 
 def test_posterior_matches_equation_1():
@@ -65,10 +66,7 @@ def small_fit():
     draws = fedgp.data.gp_federation(num_clients=4, n=30, d=2, seed=1)
     strategy = fedgp.strategies.FGPR(local_steps=2, batch_size=10, lr=0.05)
     # Untransformed data, so the learned state is GPyTorch's to compare with as it stands.
-    off = {"outcome_transform": None, "input_transform": None}
-    result = fedgp.fit(
-        draws.spec, draws.federation, strategy, rounds=3, engine="sequential", progress=False, **off
-    )
+    result = fedgp.fit(draws.spec, draws.federation, strategy, engine="sequential", rounds=3, transforms=None)
     return draws, result
 
 
@@ -89,14 +87,7 @@ def test_full_covariance_matches_gpytorch(small_fit, engine):
     if engine == "batched":
         strategy = result.strategy
         result = fedgp.fit(
-            draws.spec,
-            draws.federation,
-            strategy,
-            rounds=3,
-            engine="batched",
-            progress=False,
-            outcome_transform=None,
-            input_transform=None,
+            draws.spec, draws.federation, strategy, engine="batched", rounds=3, transforms=None
         )
     X = torch.rand(7, 2, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
     client = draws.federation[2]
@@ -150,12 +141,9 @@ def test_full_covariance_travels_through_bytes(small_fit):
         result.spec,
         draws.federation,
         result.strategy,
+        engine=fedgp.engines.Sequential(loopback=True),
         rounds=3,
-        engine="sequential",
-        progress=False,
-        engine_options={"loopback": True},
-        outcome_transform=None,
-        input_transform=None,
+        transforms=None,
     )
     X = torch.rand(4, 2, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
     pred, ref = wire.posterior(X, 0, full_cov=True), result.posterior(X, 0, full_cov=True)

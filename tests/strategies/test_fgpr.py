@@ -25,16 +25,7 @@ def draws():
 @pytest.fixture(scope="module")
 def fgpr_run(draws):
     strategy = FGPR(local_steps=5, batch_size=64, lr=0.05)
-    return fedgp.fit(
-        draws.spec,
-        draws.federation,
-        strategy,
-        rounds=100,
-        seed=0,
-        progress=False,
-        outcome_transform=None,
-        input_transform=None,
-    )
+    return fedgp.fit(draws.spec, draws.federation, strategy, rounds=100, seed=0, transforms=None)
 
 
 def sq_error(row):
@@ -61,9 +52,7 @@ def test_fgpr_agrees_with_centralised_training_on_the_same_likelihoods(fgpr_run,
 
 def test_personalisation_sin_minus_sin():
     fed = sin_personalisation(n=100, n_test=50)
-    result = fedgp.fit(
-        fedgp.GPSpec(), fed, FGPR(local_steps=5, batch_size=20, lr=0.1), rounds=60, progress=False
-    )
+    result = fedgp.fit(fedgp.GPSpec(), fed, FGPR(local_steps=5, batch_size=20, lr=0.1), rounds=60)
     per_client = result.evaluate()
     assert (per_client["rmse"] < 0.1).all()
     # the best single global mean function is f = 0: its RMSE is the RMS of sin, ~0.7
@@ -79,16 +68,7 @@ def test_personalisation_sin_minus_sin():
 @pytest.mark.parametrize("sampling", ["weighted", "uniform"])
 def test_partial_participation_converges(draws, sampling):
     strategy = FGPR(local_steps=5, batch_size=64, lr=0.05, clients_per_round=5, sampling=sampling)
-    result = fedgp.fit(
-        draws.spec,
-        draws.federation,
-        strategy,
-        rounds=80,
-        seed=1,
-        progress=False,
-        outcome_transform=None,
-        input_transform=None,
-    )
+    result = fedgp.fit(draws.spec, draws.federation, strategy, rounds=80, seed=1, transforms=None)
     h = result.history
     assert sq_error(h.iloc[-1]) <= 0.25 * sq_error(h.iloc[4])
     for k in KEYS:
@@ -97,22 +77,15 @@ def test_partial_participation_converges(draws, sampling):
 
 def test_sgd_inverse_t_and_raw_averaging_run_and_improve(draws):
     strategy = FGPR(local_steps=5, batch_size=64, optimizer="sgd", lr=2.0, average_space="raw")
-    result = fedgp.fit(
-        draws.spec,
-        draws.federation[:5],
-        strategy,
-        rounds=30,
-        progress=False,
-        outcome_transform=None,
-        input_transform=None,
-    )
+    result = fedgp.fit(draws.spec, draws.federation[:5], strategy, rounds=30, transforms=None)
     h = result.history
     assert h["train_nll"].iloc[-5:].mean() < h["train_nll"].iloc[0] - 0.2
 
 
 def test_partial_participation_sampling_is_proportional_to_size():
+    from fedgp.messages import ServerContext
     from fedgp.rng import generator
-    from fedgp.strategies.base import ServerContext, sample_participants
+    from fedgp.strategies.base import sample_participants
 
     sizes = torch.tensor([10, 30, 60])
     ctx = ServerContext(None, sizes, sizes / sizes.sum(), [0, 1, 2], 0)

@@ -38,7 +38,13 @@ def mixed(k=2, d=3, clients=8, seed=0):
 
 def fit(spec, data, strategy, rounds, engine="sequential", **kw):
     return fedgp.fit(
-        spec, data.federation, strategy, rounds=rounds, engine=engine, progress=False, eval_every=0, **kw
+        spec,
+        data.federation,
+        strategy,
+        engine=engine,
+        rounds=rounds,
+        **kw,
+        callbacks=[fedgp.run.Evaluate(every=0)],
     )
 
 
@@ -148,10 +154,11 @@ def test_momentum_clustering_reaches_each_clusters_optimum_when_momenta_are_iid_
         linear_spec(d=2),
         fed,
         strategy,
-        rounds=150,
         engine="batched",
-        progress=False,
-        callback=lambda r, s: first.append(s.assignment[:, 0].clone()) if r == 1 else None,
+        rounds=150,
+        callbacks=[
+            lambda run: first.append(run.server.assignment[:, 0].clone()) if run.completed == 1 else None
+        ],
     )
     assert (
         len(set(first[0][labels == 0].tolist())) == 1 != len(set(first[0].tolist()))

@@ -38,7 +38,7 @@ def test_ifca_recovers_both_regressors_in_at_least_9_of_10_seeds():
     worst = []
     for seed in range(10):
         mr = mixed_linear_regression(k=2, d=20, m=100, n=50, noise=0.1, separation=2.0, seed=seed)
-        result = fedgp.fit(spec, mr.federation, strategy, rounds=8, seed=seed, progress=False)
+        result = fedgp.fit(spec, mr.federation, strategy, rounds=8, seed=seed)
         worst.append(max(matched_relative_errors(result.state["mean_module.weights"].squeeze(-1), mr.thetas)))
     assert sum(e < 0.1 for e in worst) >= 9, worst
 
@@ -58,7 +58,7 @@ def test_restart_with_the_lowest_training_objective_is_selected():
     strategy = IFCA(
         num_clusters=2, aggregation="gradient", lr=1e-300, restarts=2, init=init
     )  # lr must be > 0; 1e-300 cannot move a float64 of order 1: no learning
-    result = fedgp.fit(spec, mr.federation, strategy, rounds=1, progress=False)
+    result = fedgp.fit(spec, mr.federation, strategy, rounds=1)
     assert result.server_state.best == 1 and result.history["restart"].iloc[-1] == 1
     assert torch.allclose(result.state["mean_module.weights"], good, rtol=1e-15, atol=1e-290)
 
@@ -104,13 +104,14 @@ def test_linear_gp_ifca_reproduces_the_papers_linear_ifca_exactly():
         mr.federation,
         strategy,
         rounds=10,
-        progress=False,
-        callback=lambda r, s: ours.append(
-            (
-                s.assignment[0].numpy().copy(),
-                s.states["mean_module.weights"][0, :, :, 0].numpy().copy(),
+        callbacks=[
+            lambda run: ours.append(
+                (
+                    run.server.assignment[0].numpy().copy(),
+                    run.server.states["mean_module.weights"][0, :, :, 0].numpy().copy(),
+                )
             )
-        ),
+        ],
     )
     reference = reference_ifca(mr.federation, init, lr_mse, 10)
     for (a_ours, th_ours), (a_ref, th_ref) in zip(ours, reference):
@@ -123,14 +124,13 @@ def test_linear_gp_ifca_reproduces_the_papers_linear_ifca_exactly():
 def test_ifca_with_one_cluster_is_fgpr():
     draws = gp_federation(num_clients=6, n=60, d=1, seed=2)
     local = dict(local_steps=4, batch_size=16, lr=0.05)
-    fgpr = fedgp.fit(draws.spec, draws.federation, FGPR(**local), rounds=8, seed=5, progress=False)
+    fgpr = fedgp.fit(draws.spec, draws.federation, FGPR(**local), rounds=8, seed=5)
     ifca = fedgp.fit(
         draws.spec,
         draws.federation,
         IFCA(num_clusters=1, aggregation="model", init="spec", weighted=True, **local),
         rounds=8,
         seed=5,
-        progress=False,
     )
     assert ifca.state.index(0).allclose(fgpr.state, rtol=1e-12)
     assert np.allclose(ifca.history["train_nll"], fgpr.history["train_nll"], rtol=1e-12)
@@ -149,7 +149,7 @@ def test_ifca_model_averaging_separates_gp_populations_and_predicts_per_cluster(
     spec, rough = population(0.05, 1, "rough")
     _, smooth = population(0.5, 2, "smooth")
     strategy = IFCA(num_clusters=2, aggregation="model", local_steps=5, batch_size=40, lr=0.05, restarts=2)
-    result = fedgp.fit(spec, Federation(rough + smooth), strategy, rounds=30, seed=0, progress=False)
+    result = fedgp.fit(spec, Federation(rough + smooth), strategy, rounds=30, seed=0)
     ls = [float(result.client_state(i)["covar_module.base_kernel.lengthscale"]) for i in range(12)]
     assert max(ls[:6]) < 0.15 and min(ls[6:]) > 0.25, ls
     # a client never seen in training is routed to the cluster that explains its data

@@ -10,8 +10,8 @@ import torch
 import fedgp
 from fedgp import GPSpec
 from fedgp.data import gaussian_mixed_regression, su_xu_yang_setting
+from fedgp.errors import RoundFailedError
 from fedgp.experiments.metrics import max_matched_error
-from fedgp.fit import ENGINES, RoundFailedError
 from fedgp.models import ZeroKernel
 from fedgp.models.linear import linear_model
 from fedgp.strategies import MomentDescentInit
@@ -20,7 +20,7 @@ from fedgp.strategies.clustered.moment_descent import merge_anchors
 
 NOISE = "likelihood.noise_covar.noise"
 W = "mean_module.weights"
-ENGINE = "batched" if "batched" in ENGINES else "sequential"
+ENGINE = "batched"
 
 
 def linear_spec(d, noise_var):
@@ -42,7 +42,8 @@ def phase1_centres(spec, federation, phase1, k, seed):
     strategy = C.two_phase(k, phase1=phase1)
     out = {}
 
-    def grab(rnd, server):
+    def grab(run):
+        server = run.server
         if not server.initialising and server.phase_round == 0:
             out["centres"] = server.states[W][0, :, :, 0].clone()
             out["log"] = server.init_log
@@ -53,12 +54,10 @@ def phase1_centres(spec, federation, phase1, k, seed):
             spec,
             federation,
             strategy,
+            engine=ENGINE,
             rounds=strategy.init_rounds,
             seed=seed,
-            engine=ENGINE,
-            progress=False,
-            eval_every=0,
-            callback=grab,
+            callbacks=[fedgp.run.Evaluate(every=0), grab],
         )
     return out["centres"], out["log"]
 
@@ -143,9 +142,9 @@ def test_means_not_linear_in_their_parameters_are_refused():
     strategy = C.two_phase(2, phase1=MomentDescentInit(num_anchors=2))
     # found on the clients' own inputs: every client fails the round, and the error names them
     with pytest.raises(RoundFailedError, match="ExpMean is not linear in its parameters on client 0"):
-        fedgp.fit(spec, mr.federation, strategy, rounds=2, progress=False)
+        fedgp.fit(spec, mr.federation, strategy, rounds=2)
     with pytest.raises(ValueError, match="ZeroMean has no parameters"):
-        fedgp.fit(GPSpec(), mr.federation, strategy, rounds=2, progress=False)
+        fedgp.fit(GPSpec(), mr.federation, strategy, rounds=2)
     # a mean linear in its parameters that fedgp does not know by type is accepted (checked numerically)
 
     class Quadratic(gpytorch.means.Mean):
@@ -165,7 +164,7 @@ def test_anchor_pool_must_hold_enough_clients():
     mr = gaussian_mixed_regression(k=3, d=3, sizes=[5] * 20 + [30] * 2, noise=0.1, seed=0)
     strategy = C.two_phase(3, phase1=MomentDescentInit(num_anchors=4, anchor_pool=30))
     with pytest.raises(ValueError, match="holds 2 clients, fewer than the 4 anchors"):
-        fedgp.fit(linear_spec(3, 0.01), mr.federation, strategy, rounds=1, progress=False)
+        fedgp.fit(linear_spec(3, 0.01), mr.federation, strategy, rounds=1)
     with pytest.raises(ValueError, match="threshold"):
         MomentDescentInit(merge="threshold")
 
@@ -174,7 +173,7 @@ def test_anchors_come_from_the_data_rich_clients_by_default():
     mr = su_xu_yang_setting("C2", 0)
     strategy = C.two_phase(3, phase1=MomentDescentInit(iterations=1))
     server = strategy.initialize(
-        fedgp.strategies.ServerContext(
+        fedgp.messages.ServerContext(
             linear_spec(100, 0.04), mr.federation.sizes, mr.federation.weights, [], 0
         ),
         np.random.default_rng(0),
@@ -204,13 +203,7 @@ def test_a_cluster_without_anchors_is_refilled_from_the_worst_fitting_rich_clien
     strategy = C.two_phase(k, lr=0.3, phase1=phase1)
     with pytest.warns(RuntimeWarning, match="seeded"):
         result = fedgp.fit(
-            spec,
-            mr.federation,
-            strategy,
-            rounds=strategy.init_rounds + 40,
-            seed=0,
-            engine=ENGINE,
-            progress=False,
+            spec, mr.federation, strategy, engine=ENGINE, rounds=strategy.init_rounds + 40, seed=0
         )
     assert "refill" in result.history["stage"].tolist()
     assert max_matched_error(result.state[W][..., 0], mr.thetas) < 0.1 * delta

@@ -37,7 +37,7 @@ def gp():
 @pytest.mark.parametrize("name", sorted(ASSIGNERS))
 def test_predict_client_state_and_evaluate_agree(gp, name, engine):
     strategy = ASSIGNERS[name]
-    result = fedgp.fit(gp.spec, gp.federation, strategy, rounds=3, seed=2, engine=engine, progress=False)
+    result = fedgp.fit(gp.spec, gp.federation, strategy, engine=engine, rounds=3, seed=2)
     table = result.evaluate().set_index("client")
     for i, client in enumerate(gp.federation):
         cluster = int(table.loc[client.id, "cluster"])
@@ -55,15 +55,8 @@ def test_predict_client_state_and_evaluate_agree(gp, name, engine):
 
 def test_a_client_the_server_never_saw_chooses_by_likelihood(gp):
     """No label exists for a new client, even under fixed labels: it takes the likelier cluster."""
-    result = fedgp.fit(
-        gp.spec,
-        gp.federation,
-        ASSIGNERS["fixed_given"],
-        rounds=2,
-        progress=False,
-        outcome_transform=None,
-        input_transform=None,  # the likelihoods below are of the raw data
-    )
+    # transforms=None: the likelihoods below are of the raw data
+    result = fedgp.fit(gp.spec, gp.federation, ASSIGNERS["fixed_given"], rounds=2, transforms=None)
     member = gp.federation[3]
     stranger = ClientData(member.X, member.y, id="stranger")
     model = gp.spec.build()

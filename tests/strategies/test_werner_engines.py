@@ -43,14 +43,8 @@ def test_fgpr_with_every_aggregator_agrees_across_engines(rule):
     draws = gp_federation(num_clients=7, n=25, d=2, seed=4)
     states = [
         fedgp.fit(
-            draws.spec,
-            draws.federation,
-            FGPR(batch_size=8, aggregator=rule),
-            rounds=3,
-            engine=e,
-            seed=2,
-            progress=False,
-        ).state  # fmt: skip
+            draws.spec, draws.federation, FGPR(batch_size=8, aggregator=rule), engine=e, rounds=3, seed=2
+        ).state
         for e in ("sequential", "batched")
     ]
     assert all(torch.allclose(states[0][k], states[1][k], rtol=1e-8) for k in states[0])
@@ -89,11 +83,13 @@ STRATEGIES = {
 def test_gradient_clustering_agrees_across_engines_and_through_bytes(name):
     data, spec = bump_problem()
     runs = {}
-    for engine, loopback in (("sequential", False), ("batched", False), ("batched", True)):
-        runs[engine, loopback] = fedgp.fit(
-            spec, data.federation, STRATEGIES[name], rounds=3, engine=engine, seed=1, progress=False,
-            engine_options={"loopback": loopback},
-        )  # fmt: skip
+    engines = {
+        ("sequential", False): fedgp.engines.Sequential(loopback=False),
+        ("batched", False): fedgp.engines.Batched(loopback=False),
+        ("batched", True): fedgp.engines.Batched(loopback=True),
+    }
+    for key, engine in engines.items():
+        runs[key] = fedgp.fit(spec, data.federation, STRATEGIES[name], rounds=3, engine=engine, seed=1)
     a, b, c = runs.values()
     for k in a.state:
         assert torch.allclose(a.state[k], b.state[k], rtol=1e-8, atol=1e-12), k

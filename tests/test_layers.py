@@ -1,0 +1,181 @@
+"""The package's import graph keeps its shape: no circles, and no import from a lower layer to a higher.
+
+DESIGN.md's layers run data → model → strategy → engine → run; every module of fedgp is placed in
+one of the layers below (the longest matching prefix decides), and a module may import only
+modules of its own layer or lower ones. Imports inside ``if TYPE_CHECKING:`` are annotations, not
+dependencies, and do not count; every other import does, at module level or inside a function.
+A package's ``__init__`` re-exporting its own modules is not a dependency either.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1] / "fedgp"
+
+#: Lowest first. Within a layer, modules may import each other (the circle test still applies).
+LAYERS: list[tuple[str, tuple[str, ...]]] = [
+    (
+        "plumbing",
+        ("fedgp.errors", "fedgp.version", "fedgp.files", "fedgp.rng", "fedgp.checks", "fedgp.plotting"),
+    ),
+    ("data", ("fedgp.data",)),
+    # A model needs its clients' data; a GPyTorch or BoTorch model of one client needs only the model.
+    ("models", ("fedgp.models", "fedgp.export")),
+    # Synthetic federations are draws from a model: they sit above it.
+    ("generators", ("fedgp.data.synthetic", "fedgp.data.mixture")),
+    ("messages", ("fedgp.messages", "fedgp.transforms")),
+    ("aggregation", ("fedgp.clustering", "fedgp.aggregators")),
+    ("strategies", ("fedgp.strategies", "fedgp.presets", "fedgp.baselines")),
+    ("attacks", ("fedgp.attacks",)),
+    # Flower's engine side (the ClientApp, the grid engine) is an engine; its ServerApp runs a fit.
+    ("engines", ("fedgp.engines", "fedgp.flower")),
+    ("run", ("fedgp.run",)),
+    (
+        "applications",
+        ("fedgp.flower.server", "fedgp.testing", "fedgp.experiments", "fedgp.sklearn", "fedgp.cli"),
+    ),
+    # The top-level face: nothing inside the package imports it.
+    ("face", ("fedgp",)),
+]
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for path in PACKAGE.rglob("*.py"):
+        parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        out[name] = path
+    return out
+
+
+MODULES = _modules()
+
+
+def layer_of(module: str) -> int:
+    best, rank = -1, None
+    for i, (_, prefixes) in enumerate(LAYERS):
+        for prefix in prefixes:
+            if (module == prefix or module.startswith(prefix + ".")) and len(prefix) > best:
+                best, rank = len(prefix), i
+    assert rank is not None, f"{module} is in no layer of tests/test_layers.py: place it"
+    return rank
+
+
+def _target(name: str) -> str | None:
+    """The fedgp module an import names (a name imported from a module resolves to the module)."""
+    while name and name not in MODULES:
+        name = name.rpartition(".")[0]
+    return name or None
+
+
+def imports(module: str) -> set[str]:
+    """The fedgp modules ``module`` imports, outside ``if TYPE_CHECKING:`` blocks."""
+    path = MODULES[module]
+    tree = ast.parse(path.read_text())
+    skipped: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            skipped.update(id(n) for n in ast.walk(node))
+    found = set()
+    is_package = path.name == "__init__.py"
+    for node in ast.walk(tree):
+        if id(node) in skipped:
+            continue
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = module.split(".")[: len(module.split(".")) - node.level + (1 if is_package else 0)]
+                origin = ".".join(base + ([node.module] if node.module else []))
+            else:
+                origin = node.module or ""
+            names = [f"{origin}.{a.name}" for a in node.names]
+        else:
+            continue
+        for name in names:
+            target = _target(name)
+            if target and target != module and target.startswith("fedgp"):
+                found.add(target)
+    return found
+
+
+GRAPH = {m: imports(m) for m in MODULES}
+
+
+def test_every_module_has_a_layer():
+    for module in MODULES:
+        layer_of(module)
+
+
+def upward_imports(graph: dict[str, set[str]]) -> list[str]:
+    """Every import from a module to a module of a higher layer."""
+    upward = []
+    for module, targets in graph.items():
+        face = MODULES[module].name == "__init__.py"
+        for target in targets:
+            if face and target.startswith(module + "."):
+                continue  # a package's face re-exporting its own modules
+            low, high = layer_of(module), layer_of(target)
+            if high > low:
+                upward.append(f"{module} ({LAYERS[low][0]}) imports {target} ({LAYERS[high][0]})")
+    return sorted(upward)
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The groups of modules that import each other (Tarjan's strongly connected components)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for module in graph:
+        if module not in index:
+            visit(module)
+    return found
+
+
+def test_no_module_imports_a_higher_layer():
+    upward = upward_imports(GRAPH)
+    assert not upward, "imports that run up the layers:\n" + "\n".join(upward)
+
+
+def test_no_import_circles():
+    found = circles(GRAPH)
+    assert not found, "modules that import each other:\n" + "\n".join(" <-> ".join(c) for c in found)
+
+
+def test_the_checks_see_a_circle_and_an_upward_import():
+    """The two checks fail on a broken graph: run them on a doctored copy."""
+    doctored = {k: set(v) for k, v in GRAPH.items()}
+    doctored["fedgp.models.spec"].add("fedgp.run.loop")
+    doctored["fedgp.errors"].add("fedgp.version")
+    doctored["fedgp.version"].add("fedgp.errors")
+    assert any(
+        line.startswith("fedgp.models.spec (models) imports fedgp.run.loop")
+        for line in upward_imports(doctored)
+    )
+    assert ["fedgp.errors", "fedgp.version"] in circles(doctored)
