@@ -15,7 +15,7 @@ five ways, each timed as the median of 15 runs, with 1 and 2 torch threads:
    L⁻¹ (``solve_triangular``) and K⁻¹ = L⁻ᵀL⁻¹ by a batched matmul (the engine's first version);
 4. ``fused_f64``: what the engine does — the fused ``StationaryGram`` and ``GaussianNLL``, which
    forms K⁻¹ by ``torch.cholesky_inverse`` and has an elementwise backward, float64;
-5. ``fused_f32``: (4) in float32 (``engine_options={"minibatch_dtype": torch.float32}``);
+5. ``fused_f32``: (4) in float32 (``fedgp.engines.Batched(minibatch_dtype=torch.float32)``);
 6. ``compiled_gram`` (``--compile``): (4) with the Gram forward compiled by ``torch.compile``.
 
 Prints milliseconds per step and the speed-up over GPyTorch batch mode, and writes
@@ -34,7 +34,7 @@ import gpytorch
 import torch
 
 from fedgp.data.synthetic import gp_spec
-from fedgp.engines.batched import BatchedGP, GaussianNLL, StationaryGram, cholesky
+from fedgp.engines.tensor_gp import BatchedGP, GaussianNLL, StationaryGram, cholesky
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -110,7 +110,13 @@ def federated(X, y, Xt, yt, clients: int, rounds: int, seed: int):
     strategy = fedgp.strategies.FGPR(local_steps=5, batch_size=64, lr=0.05)
     start = time.perf_counter()
     result = fedgp.fit(
-        spec, fed, strategy, rounds=rounds, engine="batched", seed=seed, progress=False, eval_every=0
+        spec,
+        fed,
+        strategy,
+        engine="batched",
+        rounds=rounds,
+        seed=seed,
+        callbacks=[fedgp.run.Evaluate(every=0)],
     )
     train_s = time.perf_counter() - start
     start = time.perf_counter()

@@ -54,11 +54,10 @@ def worker(K: int, rounds: int) -> dict:
         fedgp.data.gp_spec(D, "rbf"),
         fed,
         fedgp.strategies.FGPR(local_steps=E, batch_size=M, lr=0.05),
-        rounds=rounds,
         engine="batched",
+        rounds=rounds,
         seed=0,
-        progress=False,
-        eval_every=0,
+        callbacks=[fedgp.run.Evaluate(every=0)],
     )
     fit_s = time.perf_counter() - start
     return {

@@ -62,7 +62,9 @@ def main() -> None:
     strategy = app.strategy("fgpr")
     rows = []
 
-    def engine_run(engine, options):
+    from fedgp.flower import Flower
+
+    def engine_run(engine):
         def run(rounds):
             fedgp.fit(
                 draws.spec,
@@ -71,20 +73,18 @@ def main() -> None:
                 rounds=rounds,
                 engine=engine,
                 seed=5,
-                progress=False,
-                eval_every=0,
-                engine_options=options,
+                callbacks=[fedgp.run.Evaluate(every=0)],
             )
 
         return run
 
-    for name, engine, options in (
-        ("sequential", "sequential", {}),
-        ("batched", "batched", {}),
-        ("ray (3 workers)", "ray", {"num_workers": 3}),
-        ("flower, in process (3 nodes)", "flower", {"num_nodes": 3}),
+    for name, engine in (
+        ("sequential", fedgp.engines.Sequential()),
+        ("batched", fedgp.engines.Batched()),
+        ("ray (3 workers)", fedgp.engines.Ray(num_workers=3)),
+        ("flower, in process (3 nodes)", Flower(num_nodes=3)),
     ):
-        run = engine_run(engine, options)
+        run = engine_run(engine)
         run(1)  # warm: imports, actors, compiled code
         rows.append({"engine": name, "seconds_per_round": per_round(run, args.rounds, args.repeats)})
         print(rows[-1], flush=True)

@@ -110,20 +110,21 @@ def worker(config: dict) -> dict:
     def run(federation, rounds):
         if config["engine"] == "loop":
             return run_loop(federation, rounds)
-        options = {"minibatch_dtype": torch.float32} if config["engine"] == "batched_f32" else {}
-        if config["engine"].startswith("batched"):
-            options["compiled"] = config["engine"] != "batched_tensor"
-            options["fused"] = None if config["engine"] == "batched" else False
+        engine = config["engine"]
+        if engine.startswith("batched"):
+            engine = fedgp.engines.Batched(
+                minibatch_dtype=torch.float32 if engine == "batched_f32" else None,
+                compiled=engine != "batched_tensor",
+                fused=None if engine == "batched" else False,
+            )
         fedgp.fit(
             fedgp.data.gp_spec(D, "rbf"),
             federation,
             fedgp.strategies.FGPR(local_steps=E, batch_size=M, lr=0.05),
             rounds=rounds,
-            engine="batched" if config["engine"].startswith("batched") else config["engine"],
+            engine=engine,
             seed=0,
-            progress=False,
-            eval_every=0,
-            engine_options=options,
+            callbacks=[fedgp.run.Evaluate(every=0)],
         )
 
     if config.get("warmup", True):

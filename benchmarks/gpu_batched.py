@@ -6,9 +6,10 @@
 
 FGPR (M = 32, d = 5, E = 5 Adam steps, RBF-ARD, 64 points per client), evaluation and transforms
 off, as in the README's Performance table. For each precision and number of clients K:
-``fit(..., engine="batched", device=DEVICE)`` (the tensor path) for each ``--chunk-sizes`` (clients
-per batched program: a GPU wants far more than the CPU's 512), and, for K up to ``--cpu-max-clients``,
-the CPU batched engine (the compiled step where numba is installed) as the baseline. Each is timed
+``fit(..., engine=fedgp.engines.Batched(device=DEVICE, chunk_size=C))`` (the tensor path) for each
+``--chunk-sizes`` C (clients per batched program: a GPU wants far more than the CPU's 512), and, for
+K up to ``--cpu-max-clients``, the CPU batched engine (the compiled step where numba is installed)
+as the baseline. Each is timed
 as the median of ``--repeats`` fits after an untimed warm-up; rows give client-steps per second,
 the GPU's peak memory, and the largest relative difference of the final state from the CPU's.
 Rows are appended to the CSV as they are measured, so a run cut short keeps what it finished.
@@ -40,14 +41,10 @@ def timed_fit(spec, federation, rounds: int, where: str, chunk_size: int, repeat
             spec,
             federation,
             FGPR(local_steps=E, batch_size=32),
+            engine=fedgp.engines.Batched(chunk_size=chunk_size, device=where),
             rounds=rounds,
-            engine="batched",
-            device=where,
-            engine_options={"chunk_size": chunk_size},
-            eval_every=0,
-            outcome_transform=None,  # the engine alone, as the CPU benchmarks measure it
-            input_transform=None,
-            progress=False,
+            transforms=None,  # the engine alone, as the CPU benchmarks measure it
+            callbacks=[fedgp.run.Evaluate(every=0)],
         )
         if where.startswith("cuda"):
             torch.cuda.synchronize()

@@ -10,7 +10,8 @@ the wall time per statement and writes results/benchmarks/import_time.csv. The r
 * ``import fedgp``: the package alone; its subpackages are imported on first use (PEP 562);
 * ``import fedgp; fedgp.fit``: first use of the top-level API (torch, GPyTorch, pandas, ...);
 * the eager import: what ``import fedgp`` did before the subpackages became lazy (it imported
-  aggregators, attacks, clustering, data, export, models, stopping, strategies and ``fit``);
+  aggregators, attacks, clustering, data, export, models, stopping, strategies and ``fit``; today
+  ``fedgp.run`` holds the stopping rules and ``fit``);
 * ``import torch``: the floor under any use of fedgp.
 
 ``python -X importtime -c "import fedgp"`` shows where the time of one import goes.
@@ -35,7 +36,7 @@ STATEMENTS = {
     "import fedgp; fedgp.fit": "import fedgp; fedgp.fit",
     "eager import (before)": (
         "import fedgp; from fedgp import aggregators, attacks, clustering, data, export, models, "
-        "stopping, strategies; from fedgp.fit import FitResult, fit"
+        "run, strategies; from fedgp.run import FitResult, fit"
     ),
     "import torch": "import torch",
 }

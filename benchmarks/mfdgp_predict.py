@@ -40,7 +40,8 @@ def worker(link: str, chunk: int | None, problems: int, points: int) -> dict:
 
     torch.set_num_threads(1)
     from fedgp.baselines import mfdgp
-    from fedgp.experiments.table1 import Protocol, multifidelity_federation
+    from fedgp.data.multifidelity import multifidelity_federation
+    from fedgp.experiments.table1 import Protocol
 
     if link == "composed":
 

@@ -25,7 +25,8 @@ def main() -> None:
     import pandas as pd
     import torch
 
-    from fedgp.experiments.table1 import Protocol, multifidelity_federation
+    from fedgp.data.multifidelity import multifidelity_federation
+    from fedgp.experiments.table1 import Protocol
 
     torch.set_num_threads(1)
     seeds = [0, 1, 2, 3]

@@ -26,7 +26,7 @@ import torch
 import fedgp
 from fedgp.data import gp_federation
 from fedgp.engines.ray import RayEngine, shutdown
-from fedgp.messages import Field, Task
+from fedgp.messages import HELLO_FIELDS, Task
 from fedgp.strategies import FGPR
 
 OUT = Path(__file__).resolve().parents[1] / "results" / "benchmarks" / "ray_engine.csv"
@@ -55,18 +55,28 @@ def main() -> None:
 
     def fit(engine):
         return fedgp.fit(
-            draws.spec, draws.federation, strategy, rounds=R, engine=engine, progress=False, eval_every=0
+            draws.spec,
+            draws.federation,
+            strategy,
+            engine=engine,
+            rounds=R,
+            callbacks=[fedgp.run.Evaluate(every=0)],
         )
 
     fedgp.fit(
-        draws.spec, draws.federation, strategy, rounds=1, engine="batched", progress=False, eval_every=0
+        draws.spec,
+        draws.federation,
+        strategy,
+        engine="batched",
+        rounds=1,
+        callbacks=[fedgp.run.Evaluate(every=0)],
     )
     batched = timed(lambda: fit("batched"), args.repeats)
     # What one worker computes, alone on the machine: the batched engine on one shard's clients.
     shard = draws.federation[: -(-K // args.workers)]
     one_shard = timed(
         lambda: fedgp.fit(
-            draws.spec, shard, strategy, rounds=R, engine="batched", progress=False, eval_every=0
+            draws.spec, shard, strategy, engine="batched", rounds=R, callbacks=[fedgp.run.Evaluate(every=0)]
         ),
         args.repeats,
     )
@@ -79,18 +89,27 @@ def main() -> None:
 
     # Ray's fixed cost per round: one task per worker that does (almost) nothing.
     probe = torch.tensor([int(s[0]) for s in ray_engine.shards])
-    fields = {"n": Field((), torch.long), "n_test": Field((), torch.long), "d": Field((), torch.long)}
-    per_round = timed(lambda: ray_engine.run(Task("hello"), probe, fields), 20)
+    per_round = timed(lambda: ray_engine.run(Task("hello"), probe, dict(HELLO_FIELDS)), 20)
     ray_engine.close()
     shutdown()
 
     chunk = gp_federation(num_clients=512, n=64, d=5, seed=2)
     fedgp.fit(
-        chunk.spec, chunk.federation, strategy, rounds=1, engine="batched", progress=False, eval_every=0
+        chunk.spec,
+        chunk.federation,
+        strategy,
+        engine="batched",
+        rounds=1,
+        callbacks=[fedgp.run.Evaluate(every=0)],
     )
     chunk_round = timed(
         lambda: fedgp.fit(
-            chunk.spec, chunk.federation, strategy, rounds=1, engine="batched", progress=False, eval_every=0
+            chunk.spec,
+            chunk.federation,
+            strategy,
+            engine="batched",
+            rounds=1,
+            callbacks=[fedgp.run.Evaluate(every=0)],
         ),
         args.repeats,
     )

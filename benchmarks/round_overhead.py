@@ -35,10 +35,10 @@ def timed_fit(draws, engine: str, rounds: int, loopback: bool) -> tuple[float, f
     inside = [0.0]
     original = base.handle
 
-    def counting(strategy, ops, task):
+    def counting(*args, **kwargs):
         began = time.perf_counter()
         try:
-            return original(strategy, ops, task)
+            return original(*args, **kwargs)
         finally:
             inside[0] += time.perf_counter() - began
 
@@ -50,10 +50,8 @@ def timed_fit(draws, engine: str, rounds: int, loopback: bool) -> tuple[float, f
             draws.federation,
             FGPR(local_steps=5, batch_size=32),
             rounds=rounds,
-            engine=engine,
-            progress=False,
-            eval_every=0,
-            engine_options={"loopback": loopback},
+            engine=fedgp.engines.ENGINES[engine](loopback=loopback),
+            callbacks=[fedgp.run.Evaluate(every=0)],
         )
         return time.perf_counter() - began, inside[0]
     finally:

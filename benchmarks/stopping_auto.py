@@ -19,7 +19,7 @@ import gpytorch
 import pandas as pd
 
 import fedgp
-from fedgp.stopping import ConvergenceWarning
+from fedgp.errors import ConvergenceWarning
 
 OUT = Path(__file__).resolve().parents[1] / "results" / "benchmarks" / "stopping_auto.csv"
 THETA = {
@@ -42,10 +42,8 @@ def run(rounds: int, stop) -> dict:
             rounds=rounds,
             seed=0,
             stop=stop,
-            outcome_transform=None,
-            input_transform=None,
-            progress=False,
-            eval_every=0,
+            transforms=None,
+            callbacks=[fedgp.run.Evaluate(every=0)],
         )
     state = result.state
     row = {

@@ -1,7 +1,7 @@
 """MkDocs hook: the pages that are generated at build time, so that they cannot go stale.
 
-* **API reference**: one page per public subpackage (``api/<name>.md``, plus ``api/fedgp.md`` for
-  the top level and ``api/plumbing.md`` for the shared infrastructure modules), each a list of
+* **API reference**: one page per public subpackage or module (``api/<name>.md``, plus
+  ``api/fedgp.md`` for the top level and ``api/plumbing.md`` for the shared infrastructure), each a list of
   mkdocstrings ``:::`` blocks: the subpackage with the names in its ``__all__``, then each of its
   public modules with the names of its ``__all__`` that the subpackage does not re-export. Every
   name in every public ``__all__`` is shown once. The names are read from the source (``ast``), so
@@ -27,30 +27,31 @@ ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "fedgp"
 RESULTS = ROOT / "results"
 
-#: Subpackages with a page of their own, in the navigation's order. A public module of fedgp that is
-#: in neither list fails the build (see ``_check_coverage``), so a new one cannot go undocumented.
+#: Subpackages and modules with a page of their own, in the navigation's order. A public module of
+#: fedgp that is in neither list fails the build (see ``_check_coverage``), so a new one cannot go
+#: undocumented.
 PAGES = (
     "data",
     "models",
+    "messages",
     "strategies",
     "aggregators",
     "attacks",
     "clustering",
     "engines",
+    "run",
     "flower",
     "transforms",
-    "stopping",
     "export",
     "baselines",
     "experiments",
     "plotting",
-    "messages",
     "sklearn",
+    "errors",
+    "testing",
 )
 #: Infrastructure the layers share, documented together on ``api/plumbing.md``.
-PLUMBING = ("rounds", "rng", "state_codec", "checks", "files", "cli", "presets", "progress")
-#: Modules kept only so that old imports work (their names are documented where they live now).
-SHIMS = {"fedgp.strategies.aggregators"}
+PLUMBING = ("rng", "checks", "files", "cli", "presets", "version")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -89,8 +90,8 @@ def is_submodule(package: str, name: str) -> bool:
 
 def reexported(package: str) -> set[str]:
     """The names a package's page shows at the package's level. A name that is also one of its
-    submodules (``fedgp.clustering.kmeans``) is the submodule to griffe, as ``fedgp.fit`` is: the
-    object is shown under the submodule instead."""
+    submodules (``fedgp.clustering.kmeans``) is the submodule to griffe: the object is shown under
+    the submodule instead."""
     return {n for n in exported(package) if not is_submodule(package, n)}
 
 
@@ -114,11 +115,13 @@ def submodules(dotted: str) -> list[str]:
             found += [f"{dotted}.{name}", *submodules(f"{dotted}.{name}")]
         elif child.suffix == ".py":
             found.append(f"{dotted}.{name}")
-    return [m for m in found if m not in SHIMS]
+    return found
 
 
 def _block(dotted: str, members: list[str] | None, heading_level: int = 2) -> str:
     lines = [f"::: {dotted}", "    options:", f"      heading_level: {heading_level}"]
+    if members and any(name.startswith("_") for name in members):  # ``__version__``: listed, so shown
+        lines.append("      filters: []")
     if members == []:
         lines.append("      members: false")
     elif members is not None:
@@ -144,9 +147,8 @@ def api_page(name: str) -> str:
 
 def plumbing_page() -> str:
     intro = (
-        "# Plumbing\n\nModules the layers share: the round loop's exchange, the seeded random "
-        "streams, the state codec behind checkpoints and saved results, the settings checks, "
-        "durable file writes, and the `fedgp` command line.\n"
+        "# Plumbing\n\nModules the layers share: the seeded random streams, the settings checks, "
+        "durable file writes, the `fedgp` command line and its presets, and the installed version.\n"
     )
     return intro + "\n".join(
         _block(f"fedgp.{name}", exported(f"fedgp.{name}") or None, 2) for name in PLUMBING
@@ -156,13 +158,11 @@ def plumbing_page() -> str:
 def top_level_page() -> str:
     return (
         _block("fedgp", [], 1)
-        + "\nThe top level holds `fedgp.fit` and its result (module `fedgp.fit` below), and `fedgp.load` "
-        "(`fedgp.export.saved.load_result`). `fedgp.GPSpec` and `fedgp.HyperState` are documented in "
-        "[fedgp.models](models.md), `fedgp.ConvergenceWarning` in [fedgp.stopping](stopping.md).\n\n"
-        + _block("fedgp.fit", exported("fedgp.fit"), 2)
-        + "\n"
-        + _block("fedgp.export.saved.load_result", None, 2)
-        + "\n"
+        + "\nThe top level holds `fedgp.fit`, `fedgp.FitResult` and `fedgp.load`, which live in "
+        "[fedgp.run](run.md) (`fedgp.run.fit`, `fedgp.run.FitResult`, `fedgp.run.load`); "
+        "`fedgp.GPSpec` and `fedgp.HyperState`, documented in [fedgp.models](models.md); and every "
+        "error and warning class (`fedgp.FedGPError`, `fedgp.ConvergenceWarning`, ...), which live in "
+        "[fedgp.errors](errors.md). The version is [fedgp.version](plumbing.md#fedgp.version).\n\n"
         + _block("fedgp.DISTRIBUTION", None, 2)
     )
 
@@ -178,7 +178,9 @@ def api_index() -> str:
         "# API reference\n\n"
         "Generated from the docstrings at build time: every name in every public module's `__all__`. "
         "`import fedgp` is enough for all of them: each subpackage is imported on first use.\n\n"
-        "[`fedgp`](fedgp.md) itself holds `fit`, `FitResult` and `load`.\n\n" + "\n".join(rows) + "\n"
+        "[`fedgp`](fedgp.md) itself holds `fit`, `FitResult` and `load` (from [`fedgp.run`](run.md)), "
+        "`GPSpec` and `HyperState` (from [`fedgp.models`](models.md)) and every error and warning class "
+        "(from [`fedgp.errors`](errors.md)).\n\n" + "\n".join(rows) + "\n"
     )
 
 
@@ -188,7 +190,7 @@ def _check_coverage() -> None:
         for p in PACKAGE.iterdir()
         if not p.name.startswith("_") and (p.suffix == ".py" or (p / "__init__.py").exists())
     }
-    missing = on_disk - set(PAGES) - set(PLUMBING) - {"fit"}
+    missing = on_disk - set(PAGES) - set(PLUMBING)
     if missing:
         raise RuntimeError(
             f"docs/hooks/site.py: fedgp module(s) {sorted(missing)} have no API page: add them to PAGES "

@@ -1,6 +1,7 @@
 """The ServerApp: ``fedgp.fit`` over the SuperNodes, with the run config of ``pyproject.toml``."""
 
 from fedgp.flower import server_app
+from fedgp.run import Evaluate
 
 from .task import spec, strategy
 
@@ -12,7 +13,7 @@ def build(context):
         "seed": int(config["seed"]),
         "timeout": float(config["timeout"]),
         "out_dir": str(config["out-dir"]),
-        "eval_every": int(config["eval-every"]),
+        "callbacks": [Evaluate(every=int(config["eval-every"]))],
     }
     return spec(int(config["dims"])), strategy(str(config["strategy"])), options
 
