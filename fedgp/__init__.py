@@ -38,7 +38,6 @@ if TYPE_CHECKING:  # what static tools (type checkers, IDEs, the API docs) see
         plotting,
         run,
         strategies,
-        testing,
         transforms,
     )
     from fedgp.errors import *  # noqa: F403

@@ -179,3 +179,25 @@ def test_the_checks_see_a_circle_and_an_upward_import():
         for line in upward_imports(doctored)
     )
     assert ["fedgp.errors", "fedgp.version"] in circles(doctored)
+
+
+# -- sizes ---------------------------------------------------------------------------------------------
+
+#: Functions whose length is the algorithm: one compiled kernel each (their docstring says so).
+COMPILED_KERNELS = {("fedgp.engines.fused", "__init__"), ("fedgp.engines.fused", "local_round")}
+
+
+def test_no_module_over_600_lines():
+    long = {m: n for m, p in MODULES.items() if (n := len(p.read_text().splitlines())) > 600}
+    assert not long, f"modules over 600 lines (split them by concern): {long}"
+
+
+def test_no_function_over_80_lines_but_the_compiled_kernels():
+    long = []
+    for module, path in MODULES.items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                lines = node.end_lineno - node.lineno + 1
+                if lines > 80 and (module, node.name) not in COMPILED_KERNELS:
+                    long.append(f"{module}.{node.name}: {lines} lines")
+    assert not long, "functions over 80 lines:\n" + "\n".join(long)

@@ -149,8 +149,9 @@ class SequentialOps:
 class SequentialEngine(InProcessEngine):
     """Runs clients one by one with a single reusable GPyTorch model.
 
-    Options (``engine_options``): ``loopback`` (every message and reply through bytes) and
-    ``timeout`` (seconds a client may take; a later reply is dropped as a failure of that round).
+    Options (configured by :class:`fedgp.engines.Sequential`): ``loopback`` (every message and reply
+    through bytes) and ``timeout`` (seconds a client may take; a later reply is dropped as a failure
+    of that round).
     """
 
     name = "sequential"
