@@ -58,7 +58,7 @@ def _client_label(client: Any) -> str:
     return "from_partition (pooled arrays)" if client is _POOLED else f"client {client!r}"
 
 
-def _refuse_dtype(client: Any, name: str, dtype: Any) -> ValueError:
+def _refuse_dtype(client: Any, name: str, dtype: Any) -> InputError:
     hint = {
         "b": "; booleans are not numbers here: convert with .astype(float) if that is meant",
         "c": "; complex values: pass the real and imaginary parts as two real columns",
@@ -68,7 +68,7 @@ def _refuse_dtype(client: Any, name: str, dtype: Any) -> ValueError:
         "U": "; text: encode it as numbers first",
         "S": "; bytes: encode them as numbers first",
     }.get(getattr(dtype, "kind", ""), "")
-    return ValueError(f"{_client_label(client)}: {name} has dtype {dtype}; expected real numbers{hint}")
+    return InputError(f"{_client_label(client)}: {name} has dtype {dtype}; expected real numbers{hint}")
 
 
 def _from_pandas(value: pd.DataFrame | pd.Series, client: Any, name: str) -> np.ndarray:
