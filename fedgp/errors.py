@@ -40,6 +40,7 @@ __all__ = [
     "MissingExtraError",
     "CommandError",
     "ConvergenceWarning",
+    "DivergenceWarning",
     "RunWarning",
 ]
 
@@ -188,6 +189,11 @@ class CommandError(FedGPError):
 
 class ConvergenceWarning(FedGPWarning):
     """``fit`` used its whole round budget without meeting its stopping rule."""
+
+
+class DivergenceWarning(ConvergenceWarning):
+    """``fit`` ended because its training objective was rising: the run did not converge, and
+    the message says what to change. A :class:`ConvergenceWarning`, so a filter for that catches it."""
 
 
 class RunWarning(FedGPWarning, RuntimeWarning):

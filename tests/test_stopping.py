@@ -45,25 +45,78 @@ def test_the_rule_stops_a_converged_run_early_at_the_full_runs_state(draws, full
     assert early.history["train_nll"].tolist() == full_run.history["train_nll"][: len(early.history)].tolist()
 
 
-def test_nll_plateau_stops_where_train_nll_stops_improving(draws, full_run):
-    rule = NLLPlateau(patience=5, min_delta=1e-6)
+def test_nll_plateau_stops_where_train_nll_is_flat_and_the_state_settled(draws, full_run):
+    rule = NLLPlateau(patience=5, min_delta=1e-6, state_tol=1e-3)
     early = fedgp.fit(draws.spec, draws.federation, CONVERGING, rounds=150, stop=rule)
     stopped = len(early.history)
-    nll = full_run.history["train_nll"].tolist()
+    nll = full_run.history["train_nll"].to_numpy()
+    theta = full_run.history[list(full_run.state)].to_numpy(dtype=float)
 
-    # It holds at the stop round and at no earlier round (the same test, written out).
-    def plateau(t):
-        return t >= 10 and np.mean(nll[t - 5 : t]) >= np.mean(nll[t - 10 : t - 5]) - 1e-6
+    # It holds at the stop round and at no earlier round (the same test, written out): the mean of
+    # the last 5 NLLs is neither 1e-6 below the 5 before nor above by 1e-6 and two standard errors,
+    # and θ moved less than 1e-3 (relative) over the last 5 rounds.
+    def holds(t):
+        if t < 10:
+            return False
+        before, after = nll[t - 10 : t - 5], nll[t - 5 : t]
+        rise = after.mean() - before.mean()
+        se = np.sqrt((before.var(ddof=1) + after.var(ddof=1)) / 5)
+        moved = np.linalg.norm(theta[t - 1] - theta[t - 6]) / np.linalg.norm(theta[t - 6])
+        return -1e-6 <= rise <= max(1e-6, 2 * se) and moved < 1e-3
 
-    assert plateau(stopped) and not any(plateau(t) for t in range(1, stopped))
+    assert holds(stopped) and not any(holds(t) for t in range(1, stopped))
     assert "NLLPlateau" in early.history.attrs["stop_reason"]
+    assert early.history.attrs["stopped"] and not early.history.attrs["diverging"]
+    # The rule's statistics are in every row; they agree with the written-out test.
+    row = early.history.iloc[-1]
+    assert row["stop_plateau_state_change"] < 1e-3 and abs(row["stop_nll_rise"]) <= row["stop_nll_rise_bound"]
 
 
 def test_a_lucky_minibatch_nll_does_not_end_a_run_that_still_improves():
     nll = [1.0 - 0.001 * t for t in range(40)]
     nll[5] = 0.5  # one noisy low value that later rounds never reach
-    assert NLLPlateau(patience=10, min_delta=1e-4).check([], nll) is None
-    assert NLLPlateau(patience=10, min_delta=0.02).check([], nll) is not None  # a 0.01 gain is too small
+    assert NLLPlateau(patience=10, min_delta=1e-4, state_tol=None).check([], nll) is None
+    assert (
+        NLLPlateau(patience=10, min_delta=0.02, state_tol=None).check([], nll) is not None
+    )  # 0.01 is too small
+
+
+def _rows(values):
+    return [torch.tensor([[float(v), 1.0]], dtype=torch.float64) for v in values]
+
+
+def test_a_rising_nll_is_never_convergence_and_ends_the_budget_as_diverging():
+    """The issue's case: the windowed NLL falls, then rises (0.68 -> 1.13) while Adam's state jitters."""
+    rng = np.random.default_rng(0)
+    nll = list(
+        np.r_[np.linspace(1.5, 0.68, 20), np.linspace(0.68, 1.13, 20)] + 0.01 * rng.standard_normal(40)
+    )
+    moving = _rows(1 + 0.05 * np.arange(40))[-11:]
+    settled = _rows(np.ones(11))
+    for state_tol in (None, 1e-3):
+        rule = NLLPlateau(patience=10, min_delta=1e-4, state_tol=state_tol)
+        assert rule.check(moving, nll) is None and rule.check(settled, nll) is None
+        reason = rule.diverging(moving, nll)
+        assert reason is not None and "above its best" in reason
+        assert rule.statistics(moving, nll)["nll_rise"] > rule.statistics(moving, nll)["nll_rise_bound"]
+    # A settled state at a higher NLL is a fixed point of the algorithm, not a divergence.
+    assert NLLPlateau(patience=10, min_delta=1e-4).diverging(settled, nll) is None
+    # Table 1's rule, "no longer improving", stops on the rise as it did when its results were made.
+    assert (
+        NLLPlateau(patience=10, min_delta=1e-4, state_tol=None, stop_on_rise=True).check([], nll) is not None
+    )
+
+
+def test_a_flat_noisy_nll_is_a_plateau_but_not_while_the_state_moves():
+    rng = np.random.default_rng(1)
+    nll = list(0.7 + 0.05 * rng.standard_normal(40))  # flat; its noise makes some window rises
+    rule = NLLPlateau(patience=10, min_delta=1e-4, state_tol=1e-3)
+    moving = _rows(1 + 0.01 * np.arange(11))
+    assert rule.check(moving, nll) is None  # flat, but the state moved 10 % over the window
+    assert "state moved" in rule.check(_rows(np.ones(11)), nll)
+    assert rule.diverging(moving, nll) is None  # noise, not a rise
+    stats = rule.statistics(moving, nll)
+    assert stats["plateau_state_change"] == pytest.approx(0.1 / np.sqrt(2), rel=1e-6)
 
 
 def test_a_too_short_run_warns_that_it_did_not_converge(draws):
@@ -218,10 +271,14 @@ def test_fit_rejects_an_unknown_stop(draws):
 
 def test_auto_is_either_rule():
     rule = auto_rule()
-    assert isinstance(rule, AnyOf) and rule.memory == 11 and rule.uses_nll
+    assert isinstance(rule, AnyOf) and rule.memory == 21 and rule.uses_nll
     assert [type(r) for r in rule.rules] == [StateChange, NLLPlateau]
     flat = [torch.ones(1, 2)] * 11
     assert rule.check(flat, [1.0] * 3).startswith("StateChange")
-    assert rule.check(flat[:2], [1.0] * 39) is None  # two windows of 20 needed
-    assert rule.check(flat[:2], [1.0] * 40).startswith("NLLPlateau")
+    creeping = [
+        torch.full((1, 2), 1 + 2e-5 * t, dtype=torch.float64) for t in range(21)
+    ]  # 2e-4 per 10 rounds
+    assert rule.check(creeping, [1.0] * 39) is None  # two windows of 20 needed
+    assert rule.check(creeping, [1.0] * 40).startswith("NLLPlateau")
+    assert rule.check(flat[:2], [1.0] * 40) is None  # the state's change over 20 rounds is not known yet
     assert rule.check(flat[:2], [float(-t) for t in range(30)]) is None

@@ -140,7 +140,9 @@ def as_callback(callback: Callback | Callable) -> Callback:
 
 
 class Stopping(Callback):
-    """The stopping rule of ``fit(stop=...)``: checked after every round; its memory (the latest
+    """The stopping rule of ``fit(stop=...)``: checked after every round, its statistics written
+    into the round's row (``stop_*`` columns); when the budget runs out, asked whether the run
+    diverges (``run.divergence``). Its memory (the latest
     states, as matrices, and once met why the run stopped) goes into checkpoints, so a resumed run
     stops at the same round as an unbroken one."""
 
@@ -159,10 +161,19 @@ class Stopping(Callback):
     def on_round(self, run, row):
         if self.rule.memory:
             self.recent = [*self.recent, state_rows(run.state)][-self.rule.memory :]
-        nll = [r.get("train_nll", math.nan) for r in run.history]
+        nll = self._nll(run)
+        row.update({f"stop_{k}": v for k, v in self.rule.statistics(self.recent, nll).items()})
         self.reason = self.rule.check(self.recent, nll)
         if self.reason is not None:
             run.stop(self.reason)
+
+    def on_end(self, run):
+        if run.stop_reason is None:  # the budget ran out: diverging, or short of rounds?
+            run.divergence = self.rule.diverging(self.recent, self._nll(run))
+
+    @staticmethod
+    def _nll(run) -> list[float]:
+        return [r.get("train_nll", math.nan) for r in run.history]
 
     def fingerprint(self, run):
         return {"stop": repr(self.rule)}

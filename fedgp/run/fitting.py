@@ -55,12 +55,14 @@ def fit(
         faults: :class:`fedgp.run.Faults` — ``min_replies`` (below it a round raises
             :class:`~fedgp.errors.RoundFailedError`), simulated client failures, an attack.
         stop: a stopping rule (:mod:`fedgp.run.stopping`: ``StateChange(tol, window)``,
-            ``NLLPlateau(patience, min_delta)``, ``AnyOf(...)``), ``"auto"`` (either of the two with
-            their defaults), or ``None`` (default: every one of ``rounds`` rounds, as in the papers'
-            protocols). With a rule the run ends at the first round where it holds;
-            ``history.attrs["stop_reason"]`` says why the run ended and ``history.attrs["stopped"]``
-            whether it was stopped; a run that ends at the round budget first warns with
-            :class:`~fedgp.errors.ConvergenceWarning`.
+            ``NLLPlateau(patience, min_delta, state_tol)``, ``AnyOf(...)``), ``"auto"`` (either of
+            the two with their defaults), or ``None`` (default: every one of ``rounds`` rounds, as
+            in the papers' protocols). With a rule the run ends at the first round where it holds;
+            ``history.attrs["stop_reason"]`` says why the run ended, ``history.attrs["stopped"]``
+            whether it converged and ``history.attrs["diverging"]`` whether it ended because its
+            training objective rose (with a :class:`~fedgp.errors.DivergenceWarning`); a run
+            that ends at the round budget warns with :class:`~fedgp.errors.ConvergenceWarning`.
+            The rule's statistics are the history's ``stop_*`` columns.
         callbacks: what else happens around the rounds (:mod:`fedgp.run.callbacks`):
             :class:`~fedgp.run.Checkpointing` (write and resume checkpoints),
             :class:`~fedgp.run.Evaluate` (per-client test metrics; default every round when clients

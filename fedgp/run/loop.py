@@ -24,7 +24,7 @@ import pandas as pd
 from fedgp.data.client import Federation, check_trainable
 from fedgp.engines.base import Engine
 from fedgp.engines.config import EngineConfig, build_engine
-from fedgp.errors import ConvergenceWarning, InputError, InputTypeError
+from fedgp.errors import ConvergenceWarning, DivergenceWarning, InputError, InputTypeError
 from fedgp.messages import ServerContext
 from fedgp.models.spec import GPSpec
 from fedgp.models.state import HyperState
@@ -57,7 +57,8 @@ class Run:
     ``server`` (the strategy's server state), ``state`` (its global hyper-parameters),
     ``history`` (one dict per round), ``failures`` (one dict per failed client and round),
     ``roster`` and ``context`` (what registration told the server), ``transform`` (the learned
-    data transforms), ``engine``, ``callbacks``; after :meth:`stop`, ``stop_reason``.
+    data transforms), ``engine``, ``callbacks``; after :meth:`stop`, ``stop_reason``; when the
+    budget ran out with a stopping rule, ``divergence`` says why the run diverges (or ``None``).
     """
 
     def __init__(
@@ -105,6 +106,7 @@ class Run:
         self.history: list[dict[str, Any]] = []
         self.failures: list[dict[str, Any]] = []
         self.stop_reason: str | None = None
+        self.divergence: str | None = None
         self._fingerprint: dict[str, str] | None = None
 
     def _callbacks(self, given: Iterable[Callback | Callable] | None) -> list[Callback]:
@@ -222,13 +224,26 @@ class Run:
         return self._fingerprint
 
     def _report_stop(self, frame: pd.DataFrame) -> None:
-        """Record why the run ended; warn when it spent its budget without meeting its rule."""
-        done = self.completed
+        """Record why the run ended; warn when it spent its budget without meeting its rule, and
+        say whether it diverges or needs more rounds."""
+        done, rule = self.completed, self.rule
         frame.attrs["stopped"] = self.stop_reason is not None
+        frame.attrs["diverging"] = self.divergence is not None
         if self.stop_reason is not None:
             frame.attrs["stop_reason"] = f"round {done}: {self.stop_reason}"
             return
-        rule = self.rule
+        if self.divergence is not None:
+            frame.attrs["stop_reason"] = f"diverging: after {done} rounds {self.divergence}"
+            warnings.warn(
+                f"fit diverges: after {done} rounds {self.divergence}, so the run did not converge. "
+                "Its training objective rises when local steps overshoot or client drift wins: "
+                "lower the strategy's lr or let it decay (lr_schedule=...), take full-batch local "
+                "steps (batch_size=None), or move the adaptivity to the server "
+                "(server_optimizer=...); result.history's stop_* columns show the rule round by round",
+                DivergenceWarning,
+                stacklevel=4,
+            )
+            return
         frame.attrs["stop_reason"] = f"round budget: all {done} rounds ran without meeting {rule!r}"
         no_nll = rule.uses_nll and not any(
             math.isfinite(v) for v in frame.get("train_nll", pd.Series(dtype=float)).astype(float)

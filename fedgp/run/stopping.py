@@ -13,12 +13,23 @@ What the rules look at, after each round ``t``:
   ``||θ_b(t) - θ_b(t - window)|| / max(||θ_b(t - window)||, 1e-12)`` (Euclidean norm over all of
   the row's hyper-parameter values); the rule holds when the *largest* row's change is below
   ``tol``: every cluster (every client) must have settled, not only the big ones.
-* :class:`NLLPlateau` — the history's ``train_nll`` (rounds where it is NaN are skipped): it holds
-  when the mean of the last ``patience`` rounds is not below the mean of the ``patience`` rounds
-  before them by more than ``min_delta`` (nats per point). Means, not the best value as in Keras'
-  ``EarlyStopping``: a minibatch NLL is noisy, and its best value is a lucky draw that later rounds
-  rarely beat, which stopped a still-improving FGPR run early.
+* :class:`NLLPlateau` — the history's ``train_nll`` (rounds where it is NaN are skipped) and the
+  state: it compares the mean of the last ``patience`` rounds with the mean of the ``patience``
+  rounds before. A fall of more than ``min_delta`` (nats per point) means the run still
+  improves; a rise of more than ``min_delta`` and twice the standard error of the difference of
+  the two means means it is rising, and a rising objective is never reported as convergence.
+  Otherwise the objective is flat, and the rule holds once the state has also settled: its
+  relative change over the last ``patience`` rounds is below ``state_tol`` (a flat minibatch NLL
+  is not proof of a still state). Means, not the best value as
+  in Keras' ``EarlyStopping``: a minibatch NLL is noisy, and its best value is a lucky draw that
+  later rounds rarely beat, which stopped a still-improving FGPR run early.
 * :class:`AnyOf` — the first of its rules that holds. ``stop="auto"`` is :func:`auto_rule`.
+
+A rule's :meth:`~StopRule.statistics` go into every history row as ``stop_*`` columns, so
+``result.history`` shows how close each round was to the rule. When the budget runs out first,
+:meth:`~StopRule.diverging` tells a run that diverges (its objective ended above its best while
+the state still moves: a :class:`~fedgp.errors.DivergenceWarning`) from one that needs more rounds
+(a :class:`~fedgp.errors.ConvergenceWarning`).
 
 Rules are frozen dataclasses: their ``repr`` goes into a checkpoint's fingerprint, and the states
 they remember go into the checkpoint, so a resumed run stops at the same round as an unbroken one.
@@ -28,6 +39,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import statistics
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -79,6 +91,16 @@ class StopRule(ABC):
         """``states``: the last :attr:`memory` (or fewer, early on) states as :func:`state_rows`
         matrices; ``nll``: the ``train_nll`` of every round so far. The reason to stop, or ``None``."""
 
+    def diverging(self, states: Sequence[torch.Tensor], nll: Sequence[float]) -> str | None:
+        """Asked when the budget ran out before :meth:`check` held: why the run diverges (its
+        objective ended above its best while the state still moves), or ``None``."""
+        return None
+
+    def statistics(self, states: Sequence[torch.Tensor], nll: Sequence[float]) -> dict[str, float]:
+        """What the rule measured this round (NaN until it can tell), for the history's ``stop_*``
+        columns."""
+        return {}
+
     @property
     def uses_nll(self) -> bool:
         """Whether :meth:`check` reads the training NLL (then every round computes it)."""
@@ -106,25 +128,35 @@ class StateChange(StopRule):
         new, old = states[-1], states[-1 - self.window]
         return (new - old).norm(dim=1) / old.norm(dim=1).clamp_min(1e-12)
 
+    def statistics(self, states, nll):
+        """``state_change``: the largest row's relative change over the window."""
+        enough = len(states) > self.window
+        return {"state_change": float(self.change(states).max()) if enough else math.nan}
+
     def check(self, states, nll):
-        if len(states) <= self.window:
+        worst = self.statistics(states, nll)["state_change"]
+        if not worst < self.tol:  # NaN (too few rounds yet, or a NaN state) never converges
             return None
-        change = self.change(states)
-        worst = float(change.max())
-        if not worst < self.tol:  # NaN never converges
-            return None
-        rows = f" (largest of {len(change)} states)" if len(change) > 1 else ""
+        rows = f" (largest of {len(states[-1])} states)" if len(states[-1]) > 1 else ""
         return f"StateChange: relative change {worst:.3g}{rows} < tol {self.tol:g} over {self.window} rounds"
 
 
 @dataclass(frozen=True)
 class NLLPlateau(StopRule):
-    """Stop when the mean training NLL of the last ``patience`` rounds is not below that of the
-    ``patience`` rounds before by more than ``min_delta`` (rounds without a finite ``train_nll``
-    do not count)."""
+    """Stop when the training NLL is flat and the state has settled: the mean ``train_nll`` of the
+    last ``patience`` rounds is neither below that of the ``patience`` rounds before by more than
+    ``min_delta`` nor above it by more than ``min_delta`` and two standard errors, and the state
+    changed by less than ``state_tol`` (relative) over the last ``patience`` rounds
+    (``state_tol=None``: the NLL alone). Rounds without a finite ``train_nll`` do not count.
+
+    ``stop_on_rise=True`` also stops when the NLL rose: "no longer improving" rather than "flat",
+    the rule Table 1's FGPR-converged results were made with; a rise then reads as convergence,
+    which is why it is not the default."""
 
     patience: int = 20
     min_delta: float = 1e-4
+    state_tol: float | None = 1e-3
+    stop_on_rise: bool = False
 
     def __post_init__(self) -> None:
         _check_positive("NLLPlateau", "patience", self.patience, integer=True)
@@ -132,27 +164,84 @@ class NLLPlateau(StopRule):
             raise InputError(f"NLLPlateau: min_delta must be a number >= 0, got {self.min_delta!r}")
         if not (self.min_delta >= 0 and math.isfinite(self.min_delta)):
             raise InputError(f"NLLPlateau: min_delta must be a finite number >= 0, got {self.min_delta!r}")
+        if self.state_tol is not None:
+            _check_positive("NLLPlateau", "state_tol", self.state_tol)
+        if not isinstance(self.stop_on_rise, bool):
+            raise InputTypeError(f"NLLPlateau: stop_on_rise must be True or False, got {self.stop_on_rise!r}")
 
     @property
     def memory(self) -> int:
-        return 0
+        return 0 if self.state_tol is None else self.patience + 1
 
     @property
     def uses_nll(self) -> bool:
         """Yes: the rule reads the training NLL."""
         return True
 
+    def _finite(self, nll: Sequence[float]) -> list[float]:
+        return [v for v in nll if v is not None and math.isfinite(v)]
+
+    def _rise_bound(self, before: Sequence[float], after: Sequence[float]) -> tuple[float, float]:
+        """The rise of ``after``'s mean over ``before``'s, and the least rise that counts: above
+        ``min_delta`` and twice the standard error of the difference of the two means."""
+        se = math.sqrt((statistics.variance(before) + statistics.variance(after)) / self.patience)
+        rise = statistics.fmean(after) - statistics.fmean(before)
+        return rise, max(self.min_delta, 2 * se)
+
+    def _moved(self, states: Sequence[torch.Tensor]) -> float:
+        """The state's largest relative change over the last ``patience`` rounds (NaN: too few)."""
+        return StateChange(self.state_tol or 1.0, self.patience).statistics(states, ())["state_change"]
+
+    def statistics(self, states, nll):
+        """``nll_rise``: the last window's mean NLL minus the one before's (negative: improving);
+        ``nll_rise_bound``: the least rise that counts as rising; ``plateau_state_change``: the
+        state's largest relative change over the last ``patience`` rounds (with ``state_tol``)."""
+        finite, p = self._finite(nll), self.patience
+        rise = bound = math.nan
+        if len(finite) >= 2 * p and p > 1:
+            rise, bound = self._rise_bound(finite[-2 * p : -p], finite[-p:])
+        elif len(finite) >= 2 * p:
+            rise, bound = finite[-1] - finite[-2], self.min_delta
+        out = {"nll_rise": rise, "nll_rise_bound": bound}
+        if self.state_tol is not None:
+            out["plateau_state_change"] = self._moved(states)
+        return out
+
     def check(self, states, nll):
-        finite = [v for v in nll if v is not None and math.isfinite(v)]
-        p = self.patience
-        if len(finite) < 2 * p:
-            return None
-        before, recent = sum(finite[-2 * p : -p]) / p, sum(finite[-p:]) / p
-        if recent < before - self.min_delta:
-            return None
+        stats = self.statistics(states, nll)
+        rise, bound, p = stats["nll_rise"], stats["nll_rise_bound"], self.patience
+        if not math.isfinite(rise) or rise < -self.min_delta:
+            return None  # too few rounds yet, or still improving
+        if rise > bound and not self.stop_on_rise:
+            return None  # rising: never reported as convergence
+        still = ""
+        if self.state_tol is not None:
+            moved = stats["plateau_state_change"]
+            if not moved < self.state_tol:
+                return None  # a flat objective, but the state still moves (or too few states yet)
+            still = f", and the state moved {moved:.3g} < state_tol {self.state_tol:g}"
         return (
-            f"NLLPlateau: mean train_nll {recent:.6g} of the last {p} rounds is not below the "
-            f"{before:.6g} of the {p} before by more than min_delta {self.min_delta:g}"
+            f"NLLPlateau: mean train_nll of the last {p} rounds is not below that of the {p} before "
+            f"by more than min_delta {self.min_delta:g} (change {rise:+.3g}){still}"
+        )
+
+    def diverging(self, states, nll):
+        """The last window's mean NLL is above the best window's (by more than ``min_delta`` and
+        two standard errors) while the state still moves (by ``state_tol``, when given)."""
+        finite, p = self._finite(nll), self.patience
+        if len(finite) < 2 * p or p < 2:
+            return None
+        means = [statistics.fmean(finite[i : i + p]) for i in range(len(finite) - 2 * p + 1)]
+        best = min(range(len(means)), key=means.__getitem__)
+        rise, bound = self._rise_bound(finite[best : best + p], finite[-p:])
+        moved = self._moved(states) if self.state_tol is not None else math.nan
+        if not rise > bound or moved < (self.state_tol or 0.0):
+            return None
+        motion = f" while the state still moves ({moved:.3g} over {p} rounds)" if self.state_tol else ""
+        return (
+            f"the mean train_nll of the last {p} rounds, {statistics.fmean(finite[-p:]):.4g}, is {rise:.3g} "
+            f"above its best, {means[best]:.4g} (rounds {best + 1}-{best + p} of those with a train_nll)"
+            f"{motion}"
         )
 
 
@@ -187,6 +276,10 @@ class AnyOf(StopRule):
         """Whether any of the rules reads the training NLL."""
         return any(rule.uses_nll for rule in self.rules)
 
+    def statistics(self, states, nll):
+        """Every rule's statistics (a later rule's of the same name wins)."""
+        return {k: v for rule in self.rules for k, v in rule.statistics(states, nll).items()}
+
     def check(self, states, nll):
         for rule in self.rules:
             reason = rule.check(states, nll)
@@ -194,12 +287,17 @@ class AnyOf(StopRule):
                 return reason
         return None
 
+    def diverging(self, states, nll):
+        """The first of the rules' reasons to call the run diverging."""
+        return next((r for r in (rule.diverging(states, nll) for rule in self.rules) if r), None)
+
 
 def auto_rule() -> AnyOf:
     """``stop="auto"``: a state change below 1e-4 over 10 rounds, or no gain above 1e-4 nats per
-    point between the mean NLLs of two 20-round windows. Sized for standardised data (``fit``'s
-    default transforms)."""
-    return AnyOf(StateChange(tol=1e-4, window=10), NLLPlateau(patience=20, min_delta=1e-4))
+    point between the mean NLLs of two 20-round windows while the state moved less than 1e-3 over
+    the last 20; a significant rise ends the run as diverging. Sized for standardised data
+    (``fit``'s default transforms)."""
+    return AnyOf(StateChange(tol=1e-4, window=10), NLLPlateau(patience=20, min_delta=1e-4, state_tol=1e-3))
 
 
 def resolve_stop(stop: StopRule | str | None) -> StopRule | None:
