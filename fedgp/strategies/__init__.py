@@ -11,6 +11,8 @@ from fedgp.strategies.fgpr import FGPR
 from fedgp.strategies.gradient_clustering import FederatedClustering, MomentumClustering, MyopicClustering
 from fedgp.strategies.ifca import IFCA, IFCAState
 from fedgp.strategies.local import SGD, Adam, LocalTraining
+from fedgp.strategies.schedules import CosineDecay, InverseRound, LRSchedule, StepDecay
+from fedgp.strategies.server import FedAdam, FedAvgM, FedYogi, ServerOptimizer, ServerState
 from fedgp.strategies.weighted import WeightedFGPR
 
 __all__ = [
@@ -27,6 +29,15 @@ __all__ = [
     "LocalTraining",
     "Adam",
     "SGD",
+    "ServerOptimizer",
+    "ServerState",
+    "FedAvgM",
+    "FedAdam",
+    "FedYogi",
+    "LRSchedule",
+    "InverseRound",
+    "CosineDecay",
+    "StepDecay",
     "ClusteredGP",
     "ClusteredState",
     "MomentDescentInit",

@@ -9,14 +9,14 @@ averaging of constrained values, uniform minibatches.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import torch
 
 from fedgp.aggregators import StateAggregator, WeightedMean
 from fedgp.checks import check_settings
-from fedgp.errors import InputError
+from fedgp.errors import InputError, InputTypeError
 from fedgp.messages import (
     Field,
     Record,
@@ -32,6 +32,8 @@ from fedgp.models.state import HyperState
 from fedgp.rng import generator
 from fedgp.strategies.base import ClientOps, Strategy, sample_participants
 from fedgp.strategies.local import SGD, STRATEGY_LOCAL_SETTINGS, Adam, LocalTraining, make_optimizer
+from fedgp.strategies.schedules import LRSchedule
+from fedgp.strategies.server import ServerOptimizer, ServerState
 from fedgp.strategies.surface import AttackSurface
 
 __all__ = ["FGPR"]
@@ -60,6 +62,11 @@ class FGPR(Strategy):
         aggregator: how the server combines the participants' states
             (:mod:`fedgp.aggregators`; default ``WeightedMean(average_space)``, FedAvg; a robust rule
             for Byzantine clients). Randomised rules get a generator of (seed, round).
+        server_optimizer: ``None`` (the server takes the aggregate: FedAvg) or a
+            :mod:`fedgp.strategies.server` rule (``FedAvgM``, ``FedAdam``, ``FedYogi``) stepping
+            from the global state towards the aggregate, FedOpt style.
+        lr_schedule: ``None`` (a constant local step) or a :mod:`fedgp.strategies.schedules`
+            rule: round ``r``'s local learning rate is ``lr * lr_schedule(r)``.
     """
 
     local_steps: int | None = 5
@@ -73,6 +80,8 @@ class FGPR(Strategy):
     average_space: str = "constrained"
     prox_mu: float = 0.0
     aggregator: StateAggregator | None = None
+    server_optimizer: ServerOptimizer | None = None
+    lr_schedule: LRSchedule | None = None
     local: LocalTraining = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -98,6 +107,10 @@ class FGPR(Strategy):
             )
         if self.sampling not in ("weighted", "uniform"):
             raise InputError(f"sampling must be 'weighted' or 'uniform', got {self.sampling!r}")
+        for name, kind in (("server_optimizer", ServerOptimizer), ("lr_schedule", LRSchedule)):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, kind):
+                raise InputTypeError(f"FGPR: {name} must be a fedgp {kind.__name__} or None, got {value!r}")
 
     @property
     def state_aggregator(self) -> StateAggregator:
@@ -106,21 +119,31 @@ class FGPR(Strategy):
         return self.aggregator if self.aggregator is not None else WeightedMean(self.average_space)
 
     # -- server -----------------------------------------------------------------------------------
-    def initialize(self, ctx: ServerContext, rng: np.random.Generator) -> HyperState:
-        return ctx.spec.initial_state()
+    def initialize(self, ctx: ServerContext, rng: np.random.Generator) -> HyperState | ServerState:
+        start = ctx.spec.initial_state()
+        return start if self.server_optimizer is None else self.server_optimizer.start(start)
 
     def configure(
-        self, rnd: int, server: HyperState, ctx: ServerContext, rng: np.random.Generator
+        self, rnd: int, server: HyperState | ServerState, ctx: ServerContext, rng: np.random.Generator
     ) -> RoundPlan:
         participants, weights = sample_participants(ctx, self.clients_per_round, self.sampling, rng)
         replies = {**state_fields(ctx.spec, STATE), "loss": Field()}
-        return RoundPlan(participants, weights, shared=Record(state_tensors(server, STATE)), replies=replies)
+        shared = Record(state_tensors(self.global_state(server), STATE))
+        return RoundPlan(participants, weights, shared=shared, replies=replies)
 
     def aggregate(
-        self, rnd: int, server: HyperState, plan: RoundPlan, replies: Replies, ctx: ServerContext
-    ) -> tuple[HyperState, dict[str, float]]:
+        self,
+        rnd: int,
+        server: HyperState | ServerState,
+        plan: RoundPlan,
+        replies: Replies,
+        ctx: ServerContext,
+    ) -> tuple[HyperState | ServerState, dict[str, float]]:
         rng = generator(ctx.seed, "aggregate", rnd)
-        new = self.state_aggregator(ctx.spec, replies.state(ctx.spec, STATE), replies.weights, server, rng)
+        theta = self.global_state(server)
+        new = self.state_aggregator(ctx.spec, replies.state(ctx.spec, STATE), replies.weights, theta, rng)
+        if self.server_optimizer is not None:
+            new = self.server_optimizer.step(ctx.spec, server, new)
         return new, {"train_nll": float(replies["loss"].mean())}
 
     def attack_surface(self, plan, personal, replies, spec) -> AttackSurface:
@@ -129,16 +152,25 @@ class FGPR(Strategy):
         start = read_state(plan.shared.tensors, spec, STATE)
         return AttackSurface.of_states(spec, STATE, start.expand(n))
 
-    def configure_personal(self, server: HyperState, ctx: ServerContext, positions: torch.Tensor):
-        return Record(state_tensors(server, STATE)), Record()
+    def configure_personal(
+        self, server: HyperState | ServerState, ctx: ServerContext, positions: torch.Tensor
+    ):
+        return Record(state_tensors(self.global_state(server), STATE)), Record()
 
-    def global_state(self, server: HyperState) -> HyperState:
-        return server
+    def global_state(self, server: HyperState | ServerState) -> HyperState:
+        return server.theta if isinstance(server, ServerState) else server
 
     # -- client -----------------------------------------------------------------------------------
+    def local_training(self, rnd: int) -> LocalTraining:
+        """Round ``rnd``'s local training: ``local`` with its learning rate scaled by ``lr_schedule``."""
+        if self.lr_schedule is None:
+            return self.local
+        optimizer = self.local.optimizer
+        return replace(self.local, optimizer=replace(optimizer, lr=optimizer.lr * self.lr_schedule(rnd)))
+
     def local_update(self, ops: ClientOps, task: Task) -> dict[str, torch.Tensor]:
         start = read_state(task.shared.tensors, ops.spec, STATE)
-        result = ops.train(start.expand(len(ops.indices)), self.local)
+        result = ops.train(start.expand(len(ops.indices)), self.local_training(task.round))
         return {**state_tensors(result.states, STATE), "loss": result.loss}
 
     def personal_state(self, ops: ClientOps, task: Task) -> tuple[HyperState, torch.Tensor]:
