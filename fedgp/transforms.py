@@ -43,6 +43,8 @@ __all__ = [
     "Normalize",
     "DataTransform",
     "learn",
+    "auto_outcome",
+    "SCALE_SPREAD",
     "client_summaries",
     "outward_bounds",
 ]
@@ -110,7 +112,7 @@ class DataTransform:
     y_offset: torch.Tensor | None = None
     y_scale: torch.Tensor | None = None
     y_local: bool = False
-    note: str = ""  # why ``"auto"`` left the data alone (for the history; never travels)
+    note: str = ""  # what ``"auto"`` decided and why (for the history; never travels)
 
     @property
     def is_identity(self) -> bool:
@@ -199,7 +201,9 @@ def _fmt(values: Sequence[float]) -> str:
 # -- the summarise exchange ---------------------------------------------------------------------------
 
 
-def client_summaries(clients: Sequence[ClientData], stage: str, bounds: bool = False, center: float = 0.0):
+def client_summaries(
+    clients: Sequence[ClientData], stage: str, bounds: bool = False, center: float = 0.0, scales: bool = False
+):
     """A batch of clients' reply to the ``summarise`` task (one row per client, tensors), from their
     raw data (:func:`fedgp.messages.summary_fields` declares it)."""
     if stage == "spread":
@@ -212,6 +216,9 @@ def client_summaries(clients: Sequence[ClientData], stage: str, bounds: bool = F
         boxes = [outward_bounds(c.X.min(0).values, c.X.max(0).values) for c in clients]
         out["x_min"] = torch.stack([b[0] for b in boxes]).to(torch.float64)
         out["x_max"] = torch.stack([b[1] for b in boxes]).to(torch.float64)
+    if scales:  # a client's own sd as the local Standardize computes it (1 where it cannot)
+        log_sd = torch.tensor([math.log(DataTransform(y_local=True).outcome_map(c.y)[1]) for c in clients])
+        out.update(log_sd=log_sd.to(torch.float64), log_sd_sq=(log_sd * log_sd).to(torch.float64))
     return out
 
 
@@ -259,7 +266,9 @@ class Transforms:
     ``outcome``: :class:`Standardize` (the federation's mean and sd, from summed counts and sums),
     ``Standardize(local=True)`` (each client's own), or ``None``. ``inputs``: :class:`Normalize`
     (the unit cube from the federation's min/max, or ``Normalize(bounds=...)``), or ``None``.
-    ``"auto"`` (both defaults): ``Standardize()`` and ``Normalize()``, except when the spec fixes a
+    ``"auto"`` (both defaults): ``Standardize()`` — federated, or each client's own when the owners'
+    scales differ (:func:`auto_outcome`; ``result.transforms["note"]`` says which and why) — and
+    ``Normalize()``, except when the spec fixes a
     hyper-parameter (its value is in the data's units) or its mean is linear without a bias
     (regression through the origin, which a shift would change): then none, and the history says
     why. Predictions, variances and metrics always come back in the original units; the learned
@@ -303,6 +312,28 @@ class Transforms:
         outcome = (None if reason else Standardize()) if self.outcome == "auto" else self.outcome
         inputs = (None if reason else Normalize()) if self.inputs == "auto" else self.inputs
         return outcome, inputs, f"'auto' transforms nothing: {reason}" if reason else ""
+
+
+#: ``"auto"`` standardises each owner by its own mean and sd when the standard deviation, across
+#: owners, of the log of their targets' sd is above this (ln 2: owners' scales typically a factor
+#: of 2 apart). Below it one federated mean and sd serve everyone. Chosen on the convergence
+#: benchmark (``benchmarks/fgpr_heterogeneous.py``): see :func:`auto_outcome`.
+SCALE_SPREAD = math.log(2.0)
+
+
+def auto_outcome(sums: Mapping[str, torch.Tensor], owners: int) -> tuple[Standardize, str]:
+    """``"auto"``'s outcome transform from the summed ``log_sd`` and ``log_sd_sq`` of ``owners``
+    clients, and why. Owners whose targets differ in scale cannot share one outputscale and noise
+    in one set of units: the benchmark's owners 100x apart got 95 % intervals covering none of the
+    largest owners' test points under one federated sd."""
+    mean = float(sums["log_sd"]) / owners
+    spread = math.sqrt(max(float(sums["log_sd_sq"]) / owners - mean * mean, 0.0))
+    local = spread > SCALE_SPREAD
+    verdict = "each owner's own mean and sd" if local else "one federated mean and sd"
+    return Standardize(local=local), (
+        f"'auto' standardised the outcome by {verdict}: the owners' target sds spread by a factor of "
+        f"{math.exp(spread):.3g} (geometric sd over {owners} owners; own scales above {math.exp(SCALE_SPREAD):g})"
+    )
 
 
 def learn(

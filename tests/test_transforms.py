@@ -120,6 +120,24 @@ def test_auto_leaves_specs_tied_to_the_data_units_alone():
     ).transform.is_identity
 
 
+def test_auto_standardises_each_owner_when_their_scales_differ():
+    fed = raw_federation()  # owners' sds within a factor of 1.2 of each other: one federated sd
+    same = fedgp.fit(SPEC, fed, rounds=1)
+    assert not same.transform.y_local and "one federated mean and sd" in same.transforms["note"]
+    scaled = Federation(  # the same owners, their targets multiplied by 1, 10, 100, 1000, 10000
+        [ClientData(c.X, c.y * 10.0**k, id=c.id, X_test=c.X_test, y_test=c.y_test * 10.0**k)
+         for k, c in enumerate(fed)]
+    )  # fmt: skip
+    apart = fedgp.fit(SPEC, scaled, rounds=1)
+    assert apart.transform.y_local and "each owner's own mean and sd" in apart.transforms["note"]
+    log_sd = np.log([float(c.y.std()) for c in scaled])
+    assert f"factor of {math.exp(log_sd.std()):.3g}" in apart.transforms["note"]
+    # The rule itself, from the sums alone: two owners at ln sd = ±s have a spread of s.
+    for s, local in ((0.99 * math.log(2.0), False), (1.01 * math.log(2.0), True)):
+        sums = {"log_sd": torch.tensor(0.0), "log_sd_sq": torch.tensor(2 * s * s)}
+        assert fedgp.transforms.auto_outcome(sums, 2)[0].local is local
+
+
 class Recording(SequentialEngine):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -140,9 +158,11 @@ def test_only_sums_leave_for_the_outcome_and_nothing_for_known_bounds():
         fedgp.fit(SPEC, None, rounds=1, engine=engine, transforms=fedgp.transforms.Transforms(**options))
         return [entry for entry in engine.log if entry[0] == "summarise"]
 
-    mean, spread = summaries()
-    assert mean[2] == ["count", "y_sum"] and mean[3] == ["x_max", "x_min"]
+    mean, spread = summaries()  # "auto": also how far apart the owners' scales are, as sums
+    assert mean[2] == ["count", "log_sd", "log_sd_sq", "y_sum"] and mean[3] == ["x_max", "x_min"]
     assert spread[2] == ["y_sumsq"] and spread[3] == []
+    mean, spread = summaries(outcome=Standardize())
+    assert mean[2] == ["count", "y_sum"] and spread[2] == ["y_sumsq"]
     assert [entry[3] for entry in summaries(inputs=Normalize(bounds=bounds))] == [[], []]
     assert summaries(outcome=Standardize(local=True), inputs=Normalize(bounds)) == []
     (bounds_only,) = summaries(outcome=None)

@@ -55,6 +55,7 @@ def handle(
             task.setting("stage", "mean"),
             task.setting("bounds", False),
             task.setting("center", 0.0),
+            task.setting("scales", False),
         )
     if task.kind == "train":
         _simulated_failures(ops, task)
