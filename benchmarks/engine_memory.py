@@ -53,7 +53,7 @@ def worker(K: int, rounds: int) -> dict:
     fedgp.fit(
         fedgp.data.gp_spec(D, "rbf"),
         fed,
-        fedgp.strategies.FGPR(local_steps=E, batch_size=M, lr=0.05),
+        fedgp.strategies.FGPR.authors(local_steps=E, batch_size=M, lr=0.05),
         engine="batched",
         rounds=rounds,
         seed=0,

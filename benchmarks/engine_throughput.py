@@ -120,7 +120,7 @@ def worker(config: dict) -> dict:
         fedgp.fit(
             fedgp.data.gp_spec(D, "rbf"),
             federation,
-            fedgp.strategies.FGPR(local_steps=E, batch_size=M, lr=0.05),
+            fedgp.strategies.FGPR.authors(local_steps=E, batch_size=M, lr=0.05),
             rounds=rounds,
             engine=engine,
             seed=0,

@@ -40,7 +40,7 @@ def timed_fit(spec, federation, rounds: int, where: str, chunk_size: int, repeat
         result = fedgp.fit(
             spec,
             federation,
-            FGPR(local_steps=E, batch_size=32),
+            FGPR.authors(local_steps=E, batch_size=32),
             engine=fedgp.engines.Batched(chunk_size=chunk_size, device=where),
             rounds=rounds,
             transforms=None,  # the engine alone, as the CPU benchmarks measure it

@@ -51,7 +51,7 @@ def main() -> None:
     torch.set_num_threads(1)
     K, R, E = args.clients, args.rounds, 5
     draws = gp_federation(num_clients=K, n=64, d=5, seed=0)
-    strategy = FGPR(local_steps=E, batch_size=32)
+    strategy = FGPR.authors(local_steps=E, batch_size=32)
 
     def fit(engine):
         return fedgp.fit(

@@ -48,7 +48,7 @@ def timed_fit(draws, engine: str, rounds: int, loopback: bool) -> tuple[float, f
         fedgp.fit(
             draws.spec,
             draws.federation,
-            FGPR(local_steps=5, batch_size=32),
+            FGPR.authors(local_steps=5, batch_size=32),
             rounds=rounds,
             engine=fedgp.engines.ENGINES[engine](loopback=loopback),
             callbacks=[fedgp.run.Evaluate(every=0)],

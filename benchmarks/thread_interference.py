@@ -53,7 +53,7 @@ try:
     quiet = {{"callbacks": [Evaluate(every=0)]}}
 except ImportError:  # a checkout from before fedgp.run (--fedgp-root an older one)
     quiet = {{"progress": False, "eval_every": 0}}
-fedgp.fit(big.spec, big.federation, fedgp.strategies.FGPR(local_steps=5, batch_size=32), rounds=2,
+fedgp.fit(big.spec, big.federation, fedgp.strategies.FGPR.authors(local_steps=5, batch_size=32), rounds=2,
           engine="batched", **quiet)
 after = mlp()
 c = cpu()

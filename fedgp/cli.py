@@ -406,9 +406,9 @@ def _add_fit(sub) -> None:
         "--rounds", type=_count(1), default=100, help="communication rounds, or the budget with --stop"
     )
     fit.add_argument("--stop", default="none", choices=["none", "auto"], help="auto: stop when converged")
-    fit.add_argument("--local-steps", type=int, default=None, help="local Adam steps per round (default 5)")
-    fit.add_argument("--batch-size", type=int, default=None, help="minibatch size (default 32)")
-    fit.add_argument("--lr", type=float, default=None, help="learning rate (default 0.05)")
+    fit.add_argument("--local-steps", type=int, default=None, help="local steps per round (default 1)")
+    fit.add_argument("--batch-size", type=int, default=None, help="minibatch size (default 256)")
+    fit.add_argument("--lr", type=float, default=None, help="learning rate (default 0.3)")
     fit.add_argument(
         "--engine", default="auto", choices=["auto", "sequential", "batched"], help="default auto"
     )

@@ -332,7 +332,8 @@ def auto_outcome(sums: Mapping[str, torch.Tensor], owners: int) -> tuple[Standar
     verdict = "each owner's own mean and sd" if local else "one federated mean and sd"
     return Standardize(local=local), (
         f"'auto' standardised the outcome by {verdict}: the owners' target sds spread by a factor of "
-        f"{math.exp(spread):.3g} (geometric sd over {owners} owners; own scales above {math.exp(SCALE_SPREAD):g})"
+        f"{math.exp(spread):.3g} (geometric sd over {owners} owners; each their own above "
+        f"{math.exp(SCALE_SPREAD):g})"
     )
 
 

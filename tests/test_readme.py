@@ -22,8 +22,8 @@ def test_readme_python_example_runs_as_written(capsys):
     exec(compile(block, str(README), "exec"), namespace)
     result = namespace["result"]
     assert namespace["mean"].shape == (5,) and bool((namespace["var"] > 0).all())
-    assert len(result.history) == 50
-    # the example is also a sanity check: 50 rounds bring the test RMSE close to the noise level
+    assert len(result.history) == 100
+    # the example is also a sanity check: the rounds bring the test RMSE close to the noise level
     assert result.history["test_rmse_mean"].iloc[-1] < result.history["test_rmse_mean"].iloc[0]
 
 

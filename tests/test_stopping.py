@@ -19,7 +19,13 @@ from fedgp.strategies.local import SGD
 
 # Full-batch SGD with a constant step: deterministic, and it converges geometrically to the
 # federated optimum, so the state after the stop is the state of a much longer run.
-CONVERGING = FGPR(optimizer=SGD(lr=1.0, schedule="constant"), batch_size=None, local_steps=5)
+CONVERGING = FGPR(
+    optimizer=SGD(lr=1.0, schedule="constant"),
+    batch_size=None,
+    local_steps=5,
+    average_space="constrained",
+    server_optimizer=None,
+)
 
 
 @pytest.fixture(scope="module")

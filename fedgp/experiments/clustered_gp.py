@@ -105,7 +105,7 @@ def clustered_fgpr_study(
         methods = {
             "clustered_fgpr": clustered(k, C.RandomInit(), C.HardAssigner(), restarts),
             "clustered_fgpr_k1": clustered(1, C.SpecInit(), C.HardAssigner()),
-            "fgpr": FGPR(local_steps=local_steps, batch_size=batch_size, lr=lr),
+            "fgpr": FGPR.authors(local_steps=local_steps, batch_size=batch_size, lr=lr),
             "oracle_fgpr": clustered(k, C.SpecInit(), C.FixedAssigner(tuple(int(z) for z in mix.labels))),
             # local-only: k = K components, client i alone in component i (no averaging across clients)
             "local_gp": clustered(K, C.SpecInit(), C.FixedAssigner(tuple(range(K)))),

@@ -25,7 +25,7 @@ def personalisation_demo(rounds: int = 60, seed: int = 0, progress: bool | None 
     Returns a table (one row per client) and the :class:`~fedgp.FitResult`.
     """
     fed = sin_personalisation(n=100, n_test=50, seed=seed)
-    strategy = FGPR(local_steps=5, batch_size=20, lr=0.1)
+    strategy = FGPR.authors(local_steps=5, batch_size=20, lr=0.1)
     result = fit_study(GPSpec(), fed, strategy, rounds, seed, "sequential", progress)
     per_client = result.evaluate()
     table = pd.DataFrame(
@@ -49,7 +49,7 @@ def convergence_study(
     Returns (parameter table: truth, FGPR, centralised MLE; per-round error table; FitResult).
     """
     draws = gp_federation(num_clients=num_clients, n=n, d=2, theta=DEMO_THETA, seed=seed)
-    strategy = FGPR(local_steps=5, batch_size=64, lr=0.05)
+    strategy = FGPR.authors(local_steps=5, batch_size=64, lr=0.05)
     result = fit_study(draws.spec, draws.federation, strategy, rounds, seed, "sequential", progress)
     central, _ = fit_mle(draws.spec, [(c.X, c.y) for c in draws.federation])
     truth = draws.truth.to_dict()

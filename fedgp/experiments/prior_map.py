@@ -85,6 +85,7 @@ def federated_map(spec: GPSpec, federation, rounds: int, lr: float, seed: int = 
         batch_size=None,
         optimizer=SGD(lr=lr, schedule="constant"),
         average_space="raw",
+        server_optimizer=None,
     )
     result = fit(
         spec,

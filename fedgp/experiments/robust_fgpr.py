@@ -95,7 +95,8 @@ def robust_fgpr_study(
             build, f = ATTACKS[attack_name]
             faults = Faults(attack=None if build is None else build(f))
             for agg_name in aggregator_names:
-                strategy = FGPR(local_steps=5, batch_size=32, lr=0.05, aggregator=AGGREGATORS[agg_name](f))
+                rule = AGGREGATORS[agg_name](f)
+                strategy = FGPR.authors(local_steps=5, batch_size=32, lr=0.05, aggregator=rule)
                 began = time.perf_counter()
                 result = fit_study(
                     spec, draws.federation, strategy, rounds, seed, engine, progress, faults=faults

@@ -78,7 +78,7 @@ class Table2Settings:
     x_scale: float = 100.0
     kernel: str = "rbf"
     rounds: int = 50
-    fgpr: FGPR = field(default_factory=lambda: FGPR(local_steps=5, batch_size=32, lr=0.05))
+    fgpr: FGPR = field(default_factory=lambda: FGPR.authors(local_steps=5, batch_size=32, lr=0.05))
     engine: str | None = None
     degrees: tuple[int, ...] = tuple(range(1, 21))
     poly: dict = field(default_factory=lambda: {"rounds": 300, "local_steps": 10, "lr": 0.3})

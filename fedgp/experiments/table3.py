@@ -92,7 +92,7 @@ class Table3Settings:
     standardize_y: str = "device"
     kernel: str = "matern32"
     rounds: int = 100
-    fgpr: FGPR = field(default_factory=lambda: FGPR(local_steps=5, batch_size=64, lr=0.1))
+    fgpr: FGPR = field(default_factory=lambda: FGPR.authors(local_steps=5, batch_size=64, lr=0.1))
     engine: str | None = None
     ditto: dict = field(
         default_factory=lambda: {

@@ -56,14 +56,15 @@ def summary_fields(d: int, stage: str, bounds: bool = False, scales: bool = Fals
     """What a client replies to ``summarise`` (:mod:`fedgp.transforms`). Stage ``"mean"``: its count
     and Σy (summed), its own per-feature minimum and maximum when the server learns the input
     bounds (individual), and with ``scales`` the log of its targets' sd and its square (summed:
-    how much the owners' scales differ, for ``"auto"``). Stage ``"spread"``: Σ(y − ȳ)² about the federation's mean ȳ (summed) — two
-    passes, because Σy² − nȳ² would lose about 2·log10(|ȳ|/sd) of float64's 16 digits to
-    cancellation."""
+    how much the owners' scales differ, for ``"auto"``). Stage ``"spread"``: Σ(y − ȳ)² about the
+    federation's mean ȳ (summed) — two passes, because Σy² − nȳ² would lose about
+    2·log10(|ȳ|/sd) of float64's 16 digits to cancellation."""
     if stage == "spread":
         return {"y_sumsq": Field((), torch.float64, summed=True)}
     fields = {"count": Field((), torch.float64, summed=True), "y_sum": Field((), torch.float64, summed=True)}
     if bounds:
         fields.update(x_min=Field((d,)), x_max=Field((d,)))
     if scales:
-        fields.update(log_sd=Field((), torch.float64, summed=True), log_sd_sq=Field((), torch.float64, summed=True))
+        summed = Field((), torch.float64, summed=True)
+        fields.update(log_sd=summed, log_sd_sq=summed)
     return fields

@@ -138,15 +138,24 @@ class SGD(LocalOptimizer):
         return p - eta * g, {}
 
 
+#: The optimisers by name: ``"sgd"`` is the FGPR theory's β/t, ``"sgd-constant"`` a constant step.
+OPTIMIZERS = {
+    "adam": lambda lr: Adam(lr=lr),
+    "sgd": lambda lr: SGD(lr=lr),
+    "sgd-constant": lambda lr: SGD(lr=lr, schedule="constant"),
+}
+
+
 def make_optimizer(optimizer: str | Adam | SGD, lr: float) -> Adam | SGD:
     """An :class:`Adam` or :class:`SGD` from its name and learning rate (an instance passes through)."""
     if isinstance(optimizer, (Adam, SGD)):
         return optimizer
-    if optimizer == "adam":
-        return Adam(lr=lr)
-    if optimizer == "sgd":
-        return SGD(lr=lr)
-    raise InputError(f"optimizer must be 'adam', 'sgd' or an Adam/SGD instance, got {optimizer!r}")
+    if isinstance(optimizer, str) and optimizer in OPTIMIZERS:
+        return OPTIMIZERS[optimizer](lr)
+    raise InputError(
+        f"optimizer must be one of {', '.join(map(repr, OPTIMIZERS))} or an Adam/SGD instance, "
+        f"got {optimizer!r}"
+    )
 
 
 @dataclass(frozen=True)

@@ -69,7 +69,7 @@ def test_coordinate_median_ignores_weights_and_outliers():
 def test_default_aggregator_is_exactly_the_weighted_mean():
     draws = gp_federation(num_clients=5, n=30, d=2, seed=1)
     a = fedgp.fit(draws.spec, draws.federation, FGPR(batch_size=10), rounds=3)
-    b = fedgp.fit(draws.spec, draws.federation, FGPR(batch_size=10, aggregator=WeightedMean()), rounds=3)
+    b = fedgp.fit(draws.spec, draws.federation, FGPR(batch_size=10, aggregator=WeightedMean("raw")), rounds=3)
     assert all(torch.equal(a.state[k], b.state[k]) for k in a.state)
     with pytest.raises(ValueError, match="give the averaging space to the aggregator"):
         FGPR(average_space="raw", aggregator=CoordinateMedian())
@@ -91,9 +91,9 @@ class Liar(FGPR):
 def test_the_median_survives_a_lying_client_and_the_mean_does_not():
     draws = gp_federation(num_clients=7, n=60, d=1, seed=3, theta={OUT: 2.0, NOISE: 0.1})
     kwargs = dict(local_steps=3, batch_size=16, lr=0.05)
-    mean = fedgp.fit(draws.spec, draws.federation, Liar(**kwargs), rounds=20).state[OUT]
+    mean = fedgp.fit(draws.spec, draws.federation, Liar.authors(**kwargs), rounds=20).state[OUT]
     median = fedgp.fit(
-        draws.spec, draws.federation, Liar(**kwargs, aggregator=CoordinateMedian()), rounds=20
+        draws.spec, draws.federation, Liar.authors(**kwargs, aggregator=CoordinateMedian()), rounds=20
     ).state[OUT]
     assert float(mean) > 1e4  # one liar of seven moves FedAvg wherever it likes
     # with the median the liar shifts each coordinate by at most one rank among seven: the learned

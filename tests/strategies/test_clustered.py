@@ -200,7 +200,7 @@ def test_soft_assignment_with_one_step_is_gradient_descent_on_the_weighted_loss(
 @pytest.mark.parametrize("aggregator", [C.ClusterAverage(), C.GlobalWeighted()], ids=["cluster", "global"])
 def test_one_cluster_is_fgpr(aggregator):
     draws = gp_federation(num_clients=5, n=[30, 40, 50, 45, 35], d=1, seed=2)
-    fgpr = FGPR(local_steps=3, batch_size=16, lr=0.05)
+    fgpr = FGPR.authors(local_steps=3, batch_size=16, lr=0.05)  # no server optimiser, as the cluster model
     strategy = C.ClusteredGP(1, C.SpecInit(), C.HardAssigner(), C.LocalTrainingSolver(fgpr.local), aggregator)
     a = fedgp.fit(draws.spec, draws.federation, fgpr, rounds=5, seed=4)
     b = fedgp.fit(draws.spec, draws.federation, strategy, rounds=5, seed=4)

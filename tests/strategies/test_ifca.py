@@ -124,7 +124,7 @@ def test_linear_gp_ifca_reproduces_the_papers_linear_ifca_exactly():
 def test_ifca_with_one_cluster_is_fgpr():
     draws = gp_federation(num_clients=6, n=60, d=1, seed=2)
     local = dict(local_steps=4, batch_size=16, lr=0.05)
-    fgpr = fedgp.fit(draws.spec, draws.federation, FGPR(**local), rounds=8, seed=5)
+    fgpr = fedgp.fit(draws.spec, draws.federation, FGPR.authors(**local), rounds=8, seed=5)
     ifca = fedgp.fit(
         draws.spec,
         draws.federation,

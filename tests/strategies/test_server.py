@@ -73,8 +73,8 @@ def test_server_steps_follow_the_published_rule(rule, optimizer):
 
 def test_fedavgm_without_momentum_at_rate_one_is_fedavg():
     draws = gp_federation(num_clients=4, n=20, d=1, seed=1)
-    plain = fedgp.fit(draws.spec, draws.federation, FGPR(average_space="raw"), rounds=4, callbacks=QUIET)
-    opt = FGPR(average_space="raw", server_optimizer=FedAvgM(lr=1.0, momentum=0.0))
+    plain = fedgp.fit(draws.spec, draws.federation, FGPR(server_optimizer=None), rounds=4, callbacks=QUIET)
+    opt = FGPR(server_optimizer=FedAvgM(lr=1.0, momentum=0.0))
     stepped = fedgp.fit(draws.spec, draws.federation, opt, rounds=4, callbacks=QUIET)
     for name in plain.state:
         torch.testing.assert_close(stepped.state[name], plain.state[name], rtol=1e-12, atol=1e-12)
@@ -97,9 +97,9 @@ def test_schedules_scale_each_rounds_local_rate():
 
 def test_a_schedule_changes_the_run_only_from_the_round_it_decays():
     draws = gp_federation(num_clients=3, n=20, d=1, seed=2)
-    plain = fedgp.fit(draws.spec, draws.federation, FGPR(), rounds=4, callbacks=QUIET)
+    plain = fedgp.fit(draws.spec, draws.federation, FGPR.authors(), rounds=4, callbacks=QUIET)
     decayed = fedgp.fit(
-        draws.spec, draws.federation, FGPR(lr_schedule=StepDecay(3, 0.1)), rounds=4, callbacks=QUIET
+        draws.spec, draws.federation, FGPR.authors(lr_schedule=StepDecay(3, 0.1)), rounds=4, callbacks=QUIET
     )
     nll = plain.history["train_nll"].tolist(), decayed.history["train_nll"].tolist()
     assert nll[0][:3] == nll[1][:3] and nll[0][3] != nll[1][3]

@@ -12,7 +12,7 @@ def spec(dims: int) -> fedgp.GPSpec:
 
 def strategy(name: str):
     if name == "fgpr":
-        return fedgp.strategies.FGPR(local_steps=3, batch_size=8, lr=0.05)
+        return fedgp.strategies.FGPR.authors(local_steps=3, batch_size=8, lr=0.05)
     if name == "ifca":
         return fedgp.strategies.IFCA(num_clusters=2, local_steps=2, batch_size=8, lr=0.05)
     raise ValueError(f"strategy must be 'fgpr' or 'ifca', got {name!r}")

@@ -152,12 +152,11 @@ class Protocol:
             local_epochs=self.local_epochs,
             batch_size=self.batch_for(federation),
             lr=self.lr,
-            optimizer="adam",
             minibatch=self.minibatch,
         )
         if hf_weight is None:
-            return FGPR(**kwargs)
-        return WeightedFGPR(**kwargs, hf_weight=hf_weight)
+            return FGPR.authors(**kwargs)
+        return WeightedFGPR.authors(**kwargs, hf_weight=hf_weight)
 
 
 #: ``fedgp reproduce table1 --quick`` (CI): every code path in seconds, not a result.
