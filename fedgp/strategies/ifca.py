@@ -69,7 +69,7 @@ class IFCA(Strategy):
         local_steps, local_epochs, batch_size, optimizer, minibatch: local training (option II).
         weighted: option II averages weighted by client size (FEMNIST code) instead of the
             paper's plain mean.
-        average_space: average constrained (default, as FGPR) or raw values.
+        average_space: average constrained (default, as the FGPR authors' code) or raw values.
         restarts: independent random initialisations run together; the best by objective wins.
         init: ``"normal"`` (raw trainable values + ``init_scale`` · N(0, 1)), ``"bernoulli"``
             (trainable raw values ~ ``init_scale`` · Bernoulli(½), the authors' synthetic runs),
