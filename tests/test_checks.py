@@ -15,7 +15,7 @@ from fedgp.strategies.clustered import (
 )
 
 BAD = [
-    (lambda: FGPR(lr=-1), r"FGPR: lr must be a finite number > 0, got -1 \(default 0.05\)"),
+    (lambda: FGPR(lr=-1), r"FGPR: lr must be a finite number > 0, got -1 \(default 0.3\)"),
     (lambda: FGPR(lr=0), r"FGPR: lr must be a finite number > 0, got 0"),
     (lambda: FGPR(lr=math.nan), r"FGPR: lr must be a finite number > 0, got nan"),
     (lambda: FGPR(local_steps=0), r"FGPR: local_steps must be an int >= 1, or None, got 0"),

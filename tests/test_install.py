@@ -66,7 +66,7 @@ def test_pip_install_in_a_clean_venv_runs_the_readme_example(tmp_path):
     assert Path(out["FILE"]).is_relative_to(venv), out["FILE"]  # the installed copy, not the checkout
     assert out["VERSION"] == project["version"]  # from the installed metadata
     assert out["LICENSE"] == "MIT License"
-    assert out["MEAN"] == "(5,) True 50"
+    assert out["MEAN"] == "(5,) True 100"
     assert (
         _run([venv / "bin" / "fedgp", "--version"], cwd=work, env=env).strip()
         == f"fedgp {project['version']}"

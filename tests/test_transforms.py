@@ -217,9 +217,14 @@ def test_raw_targets_get_calibrated_intervals_by_default():
 
     fed = diabetes_owners(seed=0)
     default = fedgp.fit(own_data_spec(), fed, rounds=40, engine="batched").evaluate()
-    raw = fedgp.fit(own_data_spec(), fed, rounds=40, engine="batched", **RAW).evaluate()
     assert 0.85 <= default["coverage95"].mean() <= 1.0
-    assert raw["coverage95"].mean() < 0.3  # what users got before: silently overconfident
+    # Raw targets of scale 100: the authors' Adam was silently overconfident; the default's plain
+    # steps, sized for standardised data, overshoot at once and the run fails loudly.
+    authors = FGPR.authors()
+    raw = fedgp.fit(own_data_spec(), fed, authors, rounds=40, engine="batched", **RAW).evaluate()
+    assert raw["coverage95"].mean() < 0.3
+    with pytest.raises(fedgp.RoundFailedError, match="not positive definite"):
+        fedgp.fit(own_data_spec(), fed, rounds=40, engine="batched", **RAW)
 
 
 @settings(max_examples=60, deadline=None)
