@@ -43,7 +43,7 @@ __all__ = [
     "central_optimum",
     "federations",
     "CONFIGS",
-    "GapTrace",
+    "StateTrace",
     "convergence_run",
     "convergence_study",
 ]
@@ -197,21 +197,17 @@ CONFIGS: Mapping[str, Strategy] = {"default": FGPR(), "authors": FGPR.authors()}
 # -- one run -------------------------------------------------------------------------------------------
 
 
-class GapTrace(Callback):
-    """Records ``L(θ*) − L(θ_run)`` per owner after every ``every`` rounds (a benchmark's
-    callback: it reads every owner's data, which only a simulation may)."""
+class StateTrace(Callback):
+    """Keeps the global state after every ``every`` rounds and after the last, for measuring
+    afterwards (a benchmark's callback)."""
 
-    def __init__(self, spec: GPSpec, optimum: float, every: int = 5):
-        self.spec, self.optimum, self.every = spec, optimum, every
-        self.gaps: dict[int, float] = {}
+    def __init__(self, every: int = 5):
+        self.every = every
+        self.states: dict[int, HyperState] = {}
 
     def on_round(self, run, row):
         if run.completed % self.every == 0 or run.done:
-            clients = [run.transform.apply(c)[0] for c in run.federation]
-            value = summed_log_likelihood(self.spec, run.state, clients)
-            gap = (self.optimum - value) / len(clients)
-            self.gaps[run.completed] = gap
-            row["gap_per_owner"] = gap
+            self.states[run.completed] = run.state
 
 
 def convergence_run(
@@ -225,18 +221,20 @@ def convergence_run(
 ) -> dict:
     """Fit, then measure: the gap per owner to the central optimum of the run's own objective
     (same data transforms), rounds to a gap of 1 nat per owner, and per-owner test metrics."""
-    probe = fit(spec, federation, strategy, rounds=1, seed=seed, transforms=transforms,
-                callbacks=[Evaluate(every=0), Progress(False)])  # fmt: skip
-    clients = [probe.transform.apply(c)[0] for c in federation]
-    _, optimum = central_optimum(spec, clients, seed=seed)
-    trace = GapTrace(spec, optimum, every)
+    trace = StateTrace(every)
     result = fit(spec, federation, strategy, rounds=rounds, seed=seed, transforms=transforms,
                  callbacks=[trace, Evaluate(every=0), Progress(False)])  # fmt: skip
+    clients = [result.transform.apply(c)[0] for c in federation]  # the owners' data as the run saw them
+    _, optimum = central_optimum(spec, clients, seed=seed)
+    gaps = {
+        r: (optimum - summed_log_likelihood(spec, state, clients)) / len(clients)
+        for r, state in sorted(trace.states.items())
+    }
     metrics = result.evaluate()
-    reached = [r for r, gap in sorted(trace.gaps.items()) if gap <= 1.0]
+    reached = [r for r, gap in gaps.items() if gap <= 1.0]
     return {
-        "gap_per_owner": trace.gaps[rounds],
-        "best_gap_per_owner": min(trace.gaps.values()),
+        "gap_per_owner": gaps[rounds],
+        "best_gap_per_owner": min(gaps.values()),
         "rounds_to_1_nat": reached[0] if reached else math.nan,
         "rmse_mean": metrics["rmse"].mean(),
         "nll_mean": metrics["nll"].mean(),
