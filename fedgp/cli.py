@@ -16,16 +16,12 @@ import sys
 import warnings
 from pathlib import Path
 
-from fedgp.errors import CommandError, TableError
+from fedgp.errors import CommandError, InputError
+from fedgp.layout import COLUMNS_FILE, MODEL_FILE
 from fedgp.version import __version__
 
 __all__ = ["main", "build_parser", "default_out", "CommandError", "MODEL_FILE", "COLUMNS_FILE"]
 
-#: The saved model in a ``fedgp fit`` output folder (``fedgp.load`` reads it; ``FitResult.save``'s
-#: sealed container, :mod:`fedgp.run.saved`).
-MODEL_FILE = "model.fedgp"
-#: The feature, target and owner columns ``fedgp fit`` trained on, which ``fedgp predict`` reads.
-COLUMNS_FILE = "columns.json"
 #: The exit status of a command whose input was refused (argparse uses it for usage errors too).
 INPUT_ERROR = 2
 
@@ -534,7 +530,7 @@ def _add_reproduce(sub) -> None:
 
 
 def _add_download(sub) -> None:
-    dl = sub.add_parser("download", help="fetch and verify a dataset's files (see datasets/registry.json)")
+    dl = sub.add_parser("download", help="fetch and verify a dataset's files (see fedgp/data/registry.json)")
     dl.add_argument("dataset", help="a dataset of the registry, e.g. cmapss or sarcos")
     dl.add_argument("files", nargs="*", help="file names (default: all of the dataset's files)")
     dl.add_argument("--root", default=None, help="data root (default: FEDGP_DATA, else datasets/)")
@@ -543,12 +539,40 @@ def _add_download(sub) -> None:
     dl.set_defaults(func=_download)
 
 
+def _flower(module: str):
+    """``fedgp.flower.<module>``, or a one-line error naming the extra when Flower is missing."""
+    import importlib
+
+    try:
+        return importlib.import_module(f"fedgp.flower.{module}")
+    except ModuleNotFoundError as err:
+        raise CommandError(f"needs Flower ({err.name}): pip install 'fedgp-gpytorch[flower]'") from None
+
+
+def _flower_new(args: argparse.Namespace) -> int:
+    path = _flower("template").write_app(args.folder, args.name)
+    print(f"wrote {path}: edit its [tool.flwr.app.config], then see the Deployment guide")
+    return 0
+
+
+def _add_flower(sub) -> None:
+    flower = sub.add_parser("flower", help="fedgp on Flower: fedgp flower new DIR, fedgp flower supernode")
+    actions = flower.add_subparsers(dest="action", required=True)
+    new = actions.add_parser("new", help="write a ready Flower app folder (pyproject.toml) running fedgp")
+    new.add_argument("folder", metavar="DIR", help="the app folder to create")
+    new.add_argument("--name", default=None, help="the app's name (default: the folder's name)")
+    new.set_defaults(func=_flower_new)
+    node = actions.add_parser("supernode", help="Flower's SuperNode, fast (fedgp.flower.fast)")
+    node.add_argument("args", nargs=argparse.REMAINDER, help="flower-supernode's arguments")
+    node.set_defaults(func=lambda args: _flower("fast").main(["supernode", *args.args[1:]]) or 0)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    """The ``fedgp`` argument parser: fit, predict, demo, reproduce, download."""
+    """The ``fedgp`` argument parser: fit, predict, demo, reproduce, download, flower."""
     parser = argparse.ArgumentParser(prog="fedgp", description="Federated Gaussian-process regression.")
     parser.add_argument("--version", action="version", version=f"fedgp {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
-    for add in (_add_fit, _add_predict, _add_demo, _add_reproduce, _add_download):
+    for add in (_add_fit, _add_predict, _add_demo, _add_reproduce, _add_download, _add_flower):
         add(sub)
     return parser
 
@@ -556,10 +580,13 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Run ``fedgp`` with ``argv`` (default: the command line); returns the exit status, 2 for
     refused input (printed as one line on stderr)."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:2] == ["flower", "supernode"]:  # flower-supernode's own options pass through as they are
+        argv = ["flower", "supernode", "--", *argv[2:]]
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except (CommandError, TableError) as err:
+    except (CommandError, InputError) as err:
         print(f"fedgp {args.command}: {err}", file=sys.stderr)
         return INPUT_ERROR
 

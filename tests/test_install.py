@@ -35,7 +35,8 @@ def test_pip_install_in_a_clean_venv_runs_the_readme_example(tmp_path):
     # venv (Flower's Ray simulation backend writes sys.path into os.environ["PYTHONPATH"]; in
     # `make test` this once made pip count gpytorch as installed and skip it) must not leak in.
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
-    env.update(OMP_NUM_THREADS="1", MPLBACKEND="Agg")
+    env.update(OMP_NUM_THREADS="1", MPLBACKEND="Agg", XDG_CACHE_HOME=str(tmp_path / "cache"))
+    env.pop("FEDGP_DATA", None)
     venv = tmp_path / "venv"
     _run([sys.executable, "-m", "venv", venv], env=env)
     python = venv / "bin" / "python"
@@ -57,6 +58,9 @@ def test_pip_install_in_a_clean_venv_runs_the_readme_example(tmp_path):
         + "dist = md.distribution(fedgp.DISTRIBUTION)\n"
         + "print('LICENSE', dist.read_text('licenses/LICENSE').splitlines()[0])\n"
         + "print('MEAN', tuple(mean.shape), bool((var > 0).all()), len(result.history))\n"
+        + "from fedgp.data import registry\n"
+        + "print('REGISTRY', registry.default_registry().entry('cmapss', 'train_FD001.txt').size)\n"
+        + "print('ROOT', registry.data_root()[0])\n"
     )
     out = dict(
         line.split(" ", 1)
@@ -67,6 +71,9 @@ def test_pip_install_in_a_clean_venv_runs_the_readme_example(tmp_path):
     assert out["VERSION"] == project["version"]  # from the installed metadata
     assert out["LICENSE"] == "MIT License"
     assert out["MEAN"] == "(5,) True 100"
+    # The wheel carries the data registry, and an installed copy keeps its data in the user's cache.
+    assert int(out["REGISTRY"]) > 0
+    assert out["ROOT"] == str(tmp_path / "cache" / "fedgp" / "datasets")
     assert (
         _run([venv / "bin" / "fedgp", "--version"], cwd=work, env=env).strip()
         == f"fedgp {project['version']}"

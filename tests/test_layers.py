@@ -18,7 +18,15 @@ PACKAGE = Path(__file__).resolve().parents[1] / "fedgp"
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     (
         "plumbing",
-        ("fedgp.errors", "fedgp.version", "fedgp.files", "fedgp.rng", "fedgp.checks", "fedgp.plotting"),
+        (
+            "fedgp.errors",
+            "fedgp.version",
+            "fedgp.files",
+            "fedgp.layout",
+            "fedgp.rng",
+            "fedgp.checks",
+            "fedgp.plotting",
+        ),  # fmt: skip
     ),
     ("data", ("fedgp.data",)),
     # A model needs its clients' data; a GPyTorch or BoTorch model of one client needs only the model.
@@ -29,12 +37,21 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("aggregation", ("fedgp.clustering", "fedgp.aggregators")),
     ("strategies", ("fedgp.strategies", "fedgp.presets", "fedgp.baselines")),
     ("attacks", ("fedgp.attacks",)),
-    # Flower's engine side (the ClientApp, the grid engine) is an engine; its ServerApp runs a fit.
+    # Flower's engine side (the ClientApp, the grid engine) is an engine; its ServerApps run a fit.
     ("engines", ("fedgp.engines", "fedgp.flower")),
     ("run", ("fedgp.run",)),
     (
         "applications",
-        ("fedgp.flower.server", "fedgp.testing", "fedgp.experiments", "fedgp.sklearn", "fedgp.cli"),
+        (
+            "fedgp.flower.server",
+            "fedgp.flower.app",
+            "fedgp.flower.template",
+            "fedgp.flower.fast",
+            "fedgp.testing",
+            "fedgp.experiments",
+            "fedgp.sklearn",
+            "fedgp.cli",
+        ),  # fmt: skip
     ),
     # The top-level face: nothing inside the package imports it.
     ("face", ("fedgp",)),

@@ -107,3 +107,21 @@ def test_readme_sklearn_example_runs_as_written(capsys):
     exec(compile(block, str(README), "exec"), namespace)
     assert namespace["mean"].shape == namespace["std"].shape == (142,)
     assert f"R² {float(capsys.readouterr().out):.3f}" in block  # the number the README quotes
+
+
+def test_every_pip_install_of_fedgp_names_the_distribution():
+    """``fedgp`` on PyPI is an unrelated package: every line that installs this one, in the README,
+    the docs, the examples and the package's own messages, names ``fedgp-gpytorch``."""
+    root = README.parent
+    texts = [README, *(root / "docs").rglob("*.md"), *(root / "fedgp").rglob("*.py")]
+    texts += [*(root / "examples").rglob("*")]
+    wrong = []
+    for path in texts:
+        if not path.is_file():
+            continue
+        for number, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
+            for match in re.finditer(r"pip install\s+(?:-U\s+)?['\"]?(fedgp[\w.\[\]-]*)", line):
+                warning = "unrelated" in line  # the README's line saying why not `pip install fedgp`
+                if not match.group(1).startswith("fedgp-gpytorch") and not warning:
+                    wrong.append(f"{path.relative_to(root)}:{number}: {line.strip()}")
+    assert not wrong, "pip install lines naming the wrong distribution:\n" + "\n".join(wrong)

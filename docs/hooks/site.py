@@ -51,7 +51,7 @@ PAGES = (
     "testing",
 )
 #: Infrastructure the layers share, documented together on ``api/plumbing.md``.
-PLUMBING = ("rng", "checks", "files", "cli", "presets", "version")
+PLUMBING = ("rng", "checks", "files", "layout", "cli", "presets", "version")
 
 
 # --------------------------------------------------------------------------------------------------

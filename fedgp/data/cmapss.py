@@ -4,7 +4,7 @@ Each subset (FD001-FD004) has run-to-failure training engines, truncated test en
 true remaining useful life of each test engine. FGPR's NASA experiment (Yue & Kontar §6) models
 one sensor of one engine as a function of time: ``x = cycle / x_scale`` on a scale shared by all
 engines (so every engine's prior lives on the same time axis) and ``y`` standardised per engine.
-Files are verified against ``datasets/registry.json`` before they are parsed.
+Files are verified against ``fedgp/data/registry.json`` before they are parsed.
 """
 
 from __future__ import annotations

@@ -1,14 +1,15 @@
 """Where real data files live, what they must contain, and how to fetch them.
 
-``datasets/registry.json`` at the top of the repository lists every file a loader reads: its folder,
+``fedgp/data/registry.json`` (installed with the package) lists every file a loader reads: its folder,
 canonical URL, size and checksum (sha256, or the git blob id where only that is published). Loaders
 never parse a file before it has been verified against that entry, so a truncated download or an
 edited copy is an error that says which file, where it was looked for and how to get a good one,
 rather than a silently different table.
 
 The data root is resolved, in order, from the ``root=`` argument, the ``FEDGP_DATA`` environment
-variable, and the repository's own ``datasets/`` folder (``<repo>/datasets``, found from this source
-file: fedgp is used from a checkout, ``pip install -e .``). Files sit in ``<root>/<folder>/<name>``.
+variable, and the default: the repository's ``datasets/`` folder when fedgp runs from a checkout
+(``pip install -e .``), else ``fedgp/datasets`` in the user's cache folder (``$XDG_CACHE_HOME``, or
+``~/.cache``). Files sit in ``<root>/<folder>/<name>``.
 ``download=True`` fetches a missing file from its URL (or from ``FEDGP_DATA_MIRROR``, a base URL
 with the same ``<folder>/<name>`` layout) into the data root, verifies it, and only then moves it
 into place.
@@ -48,10 +49,10 @@ __all__ = [
     "git_blob_sha1_of",
 ]
 
-#: The repository's ``datasets/`` folder: the registry and the default data root.
+#: The repository's ``datasets/`` folder: the default data root when fedgp runs from a checkout.
 DATASETS_DIR = Path(__file__).resolve().parents[2] / "datasets"
-#: The registry of the real datasets: file names, URLs, sizes and SHA-256 checksums.
-REGISTRY_PATH = DATASETS_DIR / "registry.json"
+#: The registry of the real datasets (package data): file names, URLs, sizes and SHA-256 checksums.
+REGISTRY_PATH = Path(__file__).resolve().parent / "registry.json"
 _CHUNK = 1 << 20
 _PARTIAL = ".partial"
 
@@ -176,8 +177,13 @@ def default_registry() -> DataRegistry:
 
 
 def default_data_root() -> Path:
-    """``<repository>/datasets``: the data root when neither ``root=`` nor ``FEDGP_DATA`` is given."""
-    return DATASETS_DIR
+    """The data root when neither ``root=`` nor ``FEDGP_DATA`` is given: ``<repository>/datasets``
+    from a checkout (its ``README.md`` marks it), else ``<cache>/fedgp/datasets`` for an installed
+    package, whose ``site-packages`` has no ``datasets/`` of its own."""
+    if (DATASETS_DIR / "README.md").is_file():
+        return DATASETS_DIR
+    cache = os.environ.get("XDG_CACHE_HOME", "").strip() or Path.home() / ".cache"
+    return Path(cache).expanduser() / "fedgp" / "datasets"
 
 
 def data_root(root: str | os.PathLike | None = None) -> tuple[Path, str]:
@@ -187,7 +193,7 @@ def data_root(root: str | os.PathLike | None = None) -> tuple[Path, str]:
     env = os.environ.get("FEDGP_DATA", "").strip()
     if env:
         return Path(env).expanduser(), f"FEDGP_DATA={env}"
-    return default_data_root(), "the default (the repository's datasets/ folder; set FEDGP_DATA or root=)"
+    return default_data_root(), "the default data root (set FEDGP_DATA or root=)"
 
 
 def sha256_of(path: Path) -> str:

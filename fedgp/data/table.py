@@ -20,7 +20,7 @@ import numpy as np
 import pandas as pd
 
 from fedgp.data.client import MIN_TRAINING_POINTS, ClientData, Federation
-from fedgp.errors import InputError, TableError
+from fedgp.errors import InputError, MissingExtraError, TableError
 
 __all__ = ["OwnerTable", "read_owner_table", "rows_by_owner"]
 
@@ -101,7 +101,8 @@ def read_owner_table(
     target: str | None = None,
     features: Sequence[str] | None = None,
 ) -> OwnerTable:
-    """Read and check a CSV file with an owner column ``group``.
+    """Read and check a CSV file (or a Parquet file, ``.parquet``/``.pq``, with pyarrow) with an
+    owner column ``group``.
 
     ``features`` default to every column but ``group`` and ``target``. The owner labels are read as
     text (so ``7`` and ``007`` are different owners, and a label is the same in every file), the
@@ -111,11 +112,7 @@ def read_owner_table(
     path = Path(path)
     if not path.is_file():
         raise TableError(f"{source}: {'is a folder, not a file' if path.is_dir() else 'no such file'}")
-    try:
-        # pandas' default float parser reads what to_csv/repr write back exactly (tested).
-        frame = pd.read_csv(path, dtype={group: str}, skip_blank_lines=False)
-    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError, OSError) as err:
-        raise TableError(f"{source}: cannot be read as a CSV table ({str(err).strip()})") from None
+    frame = _read_parquet(path, group) if path.suffix.lower() in PARQUET else _read_csv(path, group)
     lines = np.arange(len(frame)) + 2  # the header is line 1
     blank = frame.isna().all(axis=1).to_numpy()
     frame, lines = frame.loc[~blank].reset_index(drop=True), lines[~blank]
@@ -144,6 +141,30 @@ def read_owner_table(
     X = np.column_stack([_numbers(frame, c, source, lines, owners, group) for c in wanted])
     y = None if target is None else _numbers(frame, target, source, lines, owners, group)
     return OwnerTable(source, group, tuple(wanted), target, X, y, owners.to_numpy(dtype=object), lines, frame)
+
+
+#: File suffixes read as Parquet; every other file is read as CSV.
+PARQUET = (".parquet", ".pq")
+
+
+def _read_csv(path: Path, group: str) -> pd.DataFrame:
+    try:
+        # pandas' default float parser reads what to_csv/repr write back exactly (tested).
+        return pd.read_csv(path, dtype={group: str}, skip_blank_lines=False)
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError, OSError) as err:
+        raise TableError(f"{path}: cannot be read as a CSV table ({str(err).strip()})") from None
+
+
+def _read_parquet(path: Path, group: str) -> pd.DataFrame:
+    try:
+        frame = pd.read_parquet(path)
+    except ImportError:
+        raise MissingExtraError(f"{path}: reading Parquet needs pyarrow (pip install pyarrow)") from None
+    except (OSError, ValueError) as err:
+        raise TableError(f"{path}: cannot be read as a Parquet table ({str(err).strip()})") from None
+    if group in frame.columns:  # owner labels as text, as the CSV reader reads them
+        frame[group] = frame[group].map(lambda v: None if pd.isna(v) else str(v)).astype(object)
+    return frame
 
 
 def _numbers(frame: pd.DataFrame, column: str, source: str, lines, owners, group: str) -> np.ndarray:

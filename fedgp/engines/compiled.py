@@ -21,7 +21,7 @@ raised after a call (``torch.set_num_threads(1)`` became 2), which made the torc
 in the same process several times slower (benchmarks/thread_interference.py). Every tile's numbers
 depend on that tile's clients alone, so results do not depend on the number of threads.
 
-The batched engine uses these when numba is installed (``pip install 'fedgp[fast]'``), the inputs
+The batched engine uses these when numba is installed (``pip install 'fedgp-gpytorch[fast]'``), the inputs
 are CPU tensors of at most :data:`MAX_POINTS` points, and the kernel is RBF or Matérn-3/2, -5/2. When a
 row's Cholesky fails, :func:`stationary_nll` returns ``None`` and the engine redoes the call on the
 tensor path, which has GPyTorch's jitter retries and names the failing client.

@@ -1,5 +1,8 @@
 """Flower for fedgp: the same strategies, one process per data owner (or silo).
 
+* :mod:`fedgp.flower.app` — fedgp's own ServerApp and ClientApp for any data, configured by run
+  config and node config (``fedgp flower new DIR`` writes an app folder: :func:`write_app`).
+
 * :func:`client_app` — the ``ClientApp`` a node runs: it loads its own clients' data
   (:func:`npz_loader` reads a folder named in ``node_config``) and runs their side of every round.
 * :func:`server_app` — a ``ServerApp`` whose ``main`` runs ``fedgp.fit`` over Flower's ``Grid``
@@ -10,17 +13,25 @@
 Needs the extra: ``pip install 'fedgp-gpytorch[flower]'``.
 """
 
+from fedgp.flower.app import AppSettings, RoundLog, TableLoader, write_model
 from fedgp.flower.capture import capture_mod
-from fedgp.flower.client import client_app, npz_loader, save_npz_clients
+from fedgp.flower.client import client_app, npz_loader, read_npz_clients, save_npz_clients
 from fedgp.flower.grid_engine import GridEngine
 from fedgp.flower.local import Flower, FlowerEngine, LocalGrid
 from fedgp.flower.server import server_app, write_outputs
+from fedgp.flower.template import write_app
 
 __all__ = [
+    "AppSettings",
+    "RoundLog",
+    "TableLoader",
+    "write_model",
+    "write_app",
     "client_app",
     "capture_mod",
     "server_app",
     "npz_loader",
+    "read_npz_clients",
     "save_npz_clients",
     "write_outputs",
     "GridEngine",

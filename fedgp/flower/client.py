@@ -27,7 +27,7 @@ from fedgp.messages import from_config
 from fedgp.messages.remote import fields_from_json
 from fedgp.models.spec import GPSpec
 
-__all__ = ["client_app", "node_engine", "npz_loader", "save_npz_clients"]
+__all__ = ["client_app", "node_engine", "npz_loader", "read_npz_clients", "save_npz_clients"]
 
 Loader = Callable[[Context], tuple[GPSpec, Sequence[ClientData]]]
 _STATE = "fedgp.run"
@@ -70,9 +70,11 @@ def _handle(message: Message, context: Context, load: Loader, engine: Sequential
     content = outcome_to_content(outcome, engine.keys)
     if task.kind == "hello":  # who this node hosts, and where it stands among the nodes
         partition = context.node_config.get("partition-id")
+        columns = load.columns(context) if hasattr(load, "columns") else None  # names, not data
         content["node"] = ConfigRecord(
-            {"ids": json.dumps([c.id for c in clients]), "partition": json.dumps(partition)}
-        )
+            {"ids": json.dumps([c.id for c in clients]), "partition": json.dumps(partition),
+             "columns": json.dumps(columns)}
+        )  # fmt: skip
     return Message(content, reply_to=message)
 
 
@@ -109,22 +111,27 @@ def save_npz_clients(folder: str | Path, clients: Sequence[ClientData]) -> None:
         np.savez(folder / f"{i:05d}.npz", **arrays)
 
 
+def read_npz_clients(folder: str | Path) -> list[ClientData]:
+    """Every ``*.npz`` client in ``folder`` (:func:`save_npz_clients`' format), in name order. Files
+    are read with ``allow_pickle=False``: a data file can never run code."""
+    clients = []
+    for path in sorted(Path(folder).glob("*.npz")):
+        with np.load(path, allow_pickle=False) as f:
+            test = {k: f[k] for k in ("X_test", "y_test") if k in f}
+            clients.append(ClientData(f["X"], f["y"], id=json.loads(str(f["id"])), **test))
+    if not clients:
+        raise MissingFileError(f"no client files (*.npz) in {folder}")
+    return clients
+
+
 def npz_loader(spec: Callable[[], GPSpec], key: str = "data-path") -> Loader:
-    """A loader reading every ``*.npz`` in the folder ``node_config[key]``, in name order. Files are
-    read with ``allow_pickle=False``: a data file can never run code."""
+    """A loader of the clients in the folder ``node_config[key]`` (:func:`read_npz_clients`)."""
     cache: dict = {}
 
     def load(context: Context):
         folder = Path(str(context.node_config[key]))
         if folder not in cache:
-            clients = []
-            for path in sorted(folder.glob("*.npz")):
-                with np.load(path, allow_pickle=False) as f:
-                    test = {k: f[k] for k in ("X_test", "y_test") if k in f}
-                    clients.append(ClientData(f["X"], f["y"], id=json.loads(str(f["id"])), **test))
-            if not clients:
-                raise MissingFileError(f"no client files (*.npz) in {folder}")
-            cache[folder] = (spec(), clients)
+            cache[folder] = (spec(), read_npz_clients(folder))
         return cache[folder]
 
     return load

@@ -13,6 +13,7 @@ fails them with "no reply".
 from __future__ import annotations
 
 import json
+import time
 import warnings
 from collections.abc import Mapping
 
@@ -29,6 +30,9 @@ from fedgp.models.spec import GPSpec
 from fedgp.strategies.base import Strategy
 
 __all__ = ["GridEngine"]
+
+#: Seconds before the first pull for a round's replies (Flower's own grid waits 3 s).
+FIRST_POLL = 0.02
 
 
 class GridEngine(Engine):
@@ -47,10 +51,30 @@ class GridEngine(Engine):
         self.nodes: list[int] = []
         self._first: dict[int, int] = {}
         self._node_of = torch.zeros(0, dtype=torch.long)  # each client's node, as an index into nodes
+        #: Each registered node's feature columns, as its ``hello`` named them (``None``: not named).
+        self.node_columns: dict[int, list[str] | None] = {}
 
     def _exchange(self, messages: list[Message]) -> tuple[dict[int, Message], int]:
-        replies = list(self.grid.send_and_receive(messages, timeout=self.timeout))
+        replies = self._send_and_receive(messages)
         return {m.metadata.src_node_id: m for m in replies}, len(replies)
+
+    def _send_and_receive(self, messages: list[Message]) -> list[Message]:
+        """Flower's ``send_and_receive`` with a short first poll: a deployment's grid pulls every
+        3 s, a fixed cost per exchange of a round; here the first pull comes after
+        :data:`FIRST_POLL` seconds, then at intervals growing by a quarter up to 1 s."""
+        pending = set(self.grid.push_messages(messages))
+        end = None if self.timeout is None else time.monotonic() + self.timeout
+        replies, wait = [], FIRST_POLL
+        while pending:
+            got = list(self.grid.pull_messages(pending))
+            replies += got
+            pending -= {m.metadata.reply_to_message_id for m in got}
+            left = None if end is None else end - time.monotonic()
+            if not pending or (left is not None and left <= 0):
+                break
+            time.sleep(wait if left is None else min(wait, left))
+            wait = min(wait * 1.25, 1.0)
+        return replies
 
     def start(self, strategy: Strategy, seed: int) -> Roster:
         nodes = sorted(int(n) for n in self.grid.get_node_ids())
@@ -92,6 +116,10 @@ class GridEngine(Engine):
             dims.append(out.individual["d"])
             node_of.extend([index] * len(out.clients))  # an index: Flower node ids are unsigned 64-bit
         self._node_of = torch.tensor(node_of, dtype=torch.long)
+        self.node_columns = {
+            n: json.loads(str(replies[n].content.config_records["node"].get("columns", "null")))
+            for n in self.nodes
+        }
         return Roster(ids, torch.cat(sizes), torch.cat(n_test), torch.cat(dims))
 
     def _message(self, task: Task, node: int, head: dict, all_clients: bool = False) -> Message:

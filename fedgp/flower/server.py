@@ -29,10 +29,12 @@ Build = Callable[[Context], tuple[GPSpec, Strategy, dict[str, Any]]]
 
 
 def write_outputs(result: FitResult, folder: str | Path) -> None:
-    """``state.json`` (the learned state, constrained values as nested lists), ``history.csv``,
-    ``failures.csv`` and ``evaluate.csv`` (per-client test metrics, if clients have test data)."""
+    """``model.fedgp`` (:meth:`FitResult.save`: what ``fedgp.load`` reads), ``state.json`` (the
+    learned state, constrained values as nested lists), ``history.csv``, ``failures.csv`` and
+    ``evaluate.csv`` (per-client test metrics, if clients have test data)."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
+    result.save(folder / "model.fedgp")
     state = {k: v.tolist() for k, v in result.state.items()}
     (folder / "state.json").write_text(json.dumps(state, indent=1))
     result.history.to_csv(folder / "history.csv", index=False)

@@ -37,7 +37,7 @@ from fedgp.run.callbacks import (
     Stopping,
     as_callback,
 )
-from fedgp.run.exchange import exchange
+from fedgp.run.exchange import distinct_participants, exchange
 from fedgp.run.faults import Faults
 from fedgp.run.fingerprint import run_fingerprint
 from fedgp.run.result import FitResult
@@ -161,6 +161,7 @@ class Run:
         ids = self.roster.ids
         row = {"round": rnd + 1, **metrics}
         row.update(
+            participants=len(distinct_participants(plan)[0]),
             failed=len(failed),
             failures=" | ".join(f"{ids[p]!r}: {reason}" for p, reason in failed.items()),
             bytes_down=sent.bytes_down,

@@ -1,1 +1,0 @@
-"""fedgp as a Flower app (see README "Beyond one machine")."""

@@ -1,0 +1,343 @@
+"""fedgp's own Flower app, for any data: a ``ServerApp`` and a ``ClientApp`` configured entirely by
+Flower's run config and node config, so another data set needs no code.
+
+``fedgp flower new DIR`` writes an app folder whose ``pyproject.toml`` names these two objects and
+lists every run-config key with its default (:data:`RUN_CONFIG`). What each side reads:
+
+* **a SuperNode** (``--node-config``): ``data-path``, its owners' rows — a CSV file (or Parquet, with
+  pyarrow) with an owner column, read and checked exactly as ``fedgp fit DATA.csv`` reads its table,
+  or a folder of ``*.npz`` files (:func:`~fedgp.flower.client.save_npz_clients`); optionally
+  ``capture-dir`` (every message in and out kept there, :func:`~fedgp.flower.capture.capture_mod`).
+  The node builds the model from the run config and the width of its own data.
+* **the run** (``--run-config``): the columns (``target``, ``group``, ``features``), the model
+  (``kernel``/``mean``/``ard`` by name, or ``model``: a spec description as JSON, the format a saved
+  model uses, with ``"ard_num_dims": "auto"`` for the data's width), the strategy (``strategy`` by
+  name with ``local-steps``/``batch-size``/``lr``/``clusters``, or ``strategy-config``: a strategy's
+  JSON config), ``rounds``, ``stop``, ``transforms``, ``seed``, ``test-fraction``, ``timeout``,
+  ``eval-every`` and ``out-dir``.
+
+The ServerApp first asks the nodes for their data's width and columns (a ``hello``), builds the
+model, runs ``fedgp.fit`` over the grid and writes into ``out-dir`` what ``fedgp fit`` writes:
+``model.fedgp`` (:meth:`FitResult.save`), ``columns.json``, ``history.csv``, ``failures.csv`` and
+``metrics.csv`` (owners with a test split) — so ``fedgp.load``, ``fedgp predict OUT NEW.csv --data
+...``, ``to_gpytorch`` and ``to_botorch`` use a deployment's model as they use a local one. Each
+round logs one INFO line through Flower's logger (``flwr log <run-id>`` shows it).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from logging import INFO, WARNING
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from flwr.app import Context
+from flwr.clientapp import ClientApp
+from flwr.common.logger import log
+from flwr.serverapp import Grid, ServerApp
+
+from fedgp.data.client import ClientData
+from fedgp.errors import EngineError, InputError
+from fedgp.flower.capture import capture_mod
+from fedgp.flower.client import client_app, read_npz_clients
+from fedgp.flower.grid_engine import GridEngine
+from fedgp.layout import COLUMNS_FILE, MODEL_FILE
+from fedgp.messages import config_json, from_config
+from fedgp.models.spec import GPSpec
+from fedgp.models.spec_io import build_spec
+from fedgp.presets import make_spec, make_strategy
+from fedgp.run import Callback, Evaluate, FitResult, Progress, fit
+from fedgp.strategies.base import Strategy
+
+__all__ = ["RUN_CONFIG", "AppSettings", "TableLoader", "RoundLog", "clientapp", "serverapp", "write_model"]
+
+#: The run-config keys of the app and their defaults (``fedgp flower new`` writes them out; a key
+#: left out of a run's config takes its default). Zero means "the strategy's default" for the
+#: strategy's settings, and an empty string "not given".
+RUN_CONFIG: dict[str, Any] = {
+    "target": "y",
+    "group": "owner",
+    "features": "",
+    "kernel": "rbf",
+    "ard": True,
+    "mean": "constant",
+    "model": "",
+    "strategy": "fgpr",
+    "local-steps": 0,
+    "batch-size": 0,
+    "lr": 0.0,
+    "clusters": 0,
+    "strategy-config": "",
+    "rounds": 100,
+    "stop": "auto",
+    "transforms": "auto",
+    "seed": 0,
+    "test-fraction": 0.0,
+    "timeout": 300.0,
+    "eval-every": 0,
+    "out-dir": "fedgp-model",
+    "simulation-data": "",
+}
+#: What each run-config key means, for the generated ``pyproject.toml``.
+RUN_CONFIG_HELP = {
+    "target": "the column to predict",
+    "group": "the owner column: rows with one label are one client",
+    "features": "input columns, comma-separated (empty: every other column)",
+    "kernel": "rbf, matern12, matern32 or matern52 (inside a ScaleKernel)",
+    "ard": "one lengthscale per feature",
+    "mean": "constant, zero or linear",
+    "model": 'instead of kernel/ard/mean: a spec description as JSON ("ard_num_dims": "auto")',
+    "strategy": "fgpr or ifca",
+    "local-steps": "local steps per round (0: the strategy's default)",
+    "batch-size": "minibatch size (0: the strategy's default)",
+    "lr": "local learning rate (0: the strategy's default)",
+    "clusters": "ifca: number of clusters (0: the default)",
+    "strategy-config": "instead of the above: a strategy's JSON config (fedgp.messages.config_json)",
+    "rounds": "round budget",
+    "stop": "auto (stop when converged) or none",
+    "transforms": "auto (standardise as fit does) or none",
+    "seed": "master seed (sampling, minibatches, the test split)",
+    "test-fraction": "share of each owner's rows held out for metrics.csv (0: none)",
+    "timeout": "seconds to wait for a round's replies; a node that misses it fails that round",
+    "eval-every": "rounds between test metrics in the history (0: only at the end)",
+    "out-dir": "where the ServerApp writes model.fedgp, columns.json, history.csv, ... (its host)",
+    "simulation-data": "simulation runtime only: one table of all owners, shared out by partition-id",
+}
+
+
+def _setting(config: Mapping[str, Any], key: str) -> Any:
+    value = config.get(key, RUN_CONFIG[key])
+    default = RUN_CONFIG[key]
+    kind = type(default)
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        value = float(value)
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        raise InputError(f"run config {key!r} must be a {kind.__name__} like {default!r}, got {value!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class AppSettings:
+    """The app's run config, checked: one place that turns Flower's flat key/value pairs into the
+    spec, strategy and ``fit`` options both sides agree on."""
+
+    config: Mapping[str, Any]
+
+    @classmethod
+    def of(cls, context: Context) -> AppSettings:
+        """The run config of ``context``, refusing keys the app does not read (a typo would
+        otherwise silently keep a default)."""
+        unknown = sorted(set(context.run_config) - set(RUN_CONFIG))
+        if unknown:
+            raise InputError(f"unknown run config keys {unknown}; the app reads {sorted(RUN_CONFIG)}")
+        return cls(dict(context.run_config))
+
+    def __getitem__(self, key: str) -> Any:
+        return _setting(self.config, key)
+
+    @property
+    def features(self) -> list[str] | None:
+        """The feature columns named by ``features`` (``None``: every other column)."""
+        names = [f.strip() for f in self["features"].split(",") if f.strip()]
+        return names or None
+
+    def spec(self, d: int) -> GPSpec:
+        """The model for data of ``d`` features: from ``model`` (JSON) if given, else by name."""
+        if not self["model"]:
+            return make_spec(self["kernel"], self["mean"], d=d, ard=self["ard"])
+        try:
+            desc = json.loads(self["model"])
+        except json.JSONDecodeError as err:
+            raise InputError(f"run config 'model' is not JSON ({err})") from None
+        return build_spec(_auto_width(desc, d))
+
+    def strategy(self) -> Strategy:
+        """The strategy: from ``strategy-config`` (JSON) if given, else by name and settings."""
+        if self["strategy-config"]:
+            try:
+                strategy = from_config(json.loads(self["strategy-config"]))
+            except json.JSONDecodeError as err:
+                raise InputError(f"run config 'strategy-config' is not JSON ({err})") from None
+            if not isinstance(strategy, Strategy):
+                raise InputError(f"run config 'strategy-config' describes a {type(strategy).__name__}")
+            return strategy
+        settings = {
+            "local-steps": "local_steps",
+            "batch-size": "batch_size",
+            "lr": "lr",
+            "clusters": "num_clusters",
+        }
+        given = {name: self[key] for key, name in settings.items() if self[key]}
+        return make_strategy(self["strategy"], **given)
+
+    def fit_options(self) -> dict[str, Any]:
+        """``fit``'s ``rounds``, ``seed``, ``stop`` and ``transforms`` from the run config."""
+        stop, transforms = self["stop"], self["transforms"]
+        if stop not in ("auto", "none") or transforms not in ("auto", "none"):
+            raise InputError(
+                f"run config 'stop' and 'transforms' are 'auto' or 'none', got {stop!r}, {transforms!r}"
+            )
+        return {
+            "rounds": self["rounds"],
+            "seed": self["seed"],
+            "stop": None if stop == "none" else "auto",
+            "transforms": None if transforms == "none" else "auto",
+        }
+
+
+def _auto_width(desc: Any, d: int) -> Any:
+    """``desc`` with every ``"ard_num_dims": "auto"`` replaced by the data's width ``d``."""
+    if isinstance(desc, dict):
+        return {k: d if (k == "ard_num_dims" and v == "auto") else _auto_width(v, d) for k, v in desc.items()}
+    if isinstance(desc, list):
+        return [_auto_width(v, d) for v in desc]
+    return desc
+
+
+class TableLoader:
+    """A node's owners from ``node_config["data-path"]``: a CSV/Parquet table with the run's owner
+    column (checked as ``fedgp fit`` checks it), or a folder of ``*.npz`` clients. Read once per
+    process; only this node's process ever reads it."""
+
+    def __init__(self, key: str = "data-path"):
+        self.key = key
+        self._cache: dict[tuple, tuple[list[ClientData], list[str]]] = {}
+
+    def _source(self, context: Context, settings: AppSettings) -> tuple[Path, tuple[int, int] | None]:
+        """The node's table, and its share of the owners when it is a simulated SuperNode."""
+        if self.key in context.node_config:
+            return Path(str(context.node_config[self.key])).expanduser(), None
+        if settings["simulation-data"] and "partition-id" in context.node_config:
+            share = int(context.node_config["partition-id"]), int(context.node_config["num-partitions"])
+            return Path(settings["simulation-data"]).expanduser(), share
+        raise InputError(
+            f"this SuperNode's --node-config has no {self.key!r} (the file of its owners' rows); in "
+            "Flower's simulation runtime, name one table of all owners in the run config's 'simulation-data'"
+        )
+
+    def _read(self, context: Context) -> tuple[list[ClientData], list[str]]:
+        settings = AppSettings.of(context)
+        path, share = self._source(context, settings)
+        key = (str(path), share, json.dumps(dict(settings.config), sort_keys=True))
+        if key not in self._cache:
+            if path.is_dir():
+                clients = read_npz_clients(path)
+                columns = [f"x{i}" for i in range(clients[0].X.shape[-1])]
+            else:
+                table = _read_table(path, settings)
+                fraction = settings["test-fraction"] or None
+                clients = list(table.federation(fraction, settings["seed"]))
+                columns = list(table.features)
+            if share is not None:  # a simulated SuperNode hosts a contiguous share of the owners
+                mine = np.array_split(np.arange(len(clients)), share[1])[share[0]]
+                if not len(mine):
+                    raise InputError(
+                        f"simulated SuperNode {share[0]} of {share[1]} has no owner "
+                        f"({path} has {len(clients)})"
+                    )
+                clients = [clients[i] for i in mine]
+            self._cache[key] = (clients, columns)
+        return self._cache[key]
+
+    def __call__(self, context: Context) -> tuple[GPSpec, list[ClientData]]:
+        clients, _ = self._read(context)
+        return AppSettings.of(context).spec(clients[0].X.shape[-1]), clients
+
+    def columns(self, context: Context) -> list[str]:
+        """The feature columns this node's table has (sent in the ``hello``: names, not data)."""
+        return self._read(context)[1]
+
+
+def _read_table(path: Path, settings: AppSettings):
+    from fedgp.data.table import read_owner_table
+
+    return read_owner_table(
+        path, group=settings["group"], target=settings["target"], features=settings.features
+    )
+
+
+class RoundLog(Callback):
+    """One INFO line per round through Flower's logger: round, participants, replies, failures
+    with their reasons, train NLL and seconds (``flwr log`` and the ServerApp's output show it)."""
+
+    def on_start(self, run) -> None:
+        self._last = time.perf_counter()
+        log(INFO, "fedgp: %s over %d clients, up to %d rounds", type(run.strategy).__name__,
+            len(run.roster.ids), run.rounds)  # fmt: skip
+
+    def on_round(self, run, row) -> None:
+        now = time.perf_counter()
+        seconds, self._last = now - self._last, now
+        failed = int(row.get("failed", 0))
+        participants = int(row.get("participants", 0))
+        nll = row.get("train_nll", float("nan"))
+        log(INFO, "fedgp round %d/%d: %d participants, %d replies, %d failed, train_nll %.6g, %.2f s",
+            run.completed, run.rounds, participants, participants - failed, failed, nll, seconds)  # fmt: skip
+        if failed:
+            log(WARNING, "fedgp round %d failures: %s", run.completed, row.get("failures", ""))
+
+
+def write_model(result: FitResult, folder: str | Path, columns: Mapping[str, Any]) -> list[Path]:
+    """What ``fedgp fit`` writes: ``model.fedgp``, ``columns.json``, ``history.csv``,
+    ``failures.csv`` and, when owners hold test rows, ``metrics.csv``. Returns the paths."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    written = [
+        result.save(folder / MODEL_FILE),
+        folder / COLUMNS_FILE,
+        folder / "history.csv",
+        folder / "failures.csv",
+    ]
+    written[1].write_text(
+        json.dumps({"format": "fedgp.cli.columns", "version": 1, **columns}, indent=2) + "\n"
+    )
+    result.history.to_csv(written[2], index=False)
+    result.failures.to_csv(written[3], index=False)
+    if bool((result.roster.n_test > 0).any()):
+        written.append(folder / "metrics.csv")
+        result.evaluate().to_csv(written[-1], index=False)
+    return written
+
+
+def _discover(grid: Grid, strategy: Strategy, settings: AppSettings) -> tuple[int, list[str]]:
+    """The nodes' data width and feature columns, from a ``hello``; every node must agree."""
+    probe = GridEngine(grid, make_spec("rbf", "zero", d=1, ard=False), settings["timeout"])
+    roster = probe.start(strategy, settings["seed"])
+    widths = sorted({int(d) for d in roster.dims.tolist()})
+    columns = {json.dumps(c) for c in probe.node_columns.values() if c is not None}
+    if len(widths) != 1 or len(columns) > 1:
+        seen = {node: c for node, c in probe.node_columns.items()}
+        raise EngineError(f"the nodes' data disagree: widths {widths}, feature columns by node {seen}")
+    names = json.loads(columns.pop()) if columns else [f"x{i}" for i in range(widths[0])]
+    return widths[0], names
+
+
+def _main(grid: Grid, context: Context) -> None:
+    settings = AppSettings.of(context)
+    strategy = settings.strategy()
+    width, features = _discover(grid, strategy, settings)
+    spec = settings.spec(width)
+    callbacks: list = [Evaluate(every=settings["eval-every"]), RoundLog(), Progress(False)]
+    out = Path(settings["out-dir"]).expanduser()
+    out.mkdir(parents=True, exist_ok=True)
+    callbacks.append(lambda run: (out / "progress.txt").write_text(str(run.completed)))
+    log(INFO, "fedgp: %d features (%s), strategy %s", width, ", ".join(features), config_json(strategy))
+    engine = GridEngine(grid, spec, settings["timeout"])
+    result = fit(spec, None, strategy, engine=engine, callbacks=callbacks, **settings.fit_options())
+    columns = {"group": settings["group"], "target": settings["target"], "features": features,
+               "owners": [str(o) for o in result.roster.ids], "data": None,
+               "test_fraction": settings["test-fraction"] or None, "seed": settings["seed"]}  # fmt: skip
+    for path in write_model(result, out, columns):
+        log(INFO, "fedgp: wrote %s", path)
+
+
+#: The ServerApp (``fedgp.flower.app:serverapp`` in an app's ``pyproject.toml``).
+serverapp = ServerApp()
+serverapp.main()(_main)
+#: The ClientApp: owners from ``data-path`` in the node config; messages kept in ``capture-dir``
+#: when the node config names one.
+clientapp: ClientApp = client_app(TableLoader(), mods=[capture_mod])

@@ -1,0 +1,228 @@
+"""fedgp's own Flower app (``fedgp.flower.app``), configured by run config and node config only:
+three nodes, each reading its owners' rows from its own CSV file of 3-feature data, over an
+in-memory grid. The ServerApp's output folder is what ``fedgp fit`` writes, and its saved model
+predicts as the in-process run does."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+import fedgp
+
+if os.environ.get("CI", "").strip().lower() != "true":
+    pytest.importorskip("flwr")
+
+from flwr.app import Context, RecordDict  # noqa: E402
+
+from fedgp.cli import main as cli  # noqa: E402
+from fedgp.errors import InputError  # noqa: E402
+from fedgp.flower import app as flower_app  # noqa: E402
+from fedgp.flower.local import LocalGrid  # noqa: E402
+
+OWNERS = ["plant_A", "plant_B", "plant_C", "plant_D", "plant_E", "plant_F"]
+
+
+def owner_tables(folder, nodes: int = 3, seed: int = 0) -> list:
+    """Six owners of 3-feature data split over ``nodes`` CSV files (owner, x1..x3, y)."""
+    rng = np.random.default_rng(seed)
+    frames = []
+    for i, owner in enumerate(OWNERS):
+        X = rng.uniform(-1, 1, size=(30, 3))
+        y = np.sin(2 * X[:, 0]) + 0.5 * X[:, 1] ** 2 - 0.3 * X[:, 2] + 0.2 * i + 0.05 * rng.normal(size=30)
+        frames.append(pd.DataFrame({"owner": owner, "x1": X[:, 0], "x2": X[:, 1], "x3": X[:, 2], "y": y}))
+    paths = []
+    for n, part in enumerate(np.array_split(np.arange(len(OWNERS)), nodes)):
+        path = folder / f"node-{n}.csv"
+        pd.concat([frames[i] for i in part]).to_csv(path, index=False)
+        paths.append(path)
+    return paths
+
+
+def deploy(paths, run_config: dict) -> LocalGrid:
+    apps = {
+        100 + n: (
+            flower_app.clientapp,
+            Context(
+                run_id=0,
+                node_id=100 + n,
+                node_config={"data-path": str(p), "partition-id": n},
+                state=RecordDict(),
+                run_config=run_config,
+            ),  # fmt: skip
+        )
+        for n, p in enumerate(paths)
+    }
+    return LocalGrid(apps)
+
+
+def test_the_app_fits_any_width_and_its_saved_model_predicts_as_in_process(tmp_path):
+    paths = owner_tables(tmp_path)
+    out = tmp_path / "model"
+    config = {"rounds": 8, "stop": "none", "seed": 3, "out-dir": str(out), "eval-every": 0}
+    grid = deploy(paths, config)
+    flower_app._main(
+        grid, Context(run_id=0, node_id=0, node_config={}, state=RecordDict(), run_config=config)
+    )
+    assert sorted(p.name for p in out.iterdir()) == [
+        "columns.json", "failures.csv", "history.csv", "model.fedgp", "progress.txt"
+    ]  # fmt: skip
+    columns = json.loads((out / "columns.json").read_text())
+    assert columns["features"] == ["x1", "x2", "x3"] and columns["owners"] == OWNERS
+
+    # The same run in process: the owners in node order, the same spec, strategy and options.
+    from fedgp.data.table import read_owner_table
+
+    clients = [c for p in paths for c in read_owner_table(p, group="owner", target="y").federation()]
+    settings = flower_app.AppSettings(config)
+    reference = fedgp.fit(settings.spec(3), fedgp.data.Federation(clients), settings.strategy(),
+                          engine="sequential", **settings.fit_options())  # fmt: skip
+    model = fedgp.load(out / "model.fedgp")
+    lengthscale = model.state["covar_module.base_kernel.lengthscale"]
+    assert lengthscale.shape[-1] == 3  # ARD from the data's width
+    X = torch.rand(7, 3, dtype=torch.float64) * 2 - 1
+    for client in clients[::2]:
+        mean, var = model.predict(X, client, observation_noise=True)
+        ref_mean, ref_var = reference.predict(X, client, observation_noise=True)
+        torch.testing.assert_close(mean, ref_mean, rtol=1e-8, atol=1e-10)
+        torch.testing.assert_close(var, ref_var, rtol=1e-8, atol=1e-10)
+
+    # fedgp predict uses the deployment's folder as it uses fedgp fit's.
+    new = tmp_path / "new.csv"
+    pd.DataFrame(
+        {"owner": ["plant_B", "plant_E"], "x1": [0.1, -0.2], "x2": [0.0, 0.3], "x3": [0.5, 0.5]}
+    ).to_csv(new, index=False)
+    pooled = tmp_path / "all.csv"
+    pd.concat(pd.read_csv(p) for p in paths).to_csv(pooled, index=False)
+    assert (
+        cli(
+            ["predict", str(out), str(new), "--data", str(pooled), "--out", str(tmp_path / "pred"), "--quiet"]
+        )
+        == 0
+    )
+    pred = pd.read_csv(tmp_path / "pred" / "predictions.csv")
+    b = [c for c in clients if c.id == "plant_B"][0]
+    expected, _ = reference.predict(torch.tensor([[0.1, 0.0, 0.5]], dtype=torch.float64), b)
+    assert pred["mean"].iloc[0] == pytest.approx(float(expected[0]), rel=1e-8)
+
+
+def test_the_app_reads_a_model_description_and_a_strategy_config(tmp_path):
+    paths = owner_tables(tmp_path, nodes=2)
+    spec = fedgp.presets.make_spec("matern52", "zero", d=3)
+    from fedgp.models.spec_io import describe_spec
+
+    desc = json.loads(json.dumps(describe_spec(spec)).replace('"ard_num_dims": 3', '"ard_num_dims": "auto"'))
+    strategy = fedgp.strategies.IFCA(num_clusters=2, local_steps=2, batch_size=8)
+    config = {
+        "model": json.dumps(desc),
+        "strategy-config": fedgp.messages.config_json(strategy),
+        "rounds": 3,
+        "stop": "none",
+        "test-fraction": 0.2,
+        "out-dir": str(tmp_path / "model"),
+    }
+    flower_app._main(deploy(paths, config), Context(0, 0, {}, RecordDict(), config))
+    model = fedgp.load(tmp_path / "model" / "model.fedgp")
+    assert type(model.strategy).__name__ == "IFCA"
+    assert "MaternKernel" in json.dumps(model.spec.kernel.__class__.__name__ + str(model.spec.kernel))
+    metrics = pd.read_csv(tmp_path / "model" / "metrics.csv")
+    assert len(metrics) == len(OWNERS) and (metrics["n_test"] > 0).all()
+
+
+@pytest.mark.parametrize(
+    "config, message",
+    [
+        ({"rounds": "ten"}, "run config 'rounds' must be a int"),
+        ({"colour": "red"}, "unknown run config keys ['colour']"),
+        ({"stop": "soon"}, "'stop' and 'transforms' are 'auto' or 'none'"),
+        ({"model": "{not json"}, "run config 'model' is not JSON"),
+    ],
+)
+def test_bad_run_config_is_refused_naming_the_key(config, message):
+    context = Context(0, 0, {}, RecordDict(), config)
+    with pytest.raises(InputError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        settings = flower_app.AppSettings.of(context)
+        settings.strategy(), settings.fit_options(), settings.spec(2)
+
+
+def test_a_node_with_a_bad_table_says_which_file_and_column(tmp_path):
+    path = tmp_path / "bad.csv"
+    pd.DataFrame({"owner": ["a", "a", "b"], "x1": [1.0, 2.0, 3.0], "target": [1.0, 2.0, 3.0]}).to_csv(
+        path, index=False
+    )
+    config = {"out-dir": str(tmp_path / "m")}
+    grid = deploy([path], config)
+    with pytest.warns(fedgp.errors.FedGPWarning), pytest.raises(fedgp.errors.EngineError) as caught:
+        flower_app._main(grid, Context(0, 0, {}, RecordDict(), config))
+    assert "no Flower node registered" in str(caught.value)
+    assert "TableError" in str(caught.value) and "bad.csv: no column" in str(caught.value)
+
+
+def test_a_node_reads_parquet_as_it_reads_csv(tmp_path):
+    paths = owner_tables(tmp_path, nodes=2)
+    parquet = []
+    for path in paths:
+        parquet.append(path.with_suffix(".parquet"))
+        pd.read_csv(path, dtype={"owner": str}).to_parquet(parquet[-1])
+    loader = flower_app.TableLoader()
+    for csv, pq in zip(paths, parquet):
+        contexts = [Context(0, 1, {"data-path": str(p)}, RecordDict(), {}) for p in (csv, pq)]
+        (_, a), (_, b) = loader(contexts[0]), loader(contexts[1])
+        assert [c.id for c in a] == [c.id for c in b]
+        for x, y in zip(a, b):
+            assert torch.equal(x.X, y.X) and torch.equal(x.y, y.y)
+    broken = tmp_path / "broken.parquet"
+    broken.write_bytes(b"not parquet")
+    with pytest.raises(fedgp.errors.TableError, match="broken.parquet: cannot be read as a Parquet table"):
+        loader(Context(0, 1, {"data-path": str(broken)}, RecordDict(), {}))
+
+
+def test_simulated_nodes_share_one_table_by_partition_id(tmp_path):
+    table = tmp_path / "all.csv"
+    pd.concat(pd.read_csv(p) for p in owner_tables(tmp_path)).to_csv(table, index=False)
+    config = {"simulation-data": str(table)}
+    loader = flower_app.TableLoader()
+    hosted = [
+        [
+            c.id
+            for c in loader(Context(0, n, {"partition-id": n, "num-partitions": 4}, RecordDict(), config))[1]
+        ]
+        for n in range(4)
+    ]
+    assert hosted == [OWNERS[0:2], OWNERS[2:4], OWNERS[4:5], OWNERS[5:6]]
+    with pytest.raises(InputError, match="has no 'data-path'"):
+        loader(Context(0, 1, {}, RecordDict(), {}))
+
+
+def test_fedgp_flower_new_writes_the_example_app(tmp_path, capsys):
+    from fedgp.flower.template import app_pyproject
+
+    assert cli(["flower", "new", str(tmp_path / "app")]) == 0
+    text = (tmp_path / "app" / "pyproject.toml").read_text()
+    assert 'serverapp = "fedgp.flower.app:serverapp"' in text and 'name = "app"' in text
+    import tomllib
+
+    config = tomllib.loads(text)["tool"]["flwr"]["app"]["config"]
+    assert config == flower_app.RUN_CONFIG  # every key, with its default
+    assert cli(["flower", "new", str(tmp_path / "app")]) == 2  # never overwrites
+    assert "already exists" in capsys.readouterr().err
+    example = flower_app.Path(__file__).resolve().parents[2] / "examples" / "flower" / "pyproject.toml"
+    assert example.read_text() == app_pyproject("fedgp-flower-example"), "regenerate examples/flower"
+
+
+def test_a_node_reads_a_folder_of_npz_clients(tmp_path):
+    from fedgp.flower import save_npz_clients
+
+    draws = fedgp.data.gp_federation(num_clients=3, n=10, d=2, n_test=3, seed=1)
+    save_npz_clients(tmp_path / "owners", list(draws.federation))
+    loader = flower_app.TableLoader()
+    context = Context(0, 1, {"data-path": str(tmp_path / "owners")}, RecordDict(), {"ard": False})
+    spec, clients = loader(context)
+    assert [c.id for c in clients] == list(draws.federation.ids) and loader.columns(context) == ["x0", "x1"]
+    assert all(torch.equal(a.y_test, b.y_test) for a, b in zip(clients, draws.federation))
+    assert spec.kernel.base_kernel.ard_num_dims is None
