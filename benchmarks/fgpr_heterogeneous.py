@@ -33,7 +33,7 @@ import torch
 from fedgp.experiments.convergence import convergence_run, convergence_study, federations, theta_recovery
 from fedgp.experiments.metrics import markdown_table
 from fedgp.models import GPSpec
-from fedgp.strategies import FGPR, SGD, CosineDecay
+from fedgp.strategies import FGPR, SGD, CosineDecay, FedAvgM
 from fedgp.transforms import Standardize, Transforms
 
 OUT = Path(__file__).resolve().parents[1] / "results" / "benchmarks"
@@ -50,6 +50,7 @@ def summary(runs: pd.DataFrame) -> pd.DataFrame:
             "rounds to 1 nat (median)": grouped["rounds_to_1_nat"].median(),
             "coverage mean": grouped["coverage_mean"].mean(),
             "coverage worst owner": grouped["coverage_worst"].min(),
+            "coverage mean at the optimum": grouped["coverage_mean_at_optimum"].mean(),
             "test NLL mean": grouped["nll_mean"].mean(),
             "test RMSE mean": grouped["rmse_mean"].mean(),
             "outcome transform": grouped["transforms"].first(),
@@ -66,7 +67,8 @@ CAUSES = {
     "SGD 0.2, 5 steps, minibatch 32": FGPR.authors(**SGD_CONSTANT),
     "SGD 0.2, 5 steps, full batch": FGPR.authors(batch_size=None, **SGD_CONSTANT),
     "SGD 0.5, 1 full-batch step, raw mean": FGPR(lr=0.5, batch_size=None, server_optimizer=None),
-    "default (1 step, raw mean, FedAvgM)": FGPR(),
+    "default (1 step, raw mean, FedAdam)": FGPR(),
+    "1 step, raw mean, FedAvgM": FGPR(server_optimizer=FedAvgM()),
 }
 OUTCOMES = {
     "one federated sd": Transforms(outcome=Standardize()),

@@ -218,13 +218,17 @@ def test_raw_targets_get_calibrated_intervals_by_default():
     fed = diabetes_owners(seed=0)
     default = fedgp.fit(own_data_spec(), fed, rounds=40, engine="batched").evaluate()
     assert 0.85 <= default["coverage95"].mean() <= 1.0
-    # Raw targets of scale 100: the authors' Adam was silently overconfident; the default's plain
-    # steps, sized for standardised data, overshoot at once and the run fails loudly.
+    # Raw targets of scale 100 (transforms turned off): the authors' Adam is overconfident; so is
+    # the default after 40 rounds, its server Adam steps (about 0.1 in raw units a round) still
+    # climbing towards a noise of order 1,000, and stop="auto" says the run has not converged.
     authors = FGPR.authors()
     raw = fedgp.fit(own_data_spec(), fed, authors, rounds=40, engine="batched", **RAW).evaluate()
     assert raw["coverage95"].mean() < 0.3
-    with pytest.raises(fedgp.RoundFailedError, match="not positive definite"):
-        fedgp.fit(own_data_spec(), fed, rounds=40, engine="batched", **RAW)
+    with pytest.warns(fedgp.errors.ConvergenceWarning, match="budget ended before the stopping rule"):
+        run = fedgp.fit(own_data_spec(), fed, rounds=40, engine="batched", stop="auto", **RAW)
+    assert run.evaluate()["coverage95"].mean() < 0.3
+    nll = run.history["train_nll"].to_numpy()
+    assert (nll[-10:] < nll[-11:-1]).all()  # still falling fast: not a plateau
 
 
 @settings(max_examples=60, deadline=None)

@@ -106,9 +106,10 @@ def test_prior_weight_one_over_n_makes_fedavgs_fixed_point_the_pooled_map():
     fed = gp_federation(num_clients=3, n=[8, 16, 32], d=1, seed=0).federation
     map_state = centralised_map(prior_spec(), fed)
     start = {k: float(v) for k, v in map_state.items()}
-    step = FGPR(
-        local_steps=1, batch_size=None, optimizer=SGD(lr=0.5, schedule="constant"), average_space="raw"
-    )
+    step = FGPR(  # FedAvg: the server takes the average (no server optimiser)
+        local_steps=1, batch_size=None, optimizer=SGD(lr=0.5, schedule="constant"), average_space="raw",
+        server_optimizer=None,
+    )  # fmt: skip
     for engine in ("sequential", "batched"):
         right = fit_on(
             engine, prior_spec(1.0 / 56, start), fed, step, rounds=1, callbacks=[fedgp.run.Evaluate(every=0)]
