@@ -182,7 +182,7 @@ def test_reuse_keeps_earlier_rows_and_runs_only_what_is_missing():
     assert summary.set_index("method")["repeats"].tolist() == [2, 2, 2, 2]
 
 
-def test_cli_reuse_runs_nothing_twice(tmp_path, monkeypatch):
+def test_cli_reuse_runs_nothing_twice(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("FEDGP_CACHE", str(tmp_path / "cache"))
     args = ["reproduce", "table1", "--quick", "--repeats", "1", "--function", "forrester", "--no-progress"]
     assert main([*args, "--out", str(tmp_path / "a")]) == 0
@@ -199,5 +199,6 @@ def test_cli_reuse_runs_nothing_twice(tmp_path, monkeypatch):
     assert set(a["method"]) >= {"FGPR", "FGPR-converged", "MF-DGP", "NARGP"}
     with pytest.raises(SystemExit, match="--reuse is not an option of table2"):
         main(["reproduce", "table2", "--quick", "--reuse", str(tmp_path / "a")])
-    with pytest.raises(ValueError, match="not a folder"):
-        main([*args, "--out", str(tmp_path / "c"), "--reuse", str(tmp_path / "missing")])
+    # Refused input is one line on stderr and exit status 2, as every fedgp command's.
+    assert main([*args, "--out", str(tmp_path / "c"), "--reuse", str(tmp_path / "missing")]) == 2
+    assert "missing is not a folder" in capsys.readouterr().err
