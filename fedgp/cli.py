@@ -17,7 +17,7 @@ import warnings
 from pathlib import Path
 
 from fedgp.errors import CommandError, InputError
-from fedgp.layout import COLUMNS_FILE, MODEL_FILE
+from fedgp.layout import COLUMNS_FILE, COLUMNS_FORMAT, MODEL_FILE, write_columns
 from fedgp.version import __version__
 
 __all__ = ["main", "build_parser", "default_out", "CommandError", "MODEL_FILE", "COLUMNS_FILE"]
@@ -94,21 +94,14 @@ def _fit(args: argparse.Namespace) -> int:
             print(f"fedgp fit: warning: {warning.message}", file=sys.stderr)
     metrics = _owner_metrics(result, federation, held_out=bool(args.test_fraction))
     out.mkdir(parents=True, exist_ok=True)
-    columns = {
-        "format": "fedgp.cli.columns",
-        "version": 1,
-        "group": table.group,
-        "target": table.target,
-        "features": list(table.features),
-        "owners": [str(o) for o in federation.ids],
-        "data": str(args.data),
-        "test_fraction": args.test_fraction,
-        "seed": args.seed,
-    }
-    written = [result.save(out / MODEL_FILE), out / "history.csv", out / "metrics.csv", out / COLUMNS_FILE]
+    written = [result.save(out / MODEL_FILE), out / "history.csv", out / "metrics.csv"]
     result.history.to_csv(written[1], index=False)
     metrics.to_csv(written[2], index=False)
-    written[3].write_text(json.dumps(columns, indent=2) + "\n")
+    written.append(
+        write_columns(out, group=table.group, target=table.target, features=table.features,
+                      owners=federation.ids, data=str(args.data), test_fraction=args.test_fraction,
+                      seed=args.seed)
+    )  # fmt: skip
     n_train = int(federation.sizes.sum())
     n_test = int(metrics["n_test"].sum())
     print(
@@ -174,7 +167,7 @@ def _read_columns(folder: Path) -> dict:
         raise CommandError(f"{path}: not JSON ({err})") from None
     ok = (
         isinstance(columns, dict)
-        and columns.get("format") == "fedgp.cli.columns"
+        and columns.get("format") == COLUMNS_FORMAT
         and isinstance(columns.get("features"), list)
         and all(isinstance(f, str) for f in columns["features"])
         and all(isinstance(columns.get(k), str) for k in ("group", "target"))

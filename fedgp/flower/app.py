@@ -41,11 +41,12 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid, ServerApp
 
 from fedgp.data.client import ClientData
+from fedgp.data.table import read_owner_table
 from fedgp.errors import EngineError, InputError
 from fedgp.flower.capture import capture_mod
 from fedgp.flower.client import client_app, read_npz_clients
 from fedgp.flower.grid_engine import GridEngine
-from fedgp.layout import COLUMNS_FILE, MODEL_FILE
+from fedgp.layout import MODEL_FILE, write_columns
 from fedgp.messages import config_json, from_config
 from fedgp.models.spec import GPSpec
 from fedgp.models.spec_io import build_spec
@@ -228,7 +229,8 @@ class TableLoader:
                 clients = read_npz_clients(path)
                 columns = [f"x{i}" for i in range(clients[0].X.shape[-1])]
             else:
-                table = _read_table(path, settings)
+                table = read_owner_table(path, group=settings["group"], target=settings["target"],
+                                         features=settings.features)  # fmt: skip
                 fraction = settings["test-fraction"] or None
                 clients = list(table.federation(fraction, settings["seed"]))
                 columns = list(table.features)
@@ -250,14 +252,6 @@ class TableLoader:
     def columns(self, context: Context) -> list[str]:
         """The feature columns this node's table has (sent in the ``hello``: names, not data)."""
         return self._read(context)[1]
-
-
-def _read_table(path: Path, settings: AppSettings):
-    from fedgp.data.table import read_owner_table
-
-    return read_owner_table(
-        path, group=settings["group"], target=settings["target"], features=settings.features
-    )
 
 
 class RoundLog(Callback):
@@ -282,21 +276,15 @@ class RoundLog(Callback):
 
 
 def write_model(result: FitResult, folder: str | Path, columns: Mapping[str, Any]) -> list[Path]:
-    """What ``fedgp fit`` writes: ``model.fedgp``, ``columns.json``, ``history.csv``,
-    ``failures.csv`` and, when owners hold test rows, ``metrics.csv``. Returns the paths."""
+    """What ``fedgp fit`` writes: ``model.fedgp``, ``history.csv``, ``failures.csv``,
+    ``columns.json`` (:func:`fedgp.layout.write_columns` of ``columns``) and, when owners hold
+    test rows, ``metrics.csv``. Returns the paths."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    written = [
-        result.save(folder / MODEL_FILE),
-        folder / COLUMNS_FILE,
-        folder / "history.csv",
-        folder / "failures.csv",
-    ]
-    written[1].write_text(
-        json.dumps({"format": "fedgp.cli.columns", "version": 1, **columns}, indent=2) + "\n"
-    )
-    result.history.to_csv(written[2], index=False)
-    result.failures.to_csv(written[3], index=False)
+    written = [result.save(folder / MODEL_FILE), folder / "history.csv", folder / "failures.csv"]
+    result.history.to_csv(written[1], index=False)
+    result.failures.to_csv(written[2], index=False)
+    written.append(write_columns(folder, **columns))
     if bool((result.roster.n_test > 0).any()):
         written.append(folder / "metrics.csv")
         result.evaluate().to_csv(written[-1], index=False)
@@ -310,8 +298,9 @@ def _discover(grid: Grid, strategy: Strategy, settings: AppSettings) -> tuple[in
     widths = sorted({int(d) for d in roster.dims.tolist()})
     columns = {json.dumps(c) for c in probe.node_columns.values() if c is not None}
     if len(widths) != 1 or len(columns) > 1:
-        seen = {node: c for node, c in probe.node_columns.items()}
-        raise EngineError(f"the nodes' data disagree: widths {widths}, feature columns by node {seen}")
+        raise EngineError(
+            f"the nodes' data disagree: widths {widths}, feature columns by node {probe.node_columns}"
+        )
     names = json.loads(columns.pop()) if columns else [f"x{i}" for i in range(widths[0])]
     return widths[0], names
 
@@ -329,7 +318,7 @@ def _main(grid: Grid, context: Context) -> None:
     engine = GridEngine(grid, spec, settings["timeout"])
     result = fit(spec, None, strategy, engine=engine, callbacks=callbacks, **settings.fit_options())
     columns = {"group": settings["group"], "target": settings["target"], "features": features,
-               "owners": [str(o) for o in result.roster.ids], "data": None,
+               "owners": result.roster.ids, "data": None,
                "test_fraction": settings["test-fraction"] or None, "seed": settings["seed"]}  # fmt: skip
     for path in write_model(result, out, columns):
         log(INFO, "fedgp: wrote %s", path)
