@@ -24,7 +24,6 @@ the study; its table is ``results/benchmarks/fgpr_heterogeneous.md``.
 from __future__ import annotations
 
 import copy
-import dataclasses
 import math
 from collections.abc import Callable, Mapping
 
@@ -235,8 +234,8 @@ def convergence_run(
     metrics = result.evaluate()
     # The same owners' metrics at the central optimum: what no FGPR setting can improve on.
     at_optimum = copy.copy(result)
-    server = result.server_state  # FGPR's: a ServerState with a server optimiser, else the state
-    at_optimum.server_state = dataclasses.replace(server, theta=theta) if hasattr(server, "theta") else theta
+    optimizer = strategy.server_optimizer  # FGPR's server state at θ, as FGPR.initialize builds it
+    at_optimum.server_state = theta if optimizer is None else optimizer.start(theta)
     reached = [r for r, gap in gaps.items() if gap <= 1.0]
     return {
         "gap_per_owner": gaps[rounds],
