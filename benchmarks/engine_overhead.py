@@ -1,7 +1,8 @@
 """Per-round cost of each engine for 3 nodes (6 small clients), against the in-process engines.
 
     .venv/bin/python benchmarks/engine_overhead.py              # all engines, the deployment included
-    .venv/bin/python benchmarks/engine_overhead.py --no-deployment
+    .venv/bin/python benchmarks/engine_overhead.py --no-deployment    # keeps the deployment rows
+    .venv/bin/python benchmarks/engine_overhead.py --deployment-only --rounds 12  # keeps the others
 
 FGPR, 6 GP-draw clients of 24 points (2 per node or worker), 3 local Adam steps of 8 points: the
 clients' computation is small, so the figures are the engines' own cost per round. For every
@@ -128,6 +129,9 @@ def main() -> None:
     print(rows[-1], flush=True)
     if not args.no_deployment:
         rows += deployment_rows(args.rounds)
+    elif OUT.exists():  # keep the deployment rows of the last run that measured them
+        old = pd.read_csv(OUT)
+        rows += old[old["engine"].str.startswith("flower deployment")].to_dict("records")
     OUT.parent.mkdir(parents=True, exist_ok=True)
     pd.DataFrame(rows).to_csv(OUT, index=False)
     print(f"wrote {OUT}")

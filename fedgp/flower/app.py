@@ -45,6 +45,7 @@ from fedgp.data.table import read_owner_table
 from fedgp.errors import EngineError, InputError
 from fedgp.flower.capture import capture_mod
 from fedgp.flower.client import client_app, read_npz_clients
+from fedgp.flower.fast import short_object_pulls
 from fedgp.flower.grid_engine import GridEngine
 from fedgp.layout import MODEL_FILE, write_columns
 from fedgp.messages import config_json, from_config
@@ -306,6 +307,7 @@ def _discover(grid: Grid, strategy: Strategy, settings: AppSettings) -> tuple[in
 
 
 def _main(grid: Grid, context: Context) -> None:
+    short_object_pulls()  # the replies' objects: retried after 0.02 s, not Flower's first 1 s
     settings = AppSettings.of(context)
     strategy = settings.strategy()
     width, features = _discover(grid, strategy, settings)

@@ -14,13 +14,15 @@ things in Flower's behaviour, none in its files:
 
 * No fixed sleeps on the message path. The SuperNode's loop
   (``flwr.supernode.start_client_internal``) sleeps 3 s after an empty pull: now intervals
-  growing from ``FEDGP_FLOWER_POLL`` (0.05 s) by ``FEDGP_FLOWER_BACKOFF`` (x1.25) since its last
+  growing from ``FEDGP_FLOWER_POLL`` (0.05 s) by ``FEDGP_FLOWER_BACKOFF`` (x1.1) since its last
   message, up to those 3 s (an idle node polls as Flower's does). It sleeps 0.5 s while a
   ClientApp's reply is not in its state: now it waits on a pipe that each ClientApp writes to as
   it exits (0.5 s at most, as before). Its SuperExec (``run_superexec``) sleeps 1 s between task
   polls: now it waits on a pipe the SuperNode writes to when it has stored a message (1 s at
   most). Done by replacing those two modules' ``time`` global with a copy whose ``sleep`` is
-  ours, and by wrapping the loop's ``_pull_and_store_message`` and ``_push_messages``.
+  ours, and by wrapping the loop's ``_pull_and_store_message`` and ``_push_messages``. An
+  object of a fresh message that has not arrived yet is retried after 0.02 s, not Flower's first
+  1 s (:func:`short_object_pulls`, also called by fedgp's ServerApp for its replies).
 * One import per node instead of one per message: the SuperExec imports torch, GPyTorch, fedgp
   and Flower, runs one tiny in-process fedgp round (lazy imports, numba compilation), and then,
   for each ClientApp task, forks a child that runs ``flwr-clientapp``'s own function
@@ -49,11 +51,15 @@ import time
 import traceback
 import types
 
-__all__ = ["main", "supernode", "superexec", "supported", "ForkExecutor", "fedgp_warmup", "FLOWER_NAMES"]
+__all__ = [
+    "main", "supernode", "superexec", "supported", "short_object_pulls", "ForkExecutor", "fedgp_warmup",
+    "FLOWER_NAMES",
+]  # fmt: skip
 
 POLL_ENV, BACKOFF_ENV = "FEDGP_FLOWER_POLL", "FEDGP_FLOWER_BACKOFF"
+PULL_RETRY_ENV, DEFAULT_PULL_RETRY = "FEDGP_FLOWER_PULL_RETRY", 0.02
 PRELOAD_ENV, WARMUP_ENV = "FEDGP_FLOWER_PRELOAD", "FEDGP_FLOWER_WARMUP"
-DEFAULT_POLL, DEFAULT_BACKOFF = 0.05, 1.25
+DEFAULT_POLL, DEFAULT_BACKOFF = 0.05, 1.1
 DEFAULT_PRELOAD = "torch,gpytorch,pandas,fedgp.flower,fedgp.flower.app,fedgp.data.table,httpcore,h11"
 DEFAULT_WARMUP = "fedgp.flower.fast:fedgp_warmup"
 _real_sleep = time.sleep
@@ -116,6 +122,22 @@ class Backoff:
 # --- the SuperNode -------------------------------------------------------------------------------
 
 
+def short_object_pulls() -> None:
+    """Retry an object that is not at the other end yet after ``FEDGP_FLOWER_PULL_RETRY`` seconds
+    (0.02), doubling up to Flower's cap of 10 s, instead of after Flower's first 1 s.
+
+    A message's objects are pushed after the message itself is registered, so whoever pulls a
+    fresh message (the SuperNode from the SuperLink, the ServerApp its replies) often finds an
+    object not there yet and waits Flower's initial backoff, a second per exchange on loopback.
+    The retries are the same calls, bounded by Flower's own limits (500 tries, 2 hours)."""
+    from flwr.supercore.inflatable import inflatable_utils
+
+    first = float(os.environ.get(PULL_RETRY_ENV, DEFAULT_PULL_RETRY))
+    for function in (inflatable_utils.pull_objects, inflatable_utils.pull_and_inflate_object_from_tree):
+        if "initial_backoff" in (function.__kwdefaults__ or {}):  # else a Flower without it: as it is
+            function.__kwdefaults__["initial_backoff"] = first
+
+
 def supernode(argv: list[str]) -> None:
     """Run ``flower-supernode`` with ``argv`` in this process, the fast way (module docstring)."""
     import flwr.supernode.start_client_internal as sci
@@ -154,6 +176,7 @@ def supernode(argv: list[str]) -> None:
             done.wait(seconds)
 
     sci.time = time_with(sleep)
+    short_object_pulls()
     pull, push = sci._pull_and_store_message, sci._push_messages  # noqa: SLF001
 
     def pull_and_store(*args, **kwargs):
@@ -363,6 +386,7 @@ def superexec(argv: list[str]) -> None:
     import flwr.supernode.runtime.run_clientapp  # noqa: F401
     from flwr.supercore.superexec import run_superexec as rs
 
+    short_object_pulls()  # the forked ClientApps pull their message from the SuperNode
     _wait_for(args.runtime_api_address)
     if args.task_fd is not None:  # its loop's time.sleep(task_poll_interval): woken by the node
         rs.time = time_with(Wake(args.task_fd).wait)
@@ -380,6 +404,8 @@ def superexec(argv: list[str]) -> None:
 
 #: The names private to Flower 1.41 this module relies on: (module, attribute).
 FLOWER_NAMES = (
+    ("flwr.supercore.inflatable.inflatable_utils", "pull_objects"),
+    ("flwr.supercore.inflatable.inflatable_utils", "pull_and_inflate_object_from_tree"),
     ("flwr.supernode.start_client_internal", "time"),
     ("flwr.supernode.start_client_internal", "_pull_and_store_message"),
     ("flwr.supernode.start_client_internal", "_push_messages"),

@@ -31,8 +31,12 @@ from fedgp.strategies.base import Strategy
 
 __all__ = ["GridEngine"]
 
-#: Seconds before the first pull for a round's replies (Flower's own grid waits 3 s).
-FIRST_POLL = 0.02
+#: Seconds before the first pull for a round's replies (Flower's own grid waits 3 s); later pulls
+#: come at intervals growing by :data:`POLL_GROWTH` up to :data:`POLL_CAP`. Every pull is a request
+#: the SuperLink serves (about 10 ms of its time), so the schedule trades load for latency: on the
+#: 3-node loopback benchmark 0.05 s x1.1 up to 0.2 s gave 0.99 s per round, 0.1 s x1.25 up to 1 s
+#: 1.03-1.07 s (each pull late by up to a quarter of a growing interval).
+FIRST_POLL, POLL_GROWTH, POLL_CAP = 0.05, 1.1, 0.2
 
 
 class GridEngine(Engine):
@@ -61,7 +65,8 @@ class GridEngine(Engine):
     def _send_and_receive(self, messages: list[Message]) -> list[Message]:
         """Flower's ``send_and_receive`` with a short first poll: a deployment's grid pulls every
         3 s, a fixed cost per exchange of a round; here the first pull comes after
-        :data:`FIRST_POLL` seconds, then at intervals growing by a quarter up to 1 s."""
+        :data:`FIRST_POLL` seconds, then at intervals growing by :data:`POLL_GROWTH` up to
+        :data:`POLL_CAP`."""
         pending = set(self.grid.push_messages(messages))
         end = None if self.timeout is None else time.monotonic() + self.timeout
         replies, wait = [], FIRST_POLL
@@ -73,7 +78,7 @@ class GridEngine(Engine):
             if not pending or (left is not None and left <= 0):
                 break
             time.sleep(wait if left is None else min(wait, left))
-            wait = min(wait * 1.25, 1.0)
+            wait = min(wait * POLL_GROWTH, POLL_CAP)
         return replies
 
     def start(self, strategy: Strategy, seed: int) -> Roster:

@@ -1,13 +1,16 @@
 """fedgp records as Flower records, both ways, bit for bit.
 
-A fedgp :class:`~fedgp.messages.Record` becomes one ``Array`` of bytes — its tensors' bytes one
-after the other — in the message's ``fedgp.arrays`` ``ArrayRecord``, and its layout (each
-tensor's name, dtype and shape) and settings, as JSON, in the ``fedgp`` ``ConfigRecord``. One
-array per record rather than one per tensor: a deployment moves every Flower object of a message
-as its own HTTPS request, so a message's cost follows its number of objects (a train task went
-from about 20 to 6). A task sent to a node holds the ``shared`` and ``personal`` records and, in
-``fedgp``, the kind, round, options, the reply declaration and the node's first client key; a
-node's reply holds its clients' outcome and a ``MetricRecord`` of counts Flower's tools can read.
+A fedgp :class:`~fedgp.messages.Record` is its tensors' bytes one after the other, their layout
+(each tensor's name, dtype and shape) and its settings as JSON, all in the message's ``fedgp``
+``ConfigRecord`` (``bytes`` values are Flower config values). A deployment moves every Flower
+object of a message as its own request (about 70 ms each on a busy loopback), and an ``Array``
+is three objects (its ``ArrayRecord``, itself and its chunk), so a train task is three objects
+(message, ``RecordDict``, ``ConfigRecord``; was 8, and about 20 with one array per tensor). A
+record whose bytes pass :data:`INLINE_LIMIT` (Flower's array chunk size, 5 MB) goes as an
+``Array`` in the ``fedgp.arrays`` ``ArrayRecord`` instead, which Flower chunks. A task sent to a
+node holds the ``shared`` and ``personal`` records and, in ``fedgp``, the kind, round, options,
+the reply declaration and the node's first client key; a node's reply holds its clients'
+outcome (its counts included).
 """
 
 from __future__ import annotations
@@ -16,7 +19,8 @@ import json
 
 import numpy as np
 import torch
-from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
+from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
+from flwr.common.constant import FLWR_PRIVATE_MAX_ARRAY_CHUNK_SIZE
 
 from fedgp.errors import InputError
 from fedgp.messages import Outcome, Record, Task
@@ -31,11 +35,14 @@ __all__ = [
     "outcome_from_content",
     "message_type",
     "KIND_OF",
+    "INLINE_LIMIT",
 ]
 
-#: The ``ArrayRecord`` holding every record's bytes, and the ``ConfigRecord`` of layouts, settings
-#: and the task's header.
+#: The ``ArrayRecord`` holding the bytes of records over :data:`INLINE_LIMIT`, and the
+#: ``ConfigRecord`` of the others' bytes, every layout and setting, and the task's header.
 ARRAYS, HEADER = "fedgp.arrays", "fedgp"
+#: Bytes of a record above which it travels as a (chunked) ``Array``, not a config value.
+INLINE_LIMIT = FLWR_PRIVATE_MAX_ARRAY_CHUNK_SIZE
 #: fedgp task kinds as Flower message types (``category[.action]``).
 MESSAGE_TYPES = {
     "hello": "query.hello",
@@ -54,26 +61,34 @@ def message_type(kind: str) -> str:
     return MESSAGE_TYPES[kind]
 
 
-def put_record(content: RecordDict, name: str, record: Record) -> None:
-    """Store a fedgp record in a Flower ``RecordDict`` under ``name``: its tensors' bytes as one
-    ``Array`` in ``fedgp.arrays``, its layout and settings as JSON in the ``fedgp`` config."""
+def put_record(content: RecordDict, name: str, record: Record, inline_limit: int | None = None) -> None:
+    """Store a fedgp record in a Flower ``RecordDict`` under ``name``: its tensors' bytes, layout
+    and settings in the ``fedgp`` config; bytes over ``inline_limit`` (:data:`INLINE_LIMIT`) as
+    one ``Array`` in ``fedgp.arrays``."""
     tensors = {k: v.detach().cpu().contiguous() for k, v in record.tensors.items()}
     layout = [[k, str(v.dtype).removeprefix("torch."), list(v.shape)] for k, v in tensors.items()]
     parts = [v.numpy().reshape(-1).view(np.uint8) for v in tensors.values()]
     blob = np.concatenate(parts) if parts else np.zeros(0, dtype=np.uint8)
-    if ARRAYS not in content.array_records:
-        content[ARRAYS] = ArrayRecord()
     if HEADER not in content.config_records:
         content[HEADER] = ConfigRecord()
-    content.array_records[ARRAYS][name] = Array(blob)
-    content.config_records[HEADER][f"{name}.layout"] = json.dumps(layout)
-    content.config_records[HEADER][f"{name}.settings"] = json.dumps(dict(record.settings))
+    head = content.config_records[HEADER]
+    if blob.size > (INLINE_LIMIT if inline_limit is None else inline_limit):
+        if ARRAYS not in content.array_records:
+            content[ARRAYS] = ArrayRecord()
+        content.array_records[ARRAYS][name] = Array(blob)
+    else:
+        head[f"{name}.bytes"] = blob.tobytes()
+    head[f"{name}.layout"] = json.dumps(layout)
+    head[f"{name}.settings"] = json.dumps(dict(record.settings))
 
 
 def get_record(content: RecordDict, name: str) -> Record:
     """The fedgp record that :func:`put_record` stored under ``name``."""
-    blob = content.array_records[ARRAYS][name].numpy()
     head = content.config_records[HEADER]
+    if f"{name}.bytes" in head:
+        blob = np.frombuffer(head[f"{name}.bytes"], dtype=np.uint8)
+    else:
+        blob = content.array_records[ARRAYS][name].numpy()
     tensors, start = {}, 0
     for key, dtype, shape in json.loads(str(head[f"{name}.layout"])):
         kind = getattr(torch, dtype)
@@ -114,11 +129,9 @@ def task_from_content(content: RecordDict) -> tuple[Task, ConfigRecord]:
 
 
 def outcome_to_content(outcome: Outcome, keys: torch.Tensor) -> RecordDict:
-    """A node's outcome as a Flower reply's content, with a ``MetricRecord`` of how many clients replied and
-    failed."""
+    """A node's outcome as a Flower reply's content."""
     content = RecordDict()
     put_record(content, "outcome", outcome_to_record(outcome, keys))
-    content["metrics"] = MetricRecord({"replied": len(outcome.clients), "failed": len(outcome.failures)})
     return content
 
 
