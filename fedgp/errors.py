@@ -42,6 +42,7 @@ __all__ = [
     "ConvergenceWarning",
     "DivergenceWarning",
     "RunWarning",
+    "PrivacyBudgetWarning",
 ]
 
 
@@ -199,3 +200,8 @@ class DivergenceWarning(ConvergenceWarning):
 class RunWarning(FedGPWarning, RuntimeWarning):
     """A run took a fallback it says why about (e.g. Phase 1 seeded a centre it could not merge),
     and went on."""
+
+
+class PrivacyBudgetWarning(FedGPWarning):
+    """A run with :class:`fedgp.run.ClientDP` stopped before its round budget because its privacy
+    budget ε would be passed; its result is the state of the last round the budget afforded."""

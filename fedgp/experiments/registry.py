@@ -33,6 +33,7 @@ REPRODUCTIONS: dict[str, str] = {
     "prior-map": "fedgp.experiments.prior_map:reproduce",
     "botorch-loop": "fedgp.experiments.botorch_loop:reproduce",
     "verdicts": "fedgp.experiments.verdicts:reproduce",
+    "privacy": "fedgp.experiments.privacy:reproduce",
 }
 
 
@@ -53,6 +54,7 @@ DESCRIPTIONS: dict[str, str] = {
     "prior-map": "which prior weight makes FedAvg find the global MAP",
     "botorch-loop": "BoTorch qLogEI on a new client with the federated prior vs its own fit",
     "verdicts": "the verdict table of results/README.md from the CSVs in --out (run with --out results)",
+    "privacy": "FGPR with client-level DP: test metrics against ε (K = 200, 1000; C-MAPSS); an attack",
 }
 
 #: ``--quick`` run times measured by ``benchmarks/cli_quick_times.py`` (a fresh process each,
@@ -76,6 +78,7 @@ QUICK_RUNTIMES: dict[str, tuple[float, float, float]] = {
     "prior-map": (0.5, 1.6, 10.2),
     "botorch-loop": (0.4, 1.3, 9.4),
     "verdicts": (0.1, 0.2, 9.5),
+    "privacy": (0.3, 0.3, 1.0),
     "demo": (0.2, 0.7, 9.7),
 }
 

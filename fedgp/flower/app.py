@@ -14,7 +14,7 @@ lists every run-config key with its default (:data:`RUN_CONFIG`). What each side
   model uses, with ``"ard_num_dims": "auto"`` for the data's width), the strategy (``strategy`` by
   name with ``local-steps``/``batch-size``/``lr``/``clusters``, or ``strategy-config``: a strategy's
   JSON config), ``rounds``, ``stop``, ``transforms``, ``seed``, ``test-fraction``, ``timeout``,
-  ``eval-every`` and ``out-dir``.
+  ``eval-every``, ``out-dir`` and ``privacy`` (client-level DP, :class:`fedgp.run.ClientDP` as JSON).
 
 The ServerApp first asks the nodes for their data's width and columns (a ``hello``), builds the
 model, runs ``fedgp.fit`` over the grid and writes into ``out-dir`` what ``fedgp fit`` writes:
@@ -52,7 +52,7 @@ from fedgp.messages import config_json, from_config
 from fedgp.models.spec import GPSpec
 from fedgp.models.spec_io import build_spec
 from fedgp.presets import make_spec, make_strategy
-from fedgp.run import Callback, Evaluate, FitResult, Progress, fit
+from fedgp.run import Callback, ClientDP, Evaluate, FitResult, Progress, fit
 from fedgp.strategies.base import Strategy
 
 __all__ = ["RUN_CONFIG", "AppSettings", "TableLoader", "RoundLog", "clientapp", "serverapp", "write_model"]
@@ -83,6 +83,7 @@ RUN_CONFIG: dict[str, Any] = {
     "eval-every": 0,
     "out-dir": "fedgp-model",
     "simulation-data": "",
+    "privacy": "",
 }
 #: What each run-config key means, for the generated ``pyproject.toml``.
 RUN_CONFIG_HELP = {
@@ -108,6 +109,7 @@ RUN_CONFIG_HELP = {
     "eval-every": "rounds between test metrics in the history (0: only at the end)",
     "out-dir": "where the ServerApp writes model.fedgp, columns.json, history.csv, ... (its host)",
     "simulation-data": "simulation runtime only: one table of all owners, shared out by partition-id",
+    "privacy": 'client-level DP: ClientDP settings as JSON, e.g. {"epsilon": 4, "rate": 0.5} (empty: none)',
 }
 
 
@@ -177,7 +179,7 @@ class AppSettings:
         return make_strategy(self["strategy"], **given)
 
     def fit_options(self) -> dict[str, Any]:
-        """``fit``'s ``rounds``, ``seed``, ``stop`` and ``transforms`` from the run config."""
+        """``fit``'s ``rounds``, ``seed``, ``stop``, ``transforms`` and ``privacy`` from the run config."""
         stop, transforms = self["stop"], self["transforms"]
         if stop not in ("auto", "none") or transforms not in ("auto", "none"):
             raise InputError(
@@ -188,7 +190,23 @@ class AppSettings:
             "seed": self["seed"],
             "stop": None if stop == "none" else "auto",
             "transforms": None if transforms == "none" else "auto",
+            "privacy": self.privacy(),
         }
+
+    def privacy(self) -> ClientDP | None:
+        """``ClientDP`` from the ``privacy`` JSON (``None`` when empty)."""
+        if not self["privacy"]:
+            return None
+        try:
+            settings = json.loads(self["privacy"])
+            if not isinstance(settings, dict):
+                raise TypeError("not a JSON object")
+            return ClientDP(**settings)
+        except (ValueError, TypeError) as err:
+            raise InputError(
+                f"run config 'privacy' must be ClientDP settings as a JSON object, e.g. "
+                f'{{"epsilon": 4, "rate": 0.5}}: {err}'
+            ) from None
 
 
 def _auto_width(desc: Any, d: int) -> Any:

@@ -3,6 +3,7 @@
 * :func:`fit` — the front door: spec + federation + strategy + engine → a :class:`FitResult`;
 * :class:`Run` — the same loop one round at a time (:mod:`~fedgp.run.loop`);
 * :class:`Faults` — failure tolerance, simulated failures, attacks (:mod:`~fedgp.run.faults`);
+* :class:`ClientDP` — client-level differential privacy and its accountant (:mod:`~fedgp.run.privacy`);
 * callbacks (:mod:`~fedgp.run.callbacks`): :class:`Evaluate`, :class:`Progress`,
   :class:`Checkpointing`, your own :class:`Callback`;
 * stopping rules (:mod:`~fedgp.run.stopping`): :class:`StateChange`, :class:`NLLPlateau`,
@@ -16,6 +17,7 @@ from fedgp.run.callbacks import Callback, Checkpointing, Evaluate, Progress, Run
 from fedgp.run.faults import Faults
 from fedgp.run.fitting import fit
 from fedgp.run.loop import Run
+from fedgp.run.privacy import ClientDP
 from fedgp.run.result import FitResult
 from fedgp.run.stopping import AnyOf, NLLPlateau, StateChange, StopRule
 
@@ -28,6 +30,7 @@ __all__ = [
     "FitResult",
     "load",
     "Faults",
+    "ClientDP",
     "Callback",
     "RunView",
     "Evaluate",

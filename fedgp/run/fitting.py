@@ -11,6 +11,7 @@ from fedgp.models.spec import GPSpec
 from fedgp.run.callbacks import Callback
 from fedgp.run.faults import Faults
 from fedgp.run.loop import Run
+from fedgp.run.privacy import ClientDP
 from fedgp.run.result import FitResult
 from fedgp.run.stopping import StopRule
 from fedgp.strategies.base import Strategy
@@ -31,6 +32,7 @@ def fit(
     faults: Faults | None = None,
     stop: StopRule | str | None = None,
     callbacks: Iterable[Callback | Callable] = (),
+    privacy: ClientDP | None = None,
 ) -> FitResult:
     """Train ``strategy`` (default :class:`~fedgp.strategies.FGPR`) on ``federation``.
 
@@ -69,13 +71,17 @@ def fit(
             have test splits), :class:`~fedgp.run.Progress` (default: a bar on a terminal), your own
             :class:`~fedgp.run.Callback` or a function ``f(run)`` called after every round.
 
+        privacy: :class:`fedgp.run.ClientDP` — client-level differential privacy: clipped
+            updates, Gaussian noise on their sum, Poisson sampling, ε spent in the history's
+            ``epsilon`` column (dp-accounting). FGPR only; see the Privacy guide.
+
     Returns:
         A :class:`~fedgp.run.FitResult`: the learned state, the history (one row per round), and
         personalised prediction per client.
     """
     run = Run(
         spec, federation, strategy, rounds, engine=engine, seed=seed, transforms=transforms, faults=faults,
-        stop=stop, callbacks=callbacks,
+        stop=stop, callbacks=callbacks, privacy=privacy,
     ).start()  # fmt: skip
     while not run.done:
         run.round()

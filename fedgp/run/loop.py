@@ -40,6 +40,7 @@ from fedgp.run.callbacks import (
 from fedgp.run.exchange import distinct_participants, exchange
 from fedgp.run.faults import Faults
 from fedgp.run.fingerprint import run_fingerprint
+from fedgp.run.privacy import ClientDP, PrivacyAccounting
 from fedgp.run.result import FitResult
 from fedgp.run.stopping import StopRule, resolve_stop
 from fedgp.run.summary import learn_transform
@@ -74,6 +75,7 @@ class Run:
         faults: Faults | None = None,
         stop: StopRule | str | None = None,
         callbacks: Iterable[Callback | Callable] = (),
+        privacy: ClientDP | None = None,
     ):
         if not isinstance(spec, GPSpec):
             raise InputTypeError(
@@ -92,6 +94,12 @@ class Run:
             raise InputTypeError(
                 f"federation must be a fedgp.data.Federation, got {type(federation).__name__}"
             )
+        if privacy is not None:
+            if not isinstance(privacy, ClientDP):
+                raise InputTypeError(f"privacy must be a fedgp.run.ClientDP, got {type(privacy).__name__}")
+            strategy = privacy.strategy(strategy, rounds)
+            transforms = privacy.transforms(Transforms.of(transforms))
+        self.privacy = privacy
         faults = Faults() if faults is None else faults
         if not isinstance(faults, Faults):
             raise InputTypeError(f"faults must be a fedgp.run.Faults, got {type(faults).__name__}")
@@ -119,7 +127,12 @@ class Run:
         built_in: list[Callback] = [StateColumns()]
         if self.rule is not None:
             built_in.append(Stopping(self.rule))
-        for kind in (Evaluate, Progress):  # defaults, unless the user configured their own
+        if self.privacy is not None:
+            built_in.append(PrivacyAccounting(self.privacy))
+        defaults = (
+            (Progress,) if self.privacy is not None else (Evaluate, Progress)
+        )  # test metrics: asked for
+        for kind in defaults:  # defaults, unless the user configured their own
             if not any(isinstance(c, kind) for c in chosen):
                 built_in.append(kind())
         return sorted(built_in + chosen, key=lambda c: c.order)
@@ -184,6 +197,8 @@ class Run:
             callback.on_end(self)
         frame = pd.DataFrame(self.history)
         frame.attrs["transforms"] = self.transform.describe()  # what every round's data were in
+        if self.privacy is not None:
+            frame.attrs["privacy"] = self.privacy_summary
         if self.rule is not None or self.stop_reason is not None:
             self._report_stop(frame)
         return FitResult(

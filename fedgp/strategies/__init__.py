@@ -11,6 +11,7 @@ from fedgp.strategies.fgpr import FGPR
 from fedgp.strategies.gradient_clustering import FederatedClustering, MomentumClustering, MyopicClustering
 from fedgp.strategies.ifca import IFCA, IFCAState
 from fedgp.strategies.local import SGD, Adam, LocalTraining
+from fedgp.strategies.private import DPFGPR
 from fedgp.strategies.schedules import CosineDecay, InverseRound, LRSchedule, StepDecay
 from fedgp.strategies.server import FedAdam, FedAvgM, FedYogi, ServerOptimizer, ServerState
 from fedgp.strategies.weighted import WeightedFGPR
@@ -18,6 +19,7 @@ from fedgp.strategies.weighted import WeightedFGPR
 __all__ = [
     "FGPR",
     "WeightedFGPR",
+    "DPFGPR",
     "FederatedClustering",
     "MomentumClustering",
     "MyopicClustering",

@@ -134,6 +134,21 @@ def test_the_app_reads_a_model_description_and_a_strategy_config(tmp_path):
     assert len(metrics) == len(OWNERS) and (metrics["n_test"] > 0).all()
 
 
+def test_the_app_runs_with_client_level_privacy(tmp_path):
+    paths = owner_tables(tmp_path, nodes=3)
+    config = {"rounds": 3, "stop": "none", "out-dir": str(tmp_path / "model"),
+              "privacy": json.dumps({"noise": 1.0, "delta": 1e-3, "rate": 0.5})}  # fmt: skip
+    flower_app._main(deploy(paths, config), Context(0, 0, {}, RecordDict(), config))
+    model = fedgp.load(tmp_path / "model" / "model.fedgp")
+    assert type(model.strategy).__name__ == "DPFGPR" and model.strategy.rate == 0.5
+    history = pd.read_csv(tmp_path / "model" / "history.csv")
+    assert list(history["epsilon"]) == sorted(history["epsilon"]) and history["epsilon"].iloc[0] > 0
+    rows = pd.read_csv(paths[0]).query("owner == @OWNERS[0]")
+    own = fedgp.data.ClientData(rows[["x1", "x2", "x3"]].to_numpy(), rows["y"].to_numpy(), id=OWNERS[0])
+    mean, var = model.predict(np.zeros((2, 3)), client=own)
+    assert np.isfinite(np.asarray(mean)).all() and (np.asarray(var) > 0).all()
+
+
 @pytest.mark.parametrize(
     "config, message",
     [

@@ -18,6 +18,7 @@ from fedgp import GPSpec
 from fedgp.data import gaussian_mixed_regression, gp_federation
 from fedgp.engines.sequential import SequentialEngine
 from fedgp.models import ZeroKernel
+from fedgp.run import ClientDP
 from fedgp.strategies import (
     FGPR,
     IFCA,
@@ -146,9 +147,13 @@ def test_readme_traffic_table_is_what_clients_send():
             k, C.OneShotInit(local="train", training=train), C.FixedAssigner(), C.LocalTrainingSolver(train)
         ),
     }
+    engine = RecordingEngine(gp.spec, gp.federation)
+    fedgp.fit(gp.spec, gp.federation, FGPR(batch_size=8), engine=engine, rounds=2,
+              privacy=ClientDP(noise=1.0, delta=1e-3))  # fmt: skip
+    check("FGPR with ClientDP", engine, gp.spec, {}, rows)
     gp_cases["Federated-Clustering"] = FederatedClustering(lr=0.05, group_size=4)
     gp_cases["Momentum- and Myopic-Clustering"] = MomentumClustering(lr=0.05, num_clusters=2)
-    covered = {"every strategy"}
+    covered = {"every strategy", "FGPR with ClientDP"}
     for row, strategy in gp_cases.items():
         engine = run(gp, gp.spec, strategy, 2)
         check(row, engine, gp.spec, {"R": 1 if "one-shot" in row else R, "k": k, "s": 4, "d": 2}, rows)

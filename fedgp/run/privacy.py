@@ -1,0 +1,262 @@
+"""``ClientDP``: client-level differential privacy as an option of a run, with its accountant.
+
+``fit(spec, fed, FGPR(), rounds=R, privacy=ClientDP(epsilon=2, delta=1e-5, clip=0.5))`` trains
+:class:`~fedgp.strategies.private.DPFGPR` (clipped updates, summed; Gaussian noise on the sum;
+Poisson sampling at ``rate``) with the noise multiplier calibrated so that the R rounds cost at
+most ε at the given δ: the guarantee is about any one *client* (all of an owner's rows at once),
+against anyone who sees the released hyper-parameters — the history, the result, the server's
+state — assuming the server adds the noise honestly (central DP).
+
+The accounting is Google's ``dp-accounting`` (the library Flower's DP wraps), never fedgp's own
+arithmetic: a round is ``PoissonSampledDpEvent(rate, GaussianDpEvent(noise))`` (a
+``GaussianDpEvent`` when everyone takes part), R rounds their self-composition, under the Rényi
+DP accountant, add-or-remove-one-client neighbours. Every row of ``result.history`` has
+``epsilon``, the budget spent after that round. Given both ``noise`` and ``epsilon``, the run
+stops, with a :class:`~fedgp.errors.PrivacyBudgetWarning`, after the last round the budget affords
+(its state is the result).
+
+What else would leave a client is closed or refused: the transforms send nothing (``"auto"``
+becomes each client's own standardisation and the inputs as they are; ``Normalize(bounds=...)``
+with known bounds is allowed; transforms that need the federation's statistics are refused), no
+loss or size is replied, and per-client test metrics are not computed unless you ask
+(``Evaluate`` is then outside the guarantee, as are predictions, which condition on a client's
+own data on its own machine).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import numbers
+import warnings
+from contextlib import contextmanager
+from dataclasses import dataclass
+from functools import lru_cache
+
+from fedgp.errors import InputError, MissingExtraError, PrivacyBudgetWarning
+from fedgp.run.callbacks import Callback
+from fedgp.strategies.base import Strategy
+from fedgp.strategies.fgpr import FGPR
+from fedgp.strategies.private import DPFGPR
+from fedgp.transforms import Normalize, Standardize, Transforms
+
+__all__ = ["ClientDP", "PrivacyAccounting", "epsilon_spent", "calibrate_noise"]
+
+#: Why a strategy cannot take ClientDP: the analysis needs every reply to be one bounded update.
+REFUSED = {
+    "IFCA": "each client replies the index of the cluster it chose, an individual field outside the noise",
+    "ClusteredGP": "the server clusters the clients by their individual replies (Phase-1 moments, "
+    "cluster choices), which noise on a sum does not cover",
+    "FederatedClustering": "the server clusters each client's own gradient, an individual reply",
+    "MomentumClustering": "the server clusters each client's own momentum, an individual reply",
+    "MyopicClustering": "the server clusters each client's own gradient, an individual reply",
+    "WeightedFGPR": "it forces one client's aggregation weight, where DP needs the same fixed weight for all",
+}
+
+
+@contextmanager
+def _quiet_absl():
+    """dp-accounting logs (through absl) every RDP order it drops while a calibration tries small
+    noise multipliers; the orders it keeps give the answer, so the log is noise to a user."""
+    logger = logging.getLogger("absl")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
+def _accountant():
+    try:
+        from dp_accounting import rdp
+    except ImportError as err:  # pragma: no cover - dp-accounting is a dev dependency
+        raise MissingExtraError(
+            "ClientDP needs Google's dp-accounting: pip install 'fedgp-gpytorch[privacy]'"
+        ) from err
+    return rdp.RdpAccountant()
+
+
+def _event(noise: float, rate: float, rounds: int = 1):
+    import dp_accounting
+
+    one = dp_accounting.GaussianDpEvent(noise)
+    if rate < 1.0:
+        one = dp_accounting.PoissonSampledDpEvent(rate, one)
+    return one if rounds == 1 else dp_accounting.SelfComposedDpEvent(one, rounds)
+
+
+@lru_cache(maxsize=64)
+def _one_round(noise: float, rate: float):
+    """The RDP accountant after one round: its orders and RDP curve (a round with q < 1 takes the
+    library about 70 ms, so a run's rounds reuse it)."""
+    accountant = _accountant()
+    with _quiet_absl():
+        accountant.compose(_event(noise, rate))
+    return accountant
+
+
+def epsilon_spent(noise: float, rate: float, rounds: int, delta: float) -> float:
+    """ε at ``delta`` after ``rounds`` rounds of the sampled Gaussian mechanism (noise multiplier
+    ``noise``, Poisson rate ``rate``), by dp-accounting's RDP accountant; ``inf`` without noise.
+
+    RDP composes by addition, so ``rounds`` rounds are the one-round curve times ``rounds``, and
+    ε is the library's own ``compute_epsilon`` of it: what its accountant's ``get_epsilon``
+    returns after composing the rounds (a test checks the two agree)."""
+    if rounds == 0:
+        return 0.0
+    if noise == 0:
+        return math.inf
+    from dp_accounting.rdp.rdp_privacy_accountant import compute_epsilon
+
+    one = _one_round(float(noise), float(rate))
+    return float(compute_epsilon(one._orders, rounds * one._rdp, delta)[0])  # noqa: SLF001
+
+
+def calibrate_noise(epsilon: float, delta: float, rate: float, rounds: int) -> float:
+    """The smallest noise multiplier whose ``rounds`` rounds at ``rate`` cost at most ``epsilon``
+    at ``delta`` (dp-accounting's ``calibrate_dp_mechanism``, to 1e-4, rounded up)."""
+    import dp_accounting
+
+    with _quiet_absl():
+        noise = dp_accounting.calibrate_dp_mechanism(
+            _accountant, lambda z: _event(z, rate, rounds), epsilon, delta, tol=1e-4
+        )
+    return float(noise) + 1e-4  # the bracket's upper side: never above the target
+
+
+@dataclass(frozen=True)
+class ClientDP:
+    """Client-level differential privacy of a run (``fit(..., privacy=ClientDP(...))``; module docstring).
+
+    Args:
+        epsilon: the budget ε for the whole run. With ``noise=None``, the noise multiplier is
+            calibrated so that all ``rounds`` cost ε; with ``noise``, the run stops when the next
+            round would pass it.
+        delta: δ; must be below 1/K (K clients), or releasing one client's data outright would be
+            within the guarantee.
+        clip: C, the L2 bound on a client's update per round (GPyTorch's raw parameters of the
+            standardised model; an FGPR step's update is of order ``lr`` times a per-point gradient).
+        noise: z, the noise multiplier (std of the noise on the sum: z C); ``None`` to calibrate.
+        rate: q, each client's probability of joining a round (Poisson sampling); 1 = everyone.
+            Sampling amplifies privacy: at q < 1 a round costs much less than at q = 1.
+        reproducible: draw the noise from the run's seed (tests, benchmarks); voids the guarantee.
+    """
+
+    epsilon: float | None = None
+    delta: float = 1e-5
+    clip: float = 0.5
+    noise: float | None = None
+    rate: float = 1.0
+    reproducible: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("epsilon", "noise"):
+            value = getattr(self, name)
+            if value is not None and (not _real(value) or value < 0 or (name == "epsilon" and value == 0)):
+                raise InputError(f"ClientDP({name}=...) must be a finite number > 0, got {value!r}")
+        if self.epsilon is None and self.noise is None:
+            raise InputError("ClientDP needs epsilon (the noise is calibrated to it), noise, or both")
+        if not _real(self.delta) or not 0 < self.delta < 1:
+            raise InputError(f"ClientDP(delta=...) must be in (0, 1), got {self.delta!r}")
+        if not _real(self.clip) or self.clip <= 0:
+            raise InputError(f"ClientDP(clip=...) must be a finite number > 0, got {self.clip!r}")
+        if not _real(self.rate) or not 0 < self.rate <= 1:
+            raise InputError(f"ClientDP(rate=...) must be a probability in (0, 1], got {self.rate!r}")
+
+    def strategy(self, strategy: Strategy, rounds: int) -> DPFGPR:
+        """``strategy`` with this privacy: the noise calibrated for ``rounds`` unless given; a
+        strategy the analysis does not cover is refused, saying why."""
+        name = type(strategy).__name__
+        if name in REFUSED:
+            raise InputError(f"ClientDP does not apply to {name}: {REFUSED[name]}")
+        if type(strategy) is not FGPR:
+            raise InputError(
+                f"ClientDP applies to FGPR (a bounded state update per client); {name} is not one"
+            )
+        if strategy.aggregator is not None:
+            raise InputError(
+                f"ClientDP with FGPR(aggregator={strategy.aggregator!r}): a robust rule looks at each "
+                "client's reply (a median, Krum), which the noise on the sum does not cover; the "
+                "clipping already bounds any one client's influence"
+            )
+        noise = (
+            self.noise
+            if self.noise is not None
+            else calibrate_noise(self.epsilon, self.delta, self.rate, rounds)
+        )
+        return DPFGPR(strategy, self.clip, noise, self.rate, self.reproducible)
+
+    def transforms(self, given: Transforms) -> Transforms:
+        """The run's transforms: ``"auto"`` parts become ones that send nothing; parts that need
+        the federation's statistics are refused."""
+        outcome, inputs = given.outcome, given.inputs
+        if outcome == "auto":
+            outcome = Standardize(local=True)
+        elif isinstance(outcome, Standardize) and not outcome.local:
+            raise InputError(
+                "ClientDP: Standardize() sends each client's count and sums, outside the guarantee; "
+                "use Standardize(local=True) (each client's own) or outcome=None"
+            )
+        if inputs == "auto":
+            inputs = None
+        elif isinstance(inputs, Normalize) and inputs.bounds is None:
+            raise InputError(
+                "ClientDP: Normalize() sends each client's input box, outside the guarantee; give "
+                "known bounds, Normalize(bounds=...), or inputs=None"
+            )
+        return Transforms(outcome, inputs)
+
+    def check_federation(self, num_clients: int) -> None:
+        """δ must be below 1/K."""
+        if self.delta >= 1.0 / num_clients:
+            raise InputError(
+                f"ClientDP(delta={self.delta:g}) must be below 1/K = {1.0 / num_clients:g} for these "
+                f"{num_clients} clients (at δ ≥ 1/K, releasing one client's data outright is within the "
+                "guarantee)"
+            )
+
+
+def _real(value) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
+
+
+class PrivacyAccounting(Callback):
+    """ε spent after every round in the history (``epsilon``), the run's privacy in
+    ``history.attrs["privacy"]``; with a budget and a given noise, stops the run after the last
+    round the budget affords."""
+
+    order = -40  # before the stopping rule: a spent budget ends the run whatever the rule says
+
+    def __init__(self, privacy: ClientDP):
+        self.privacy = privacy
+
+    def _spent(self, run, rounds: int) -> float:
+        s = run.strategy
+        return epsilon_spent(float(s.noise), float(s.rate), int(rounds), float(self.privacy.delta))
+
+    def on_start(self, run):
+        self.privacy.check_federation(len(run.roster.ids))
+
+    def on_round(self, run, row):
+        row["epsilon"] = self._spent(run, run.completed)
+        budget = self.privacy.epsilon
+        if budget is not None and run.completed < run.rounds and self._spent(run, run.completed + 1) > budget:
+            run.stop(f"privacy budget: round {run.completed + 1} would spend ε > {budget:g}")
+            warnings.warn(
+                f"ClientDP: the budget ε = {budget:g} (δ = {self.privacy.delta:g}) affords "
+                f"{run.completed} of the {run.rounds} rounds at noise {run.strategy.noise:g}; the run "
+                "ends with the state of the last one. Raise noise or epsilon, or lower rate, for more",
+                PrivacyBudgetWarning,
+                stacklevel=2,
+            )
+
+    def on_end(self, run):
+        s = run.strategy
+        run.privacy_summary = {
+            "epsilon": self._spent(run, run.completed), "delta": self.privacy.delta, "noise": s.noise,
+            "clip": s.clip, "rate": s.rate, "rounds": run.completed, "accountant": "dp-accounting RDP",
+        }  # fmt: skip
+
+    def fingerprint(self, run):
+        return {"privacy": repr(self.privacy)}

@@ -1,0 +1,163 @@
+"""DP-FGPR: FGPR's rounds with client-level differential privacy (DP-FedAvg, McMahan et al. 2018,
+"Learning Differentially Private Recurrent Language Models", Algorithm 1 with a fixed denominator).
+
+Each round every client joins independently with probability ``rate`` (Poisson sampling). A
+participant trains as FGPR's clients do, and replies only its *update* in GPyTorch's raw
+(unconstrained) parameters of the standardised model, clipped to L2 norm ``clip`` over all its
+trainable parameters, as a *summed* field: the server sees the sum of the clipped updates, never
+one client's. The server adds Gaussian noise of standard deviation ``noise * clip`` to every
+trainable coordinate of that sum and divides by the expected number of participants,
+``rate * K`` (a fixed weight: a client's size never enters, so it neither leaks nor raises the
+sensitivity). One client then moves the noisy sum by at most ``clip``: the round is the sampled
+Gaussian mechanism of noise multiplier ``noise``, which :mod:`fedgp.run.privacy` accounts for.
+The noisy mean update is FGPR's pseudo-gradient: its server optimiser (FedAdam by default) steps
+on it, or the server takes it as it is (FedAvg).
+
+The noise is drawn on the server from a generator seeded by the operating system's randomness
+(``secrets``), so that no one who knows the run's seed can remove it; ``reproducible=True`` seeds
+it from the run's seed instead, for tests and benchmarks, and voids the guarantee. Like Opacus
+outside its ``secure_mode``, the sampler is torch's floating-point Gaussian, not hardened against
+attacks on floating-point noise (Mironov 2012).
+
+Nothing else leaves a participant during training: no loss, no size. A client's personalised
+posterior is computed on its own data and never leaves it.
+"""
+
+from __future__ import annotations
+
+import secrets
+from dataclasses import dataclass, replace
+
+import numpy as np
+import torch
+
+from fedgp.aggregators import WeightedMean
+from fedgp.checks import check_settings
+from fedgp.errors import InputError, InputTypeError
+from fedgp.messages import (
+    Record,
+    Replies,
+    RoundPlan,
+    ServerContext,
+    Task,
+    read_state,
+    state_fields,
+    state_tensors,
+)
+from fedgp.models.state import HyperState
+from fedgp.rng import generator
+from fedgp.strategies.base import ClientOps, Strategy
+from fedgp.strategies.fgpr import FGPR, STATE
+from fedgp.strategies.server import ServerState
+
+__all__ = ["DPFGPR", "clip_updates"]
+
+UPDATE = "update/"
+
+
+def clip_updates(delta: HyperState, clip: float) -> tuple[HyperState, torch.Tensor]:
+    """Each client's update (batch ``(B,)``) scaled to L2 norm at most ``clip`` over all its
+    parameters, and the norms before clipping."""
+    norms = torch.sqrt(sum((v.reshape(v.shape[0], -1) ** 2).sum(dim=1) for v in delta.values()))
+    scale = torch.clamp(clip / torch.clamp(norms, min=torch.finfo(norms.dtype).tiny), max=1.0)
+    return delta.map(lambda v, e: v * scale.reshape(-1, *([1] * (v.dim() - 1)))), norms
+
+
+@dataclass(frozen=True)
+class DPFGPR(Strategy):
+    """FGPR with client-level differential privacy (module docstring). Built by
+    :class:`fedgp.run.ClientDP` from the FGPR you pass to ``fit``; use that, not this.
+
+    Args:
+        inner: the FGPR whose local training and server optimiser run (its aggregator must be
+            the default mean in raw space; its ``clients_per_round`` ``None``: sampling is ``rate``).
+        clip: C, the L2 bound on one client's update (raw parameters, standardised model).
+        noise: z, the noise multiplier: the sum gets N(0, (z C)²) per trainable coordinate.
+        rate: q, each client's probability of joining a round (Poisson sampling); 1 = everyone.
+        reproducible: draw the noise from the run's seed (tests, benchmarks; no guarantee).
+    """
+
+    inner: FGPR
+    clip: float
+    noise: float
+    rate: float = 1.0
+    reproducible: bool = False
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.inner, FGPR):
+            raise InputTypeError(f"DPFGPR: inner must be an FGPR, got {type(self.inner).__name__}")
+        check_settings(self, clip="positive", noise="nonnegative")
+        if not 0.0 < self.rate <= 1.0:
+            raise InputError(f"DPFGPR: rate (the sampling probability) must be in (0, 1], got {self.rate}")
+        aggregator = self.inner.aggregator
+        if self.inner.average_space == "constrained" or (
+            aggregator is not None
+            and not (isinstance(aggregator, WeightedMean) and aggregator.space == "raw")
+        ):
+            raise InputError(
+                "DPFGPR: the clipped updates are summed in raw space; the FGPR's aggregator must be the "
+                f"default mean in raw space, got {self.inner.state_aggregator!r}"
+            )
+        if self.inner.clients_per_round is not None:
+            raise InputError(
+                "DPFGPR: give the sampling as ClientDP(rate=...), not FGPR(clients_per_round=...): the "
+                "accountant must know the sampling"
+            )
+
+    # -- server -----------------------------------------------------------------------------------
+    def initialize(self, ctx: ServerContext, rng: np.random.Generator) -> HyperState | ServerState:
+        return self.inner.initialize(ctx, rng)
+
+    def configure(self, rnd: int, server, ctx: ServerContext, rng: np.random.Generator) -> RoundPlan:
+        k = ctx.num_clients
+        chosen = np.arange(k) if self.rate >= 1.0 else np.flatnonzero(rng.random(k) < self.rate)
+        participants = torch.from_numpy(chosen).to(torch.long)
+        weights = torch.full((len(chosen),), 1.0 / (self.rate * k), dtype=torch.float64)
+        shared = Record(state_tensors(self.global_state(server), STATE))
+        return RoundPlan(
+            participants, weights, shared=shared, replies=state_fields(ctx.spec, UPDATE, summed=True)
+        )
+
+    def aggregate(self, rnd: int, server, plan: RoundPlan, replies: Replies, ctx: ServerContext):
+        spec, theta = ctx.spec, self.global_state(server)
+        raw = spec.to_raw(theta)
+        noise = self._noise_generator(ctx.seed, rnd)
+        expected = self.rate * ctx.num_clients
+        mean = {}
+        for p in spec.params:
+            total = replies.sums.get(f"{UPDATE}{p.name}", torch.zeros_like(raw[p.name])).to(raw[p.name])
+            if p.trainable:  # a fixed parameter's update is zero by construction: it stays fixed
+                total = total + self.noise * self.clip * torch.randn(
+                    total.shape, generator=noise, dtype=total.dtype
+                )
+            mean[p.name] = raw[p.name] + total / expected
+        average = spec.from_raw(HyperState(mean, spec.event_shapes))
+        if self.inner.server_optimizer is not None:
+            return self.inner.server_optimizer.step(spec, server, average), {}
+        return average, {}
+
+    def _noise_generator(self, seed: int, rnd: int) -> torch.Generator:
+        if self.reproducible:
+            return torch.Generator().manual_seed(int(generator(seed, "dp-noise", rnd).integers(2**63)))
+        return torch.Generator().manual_seed(secrets.randbits(63))
+
+    def configure_personal(self, server, ctx: ServerContext, positions: torch.Tensor):
+        return self.inner.configure_personal(server, ctx, positions)
+
+    def global_state(self, server) -> HyperState:
+        return self.inner.global_state(server)
+
+    def client_view(self) -> DPFGPR:
+        return replace(self, inner=self.inner.client_view())
+
+    # -- client -----------------------------------------------------------------------------------
+    def local_update(self, ops: ClientOps, task: Task) -> dict[str, torch.Tensor]:
+        start = read_state(task.shared.tensors, ops.spec, STATE).expand(len(ops.indices))
+        trained = ops.train(start, self.inner.local_training(task.round)).states
+        before, after = ops.spec.to_raw(start), ops.spec.to_raw(trained)
+        delta = HyperState({k: after[k] - before[k] for k in after}, ops.spec.event_shapes)
+        clipped, _ = clip_updates(delta, self.clip)
+        return state_tensors(clipped, UPDATE)
+
+    def personal_state(self, ops: ClientOps, task: Task) -> tuple[HyperState, torch.Tensor]:
+        return self.inner.personal_state(ops, task)

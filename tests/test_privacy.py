@@ -1,0 +1,265 @@
+"""Client-level differential privacy (``fit(..., privacy=ClientDP(...))``): the accountant is the
+library's, one client moves the noisy sum by at most C, the noise has the stated scale, the budget
+stops a run, and what the analysis does not cover is refused."""
+
+import math
+import warnings
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+import fedgp
+from fedgp.aggregators import CoordinateMedian
+from fedgp.data import Federation
+from fedgp.errors import InputError, PrivacyBudgetWarning
+from fedgp.messages import Replies, ServerContext
+from fedgp.run import ClientDP, Progress
+from fedgp.run.privacy import calibrate_noise, epsilon_spent
+from fedgp.strategies import DPFGPR, FGPR, IFCA, WeightedFGPR
+from fedgp.strategies.private import UPDATE, clip_updates
+from fedgp.transforms import Normalize, Standardize, Transforms
+
+dp_accounting = pytest.importorskip("dp_accounting")
+from dp_accounting import rdp  # noqa: E402
+
+QUIET = [Progress(False)]
+
+
+@pytest.fixture(scope="module")
+def draws():
+    return fedgp.data.gp_federation(num_clients=30, n=15, d=1, seed=3)
+
+
+def library_epsilon(noise: float, rate: float, rounds: int, delta: float) -> float:
+    """dp-accounting's own answer, composed round by round as its documentation does."""
+    accountant = rdp.RdpAccountant()
+    event = dp_accounting.GaussianDpEvent(noise)
+    if rate < 1:
+        event = dp_accounting.PoissonSampledDpEvent(rate, event)
+    for _ in range(rounds):
+        accountant.compose(event)
+    return accountant.get_epsilon(delta)
+
+
+def test_the_historys_epsilon_is_the_librarys_own_accounting(draws):
+    privacy = ClientDP(noise=1.3, rate=0.4, delta=1e-3, clip=0.5)
+    result = fedgp.fit(draws.spec, draws.federation, rounds=5, privacy=privacy, callbacks=QUIET)
+    spent = result.history["epsilon"].to_numpy()
+    expected = [library_epsilon(1.3, 0.4, r, 1e-3) for r in range(1, 6)]
+    np.testing.assert_allclose(spent, expected, rtol=1e-12)
+    assert (np.diff(spent) > 0).all()
+    assert result.history.attrs["privacy"]["epsilon"] == pytest.approx(expected[-1], rel=1e-12)
+    # Poisson sampling: some rounds have fewer than all 30 clients, none is asked its size or loss.
+    assert result.history["participants"].min() < 30
+
+
+def test_the_calibrated_noise_spends_the_budget_in_the_planned_rounds(draws):
+    result = fedgp.fit(draws.spec, draws.federation, rounds=8, privacy=ClientDP(epsilon=1.5, rate=0.3),
+                       callbacks=QUIET)  # fmt: skip
+    last = float(result.history["epsilon"].iloc[-1])
+    assert len(result.history) == 8 and 1.5 * 0.995 <= last <= 1.5
+    z = result.strategy.noise
+    assert library_epsilon(z, 0.3, 8, 1e-5) <= 1.5 < library_epsilon(z * 0.99, 0.3, 8, 1e-5)
+    assert calibrate_noise(1.5, 1e-5, 0.3, 8) == pytest.approx(z)
+
+
+def test_a_spent_budget_stops_the_run_and_keeps_the_last_affordable_round(draws):
+    z, q = 1.0, 0.5
+    budget = (epsilon_spent(z, q, 3, 1e-5) + epsilon_spent(z, q, 4, 1e-5)) / 2  # affords 3 rounds
+    common = dict(rounds=10, seed=4, callbacks=QUIET)
+    with pytest.warns(PrivacyBudgetWarning, match="affords 3 of the 10 rounds"):
+        privacy = ClientDP(budget, noise=z, rate=q, reproducible=True)
+        stopped = fedgp.fit(draws.spec, draws.federation, privacy=privacy, **common)
+    assert len(stopped.history) == 3 and "privacy budget" in stopped.history.attrs["stop_reason"]
+    three = fedgp.fit(draws.spec, draws.federation, privacy=ClientDP(noise=z, rate=q, reproducible=True),
+                      **{**common, "rounds": 3})  # fmt: skip
+    assert stopped.state.allclose(three.state, rtol=1e-12)
+
+
+def test_one_client_moves_the_sum_by_at_most_clip(draws):
+    """The sensitivity the accountant assumes: federations that differ by one client (here an
+    outlier with targets of scale 1e4) give noiseless sums within C of each other."""
+    clients = list(draws.federation)
+    outlier = fedgp.data.ClientData(clients[0].X, clients[0].y * 1e4, id="outlier")
+    clip = 0.05
+    fedavg = FGPR(server_optimizer=None, lr=1.0)
+
+    def summed_update(federation):
+        privacy = ClientDP(noise=0.0, clip=clip, delta=1e-3)
+        result = fedgp.fit(draws.spec, federation, fedavg, rounds=1, privacy=privacy, callbacks=QUIET)
+        start, end = draws.spec.to_raw(draws.spec.initial_state()), draws.spec.to_raw(result.state)
+        return torch.cat([(end[k] - start[k]).reshape(-1) for k in start]) * len(federation)
+
+    without = summed_update(Federation(clients))
+    with_outlier = summed_update(Federation([*clients, outlier]))
+    moved = float((with_outlier - without).norm())
+    assert moved <= clip * (1 + 1e-9)
+    assert moved > 0.5 * clip  # the outlier's update was large and clipped, not dropped
+
+
+@given(st.lists(st.floats(-1e6, 1e6), min_size=1, max_size=6), st.floats(1e-3, 10.0))
+def test_clipping_bounds_every_update_and_keeps_its_direction(values, clip):
+    delta = fedgp.models.state.HyperState(
+        {"a": torch.tensor([values], dtype=torch.float64)}, {"a": (len(values),)}
+    )
+    clipped, norms = clip_updates(delta, clip)
+    out = clipped["a"][0]
+    assert float(out.norm()) <= clip * (1 + 1e-12)
+    if float(norms[0]) <= clip:
+        assert torch.equal(out, delta["a"][0])
+    else:
+        torch.testing.assert_close(out / out.norm(), delta["a"][0] / delta["a"][0].norm())
+
+
+def test_the_server_noise_has_standard_deviation_noise_times_clip_over_the_expected_count(draws):
+    spec = draws.spec
+    strategy = DPFGPR(FGPR(server_optimizer=None), clip=0.2, noise=1.5, rate=0.25, reproducible=True)
+    k = 40
+    ctx = ServerContext(
+        spec, torch.ones(k, dtype=torch.long), torch.full((k,), 1 / k), list(range(k)), seed=0
+    )
+    theta = spec.initial_state()
+    nothing = Replies(
+        torch.zeros(0, dtype=torch.long), torch.zeros(0), {}, {}, {}, torch.zeros(0, dtype=torch.long)
+    )
+    steps = []
+    for rnd in range(400):
+        new, _ = strategy.aggregate(rnd, theta, None, nothing, ctx)
+        raw, start = spec.to_raw(new), spec.to_raw(theta)
+        steps.append(torch.cat([(raw[k] - start[k]).reshape(-1) for k in spec.trainable_names]))
+    steps = torch.stack(steps)
+    expected = 1.5 * 0.2 / (0.25 * k)
+    assert float(steps.std()) == pytest.approx(expected, rel=0.06)
+    assert abs(float(steps.mean())) < 4 * expected / math.sqrt(steps.numel())
+    # Not reproducible: the noise comes from the operating system, different every time.
+    secret = DPFGPR(FGPR(server_optimizer=None), clip=0.2, noise=1.5, rate=0.25)
+    a, _ = secret.aggregate(0, theta, None, nothing, ctx)
+    b, _ = secret.aggregate(0, theta, None, nothing, ctx)
+    assert not a.allclose(b, rtol=0, atol=0)
+
+
+def test_engines_agree_on_a_private_run(draws):
+    privacy = ClientDP(noise=0.8, rate=0.5, reproducible=True)
+    runs = {
+        engine: fedgp.fit(
+            draws.spec, draws.federation, rounds=4, engine=engine, privacy=privacy, callbacks=QUIET
+        )
+        for engine in ("sequential", "batched")
+    }
+    assert runs["sequential"].state.allclose(runs["batched"].state, rtol=1e-8)
+    np.testing.assert_array_equal(
+        runs["sequential"].history["participants"], runs["batched"].history["participants"]
+    )
+
+
+def test_nothing_but_the_sum_leaves_a_client(draws):
+    """Every training reply field is summed; no summarise exchange (the transforms send nothing)."""
+    seen = []
+
+    class Watch(fedgp.run.Callback):
+        def on_round(self, run, row):
+            plan = run.strategy.configure(run.completed, run.server, run.context, np.random.default_rng(0))
+            seen.append({name: field.summed for name, field in plan.replies.items()})
+
+    result = fedgp.fit(
+        draws.spec, draws.federation, rounds=2, privacy=ClientDP(noise=1.0), callbacks=[*QUIET, Watch()]
+    )
+    assert seen and all(all(s.values()) and all(n.startswith(UPDATE) for n in s) for s in seen)
+    assert result.history.attrs["transforms"]["outcome"].startswith("standardize, each client's own")
+    assert "test_rmse_mean" not in result.history  # per-client test metrics only when asked
+
+
+@pytest.mark.parametrize(
+    "strategy, match",
+    [
+        (IFCA(num_clusters=2), "IFCA: each client replies the index"),
+        (WeightedFGPR(hf_weight=0.5), "WeightedFGPR: it forces"),
+        (FGPR(aggregator=CoordinateMedian()), "a robust rule looks at each client's reply"),
+        (FGPR.authors(), "the default mean in raw space"),
+        (FGPR(clients_per_round=5), "ClientDP\\(rate=...\\)"),
+    ],
+)
+def test_what_the_analysis_does_not_cover_is_refused(draws, strategy, match):
+    with pytest.raises(InputError, match=match):
+        fedgp.fit(
+            draws.spec, draws.federation, strategy, rounds=2, privacy=ClientDP(noise=1.0), callbacks=QUIET
+        )
+
+
+@pytest.mark.parametrize(
+    "transforms, match",
+    [
+        (Transforms(Standardize(), None), "Standardize\\(\\) sends each client's count"),
+        (Transforms(None, Normalize()), "Normalize\\(\\) sends each client's input box"),
+    ],
+)
+def test_transforms_that_need_the_federations_statistics_are_refused(draws, transforms, match):
+    with pytest.raises(InputError, match=match):
+        fedgp.fit(draws.spec, draws.federation, rounds=1, transforms=transforms, privacy=ClientDP(noise=1.0))
+
+
+def test_known_bounds_are_allowed_and_delta_must_be_below_one_over_k(draws):
+    bounds = Transforms(None, Normalize(bounds=[[0.0], [1.0]]))
+    result = fedgp.fit(draws.spec, draws.federation, rounds=1, transforms=bounds, privacy=ClientDP(noise=1.0),
+                       callbacks=QUIET)  # fmt: skip
+    assert result.history.attrs["transforms"]["inputs"].startswith(
+        "normalize to the unit cube from lower [0]"
+    )
+    with pytest.raises(InputError, match="below 1/K = 0.0333"):
+        fedgp.fit(
+            draws.spec, draws.federation, rounds=1, privacy=ClientDP(noise=1.0, delta=0.05), callbacks=QUIET
+        )
+
+
+@given(
+    epsilon=st.one_of(st.none(), st.floats(allow_nan=True)),
+    delta=st.floats(allow_nan=True),
+    clip=st.floats(allow_nan=True),
+    noise=st.one_of(st.none(), st.floats(allow_nan=True)),
+    rate=st.floats(allow_nan=True),
+)
+def test_clientdp_takes_valid_settings_or_says_which_is_wrong(epsilon, delta, clip, noise, rate):
+    try:
+        privacy = ClientDP(epsilon, delta, clip, noise, rate)
+    except InputError as err:
+        assert "ClientDP" in str(err)
+        return
+    assert (privacy.epsilon or 1) > 0 and 0 < privacy.delta < 1 and privacy.clip > 0 and 0 < privacy.rate <= 1
+
+
+@given(noise=st.floats(0.3, 20.0), rate=st.floats(1e-3, 1.0), rounds=st.integers(1, 500))
+def test_more_rounds_cost_more_and_more_noise_costs_less(noise, rate, rounds):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        now = epsilon_spent(noise, rate, rounds, 1e-5)
+        assert epsilon_spent(noise, rate, rounds + 1, 1e-5) >= now
+        assert epsilon_spent(noise * 1.5, rate, rounds, 1e-5) <= now
+
+
+def test_a_private_run_on_flower_is_the_in_process_run(draws):
+    """The DP strategy crosses Flower's wire format as JSON and its updates come back as sums."""
+    pytest.importorskip("flwr")
+    from fedgp.flower import Flower
+
+    privacy = ClientDP(noise=0.8, rate=0.5, reproducible=True)
+    flower = fedgp.fit(draws.spec, draws.federation, rounds=3, engine=Flower(num_nodes=3), privacy=privacy,
+                       callbacks=QUIET)  # fmt: skip
+    local = fedgp.fit(
+        draws.spec, draws.federation, rounds=3, engine="sequential", privacy=privacy, callbacks=QUIET
+    )
+    assert flower.state.allclose(local.state, rtol=1e-10)
+
+
+def test_the_flower_apps_privacy_setting_is_clientdp():
+    pytest.importorskip("flwr")
+    from fedgp.flower.app import AppSettings
+
+    privacy = AppSettings({"privacy": '{"epsilon": 4, "rate": 0.5, "clip": 0.2}'}).privacy()
+    assert privacy == ClientDP(epsilon=4, rate=0.5, clip=0.2)
+    assert AppSettings({}).privacy() is None
+    for bad in ('{"epsilon": -1}', "[4]", '{"epsilon": 4, "colour": 1}', "{"):
+        with pytest.raises(InputError, match="run config 'privacy'"):
+            AppSettings({"privacy": bad}).privacy()
