@@ -32,18 +32,19 @@ import numpy as np
 import pandas as pd
 import torch
 
-import fedgp
-from fedgp.data import ClientData, Federation, gp_federation
+from fedgp.data import ClientData, Federation, gp_federation, load_cmapss
+from fedgp.errors import FedGPError
 from fedgp.experiments.common import Report, default_engine, reproduction
 from fedgp.experiments.metrics import markdown_table
 from fedgp.models import GPSpec
 from fedgp.rng import generator
-from fedgp.run import ClientDP, Progress, Run
+from fedgp.run import ClientDP, Progress, Run, fit
 from fedgp.run.exchange import exchange
 from fedgp.strategies import FGPR
 
 __all__ = ["EPSILONS", "privacy_cost", "membership_attack", "reproduce"]
 
+#: The privacy budgets compared (``inf``: FGPR without DP).
 EPSILONS = (0.5, 1.0, 2.0, 4.0, 8.0, math.inf)
 THETA = {
     "covar_module.outputscale": 2.0,
@@ -62,8 +63,8 @@ def _privacy(epsilon: float, delta: float, **settings) -> ClientDP | None:
 
 
 def _fit(spec, federation, rounds, seed, privacy, transforms):
-    return fedgp.fit(spec, federation, FGPR(), rounds=rounds, seed=seed, engine=default_engine(),
-                     transforms=transforms, privacy=privacy, callbacks=[Progress(False)])  # fmt: skip
+    return fit(spec, federation, FGPR(), rounds=rounds, seed=seed, engine=default_engine(),
+               transforms=transforms, privacy=privacy, callbacks=[Progress(False)])  # fmt: skip
 
 
 def _row(result, **labels) -> dict:
@@ -78,8 +79,8 @@ def _federations(ks, n, n_test, seed, cmapss_root):
         yield f"gp K={k}", draws.federation, _spec(2), draws.truth, 1e-5
     root = cmapss_root if cmapss_root is not None else os.environ.get("FEDGP_DATA")
     try:
-        data = fedgp.data.load_cmapss("FD001", root=root)
-    except (OSError, fedgp.errors.FedGPError) as err:
+        data = load_cmapss("FD001", root=root)
+    except (OSError, FedGPError) as err:
         print(f"privacy: C-MAPSS skipped ({type(err).__name__}: {err})")
         return
     clients = list(data.federation(sensor="s2"))
