@@ -15,10 +15,12 @@ error of θ against θ*.
 
 **What it buys.** A membership attack on an outlying row: 20 clients of 20 points; in half of the
 trials (a fair coin) client 0 holds one extra row whose target is 8 standard deviations off. The
-attacker sees, without DP, client 0's own reply after round 1 (its trained noise variance, which
-an outlier raises); with DP, only the released θ after 10 rounds. It thresholds that noise
-variance at the median of its shadow trials (the first half) and guesses on the second half; its
-accuracy is compared with the bound DP gives any test at (ε, δ): e^ε / (1 + e^ε) + δ.
+attacker reads a noise variance (which an outlier raises): without DP, either client 0's own reply
+after round 1 (what plain FGPR's server receives) or the released θ after 10 rounds (what
+aggregation alone hides); with DP (δ = 1e-3, everyone every round, clip 0.3), the released θ
+after 10 rounds. It thresholds the value at the median of its shadow trials (the first half) and
+guesses on the second half; its accuracy is compared with the bound DP gives any test at (ε, δ):
+e^ε / (1 + e^ε) + δ.
 """
 
 from __future__ import annotations
@@ -128,26 +130,29 @@ def _attack_federation(trial: int, member: bool) -> Federation:
 
 
 def membership_attack(trials: int = 200, epsilons=EPSILONS, rounds: int = 10) -> pd.DataFrame:
-    """One row per ε: the attack's accuracy on the second half of ``trials``, and DP's bound."""
+    """One row per (ε, what the attacker sees): the attack's accuracy on the second half of
+    ``trials``, and DP's bound. At ε = ∞ twice: client 0's own reply of round 1 (what the server
+    of plain FGPR receives) and the released θ after ``rounds`` (what aggregation alone hides)."""
     rows = []
     coin = np.random.default_rng(0).random(trials) < 0.5
-    for epsilon in epsilons:
+    views = [(e, "released θ") for e in epsilons]
+    if math.inf in epsilons:
+        views.insert(epsilons.index(math.inf), (math.inf, "client 0's reply"))
+    for epsilon, view in views:
         stats = []
         for trial in range(trials):
             federation = _attack_federation(trial, bool(coin[trial]))
-            if math.isinf(epsilon):  # no DP: the server reads client 0's own reply of round 1
+            if view == "client 0's reply":
                 stats.append(_client_reply_noise(federation, trial))
             else:
-                privacy = ClientDP(epsilon=epsilon, delta=1e-3, rate=1.0, clip=0.3)
+                privacy = _privacy(epsilon, 1e-3, rate=1.0, clip=0.3)
                 stats.append(float(_fit(_spec(2), federation, rounds, trial, privacy, None).state[NOISE]))
         stats, half = np.asarray(stats), trials // 2
-        threshold = np.median(stats[:half])
-        guess = stats[half:] > threshold
+        guess = stats[half:] > np.median(stats[:half])
         accuracy = float((guess == coin[half:]).mean())
         bound = 1.0 if math.isinf(epsilon) else min(1.0, math.exp(epsilon) / (1 + math.exp(epsilon)) + 1e-3)
-        rows.append(
-            {"epsilon": epsilon, "trials": trials - half, "attack_accuracy": accuracy, "dp_bound": bound}
-        )
+        rows.append({"epsilon": epsilon, "attacker_sees": view, "trials": trials - half,
+                     "attack_accuracy": accuracy, "dp_bound": bound})  # fmt: skip
     return pd.DataFrame(rows)
 
 
