@@ -16,7 +16,7 @@ import sys
 import warnings
 from pathlib import Path
 
-from fedgp.errors import CommandError, InputError
+from fedgp.errors import CommandError, InputError, MissingExtraError
 from fedgp.layout import COLUMNS_FILE, COLUMNS_FORMAT, MODEL_FILE, write_columns
 from fedgp.version import __version__
 
@@ -579,7 +579,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except (CommandError, InputError) as err:
+    except (CommandError, InputError, MissingExtraError) as err:
         print(f"fedgp {args.command}: {err}", file=sys.stderr)
         return INPUT_ERROR
 

@@ -386,3 +386,17 @@ def test_bad_numbers_are_refused_by_the_parser(data_csv, tmp_path, capsys, argv)
         main(["fit", str(data_csv), "--target", "y", "--group", "owner", *argv, "--out", str(tmp_path / "m")])
     assert caught.value.code == 2
     assert f"argument {argv[0]}: must be an integer" in capsys.readouterr().err
+
+
+def test_a_missing_extra_is_one_line_naming_the_install(tmp_path, capsys, monkeypatch):
+    """Parquet without pyarrow: exit 2 and the pip line, not a traceback."""
+    path = tmp_path / "data.parquet"
+    path.write_bytes(b"PAR1")
+
+    def no_pyarrow(*args, **kwargs):
+        raise ImportError("Unable to find a usable engine; tried using: 'pyarrow'")
+
+    monkeypatch.setattr(pd, "read_parquet", no_pyarrow)
+    assert main(["fit", str(path), "--target", "y", "--group", "owner", *ROUNDS, "--quiet"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "pip install 'fedgp-gpytorch[parquet]'" in err[0] and str(path) in err[0]

@@ -159,7 +159,9 @@ def _read_parquet(path: Path, group: str) -> pd.DataFrame:
     try:
         frame = pd.read_parquet(path)
     except ImportError:
-        raise MissingExtraError(f"{path}: reading Parquet needs pyarrow (pip install pyarrow)") from None
+        raise MissingExtraError(
+            f"{path}: reading Parquet needs pyarrow (pip install 'fedgp-gpytorch[parquet]')"
+        ) from None
     except (OSError, ValueError) as err:
         raise TableError(f"{path}: cannot be read as a Parquet table ({str(err).strip()})") from None
     if group in frame.columns:  # owner labels as text, as the CSV reader reads them
