@@ -263,3 +263,16 @@ def test_the_flower_apps_privacy_setting_is_clientdp():
     for bad in ('{"epsilon": -1}', "[4]", '{"epsilon": 4, "colour": 1}', "{"):
         with pytest.raises(InputError, match="run config 'privacy'"):
             AppSettings({"privacy": bad}).privacy()
+
+
+def test_a_round_that_samples_no_one_still_takes_its_noisy_step(draws):
+    """Poisson sampling may draw nobody; DP-FedAvg then releases noise alone, on every engine."""
+    few = Federation(list(draws.federation)[:5])
+    privacy = ClientDP(noise=1.0, rate=0.01, delta=1e-3, reproducible=True)
+    runs = [
+        fedgp.fit(draws.spec, few, rounds=2, engine=e, privacy=privacy, callbacks=QUIET)
+        for e in ("sequential", "batched")
+    ]
+    assert all((r.history["participants"] == 0).all() for r in runs)
+    assert not runs[0].state.allclose(draws.spec.initial_state(), rtol=1e-6)
+    assert runs[0].state.allclose(runs[1].state, rtol=1e-12)
