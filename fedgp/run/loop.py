@@ -129,9 +129,8 @@ class Run:
             built_in.append(Stopping(self.rule))
         if self.privacy is not None:
             built_in.append(PrivacyAccounting(self.privacy))
-        defaults = (
-            (Progress,) if self.privacy is not None else (Evaluate, Progress)
-        )  # test metrics: asked for
+        # Under ClientDP per-client test metrics leave the clients outside the guarantee: only when asked.
+        defaults = (Progress,) if self.privacy is not None else (Evaluate, Progress)
         for kind in defaults:  # defaults, unless the user configured their own
             if not any(isinstance(c, kind) for c in chosen):
                 built_in.append(kind())
