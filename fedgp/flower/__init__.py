@@ -9,6 +9,8 @@
   (:class:`GridEngine`), with fedgp's seeded sampling and failure-tolerant rounds.
 * ``engine="flower"`` or ``engine=Flower(num_nodes=...)`` (:class:`FlowerEngine`) — both sides in one
   process over an in-memory grid.
+* :class:`SecureAggregation` — the server learns summed fields only as the sum over the nodes that
+  completed a round (:mod:`fedgp.flower.secagg`), on a deployment and in process.
 
 Needs the extra: ``pip install 'fedgp-gpytorch[flower]'``.
 """
@@ -18,6 +20,7 @@ from fedgp.flower.capture import capture_mod
 from fedgp.flower.client import client_app, npz_loader, read_npz_clients, save_npz_clients
 from fedgp.flower.grid_engine import GridEngine
 from fedgp.flower.local import Flower, FlowerEngine, LocalGrid
+from fedgp.flower.secagg import SecureAggregation
 from fedgp.flower.server import server_app, write_outputs
 from fedgp.flower.template import write_app
 
@@ -38,4 +41,5 @@ __all__ = [
     "Flower",
     "FlowerEngine",
     "LocalGrid",
+    "SecureAggregation",
 ]

@@ -14,7 +14,9 @@ lists every run-config key with its default (:data:`RUN_CONFIG`). What each side
   model uses, with ``"ard_num_dims": "auto"`` for the data's width), the strategy (``strategy`` by
   name with ``local-steps``/``batch-size``/``lr``/``clusters``, or ``strategy-config``: a strategy's
   JSON config), ``rounds``, ``stop``, ``transforms``, ``seed``, ``test-fraction``, ``timeout``,
-  ``eval-every``, ``out-dir`` and ``privacy`` (client-level DP, :class:`fedgp.run.ClientDP` as JSON).
+  ``eval-every``, ``out-dir``, ``privacy`` (client-level DP, :class:`fedgp.run.ClientDP` as JSON) and
+  ``secure-aggregation`` (:class:`fedgp.flower.SecureAggregation` as JSON, ``{}`` for its defaults:
+  the server learns summed fields only as the sum over the nodes of a round).
 
 The ServerApp first asks the nodes for their data's width and columns (a ``hello``), builds the
 model, runs ``fedgp.fit`` over the grid and writes into ``out-dir`` what ``fedgp fit`` writes:
@@ -47,6 +49,7 @@ from fedgp.flower.capture import capture_mod
 from fedgp.flower.client import client_app, read_npz_clients
 from fedgp.flower.fast import short_object_pulls
 from fedgp.flower.grid_engine import GridEngine
+from fedgp.flower.secagg import SecureAggregation
 from fedgp.layout import MODEL_FILE, write_columns
 from fedgp.messages import config_json, from_config
 from fedgp.models.spec import GPSpec
@@ -84,6 +87,7 @@ RUN_CONFIG: dict[str, Any] = {
     "out-dir": "fedgp-model",
     "simulation-data": "",
     "privacy": "",
+    "secure-aggregation": "",
 }
 #: What each run-config key means, for the generated ``pyproject.toml``.
 RUN_CONFIG_HELP = {
@@ -110,6 +114,7 @@ RUN_CONFIG_HELP = {
     "out-dir": "where the ServerApp writes model.fedgp, columns.json, history.csv, ... (its host)",
     "simulation-data": "simulation runtime only: one table of all owners, shared out by partition-id",
     "privacy": 'client-level DP: ClientDP settings as JSON, e.g. {"epsilon": 4, "rate": 0.5} (empty: none)',
+    "secure-aggregation": "sums over nodes only: SecureAggregation JSON, e.g. {} (empty: off)",
 }
 
 
@@ -192,6 +197,10 @@ class AppSettings:
             "transforms": None if transforms == "none" else "auto",
             "privacy": self.privacy(),
         }
+
+    def secure(self) -> SecureAggregation | None:
+        """``SecureAggregation`` from the ``secure-aggregation`` JSON (``None`` when empty)."""
+        return SecureAggregation.from_json(self["secure-aggregation"])
 
     def privacy(self) -> ClientDP | None:
         """``ClientDP`` from the ``privacy`` JSON (``None`` when empty)."""
@@ -327,7 +336,7 @@ def _discover(grid: Grid, strategy: Strategy, settings: AppSettings) -> tuple[in
 def _main(grid: Grid, context: Context) -> None:
     short_object_pulls()  # the replies' objects: retried after 0.02 s, not Flower's first 1 s
     settings = AppSettings.of(context)
-    strategy = settings.strategy()
+    strategy, secure = settings.strategy(), settings.secure()  # a bad setting fails before any exchange
     width, features = _discover(grid, strategy, settings)
     spec = settings.spec(width)
     callbacks: list = [Evaluate(every=settings["eval-every"]), RoundLog(), Progress(False)]
@@ -335,7 +344,7 @@ def _main(grid: Grid, context: Context) -> None:
     out.mkdir(parents=True, exist_ok=True)
     callbacks.append(lambda run: (out / "progress.txt").write_text(str(run.completed)))
     log(INFO, "fedgp: %d features (%s), strategy %s", width, ", ".join(features), config_json(strategy))
-    engine = GridEngine(grid, spec, settings["timeout"])
+    engine = GridEngine(grid, spec, settings["timeout"], secure)
     result = fit(spec, None, strategy, engine=engine, callbacks=callbacks, **settings.fit_options())
     columns = {"group": settings["group"], "target": settings["target"], "features": features,
                "owners": result.roster.ids, "data": None,

@@ -5,7 +5,8 @@ partition id; see :func:`npz_loader`) and never sends them. For every message it
 in-process engine — the clients' strategy comes from the run's JSON config, which the server sent
 in the ``hello`` query and the node keeps in its context state — runs the task on the clients the
 message names, and replies with their outcome: individual fields, the node's sum of the summed
-fields, failures. Only records cross, both ways.
+fields (masked, under secure aggregation: :mod:`fedgp.flower.secagg`), failures. Only records
+cross, both ways.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from fedgp.data.client import ClientData
 from fedgp.engines.config import Batched, Sequential
 from fedgp.errors import EngineError, InputError, MissingFileError
 from fedgp.flower.records import KIND_OF, outcome_to_content, task_from_content
+from fedgp.flower.secagg import RECORD, handle_stage, mask_reply
 from fedgp.messages import from_config
 from fedgp.messages.remote import fields_from_json
 from fedgp.models.spec import GPSpec
@@ -66,8 +68,15 @@ def _handle(message: Message, context: Context, load: Loader, engine: Sequential
         rows = torch.arange(len(clients))
     else:
         rows = engine.positions([int(k) for k in head["clients"]])
-    outcome = engine.run(task, rows, fields_from_json(str(head["fields"])))
+    fields = fields_from_json(str(head["fields"]))
+    outcome = engine.run(task, rows, fields)
+    secure = message.content.config_records.get(RECORD)
+    masked = None if secure is None else mask_reply(context, secure, outcome.sums, fields)
+    if masked is not None:  # the node's own sums leave only masked
+        outcome.sums = {}
     content = outcome_to_content(outcome, engine.keys)
+    if masked is not None:
+        content[RECORD] = ConfigRecord({"masked": masked})
     if task.kind == "hello":  # who this node hosts, and where it stands among the nodes
         partition = context.node_config.get("partition-id")
         columns = load.columns(context) if hasattr(load, "columns") else None  # names, not data
@@ -96,6 +105,7 @@ def client_app(
     app.evaluate()(handle)
     for action in ("hello", "summarise", "predict", "personal"):
         app.query(action)(handle)
+    app.query("secagg")(handle_stage)  # the secure-aggregation steps around a task with summed fields
     return app
 
 

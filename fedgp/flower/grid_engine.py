@@ -8,6 +8,10 @@ giving each node a contiguous range of client keys. ``run`` sends each node one 
 task rows of its participating clients and merges the replies. An error reply fails that node's
 clients with Flower's reason; a node that does not reply within ``timeout`` (dead, disconnected)
 fails them with "no reply".
+
+With ``secure`` (:class:`~fedgp.flower.secagg.SecureAggregation`), a task whose reply declares a
+summed field runs inside the secure-aggregation protocol: the nodes' summed fields arrive masked
+and only their sum over the nodes that completed the round is ever decoded.
 """
 
 from __future__ import annotations
@@ -18,12 +22,13 @@ import warnings
 from collections.abc import Mapping
 
 import torch
-from flwr.app import Message
+from flwr.app import Message, RecordDict
 from flwr.serverapp import Grid
 
 from fedgp.engines.base import Engine
 from fedgp.errors import EngineError, FedGPWarning
 from fedgp.flower.records import message_type, outcome_from_content, task_to_content
+from fedgp.flower.secagg import MESSAGE_TYPE, RECORD, SecAggRound, SecureAggregation
 from fedgp.messages import Field, Outcome, Roster, Task, config_json, merge_outcomes, reply_fields
 from fedgp.messages.remote import fields_to_json
 from fedgp.models.spec import GPSpec
@@ -46,12 +51,15 @@ class GridEngine(Engine):
         grid: the ServerApp's grid (deployment, simulation, or :class:`~fedgp.flower.local.LocalGrid`).
         spec: the model specification, for declaring replies (the nodes have their own).
         timeout: seconds to wait for the replies of a round; missing ones are failures.
+        secure: secure aggregation of the summed fields (``None``: each node's sum arrives as it is).
     """
 
     name = "flower"
 
-    def __init__(self, grid: Grid, spec: GPSpec, timeout: float | None = None):
-        self.grid, self.spec, self.timeout = grid, spec, timeout
+    def __init__(
+        self, grid: Grid, spec: GPSpec, timeout: float | None = None, secure: SecureAggregation | None = None
+    ):
+        self.grid, self.spec, self.timeout, self.secure = grid, spec, timeout, secure
         self.nodes: list[int] = []
         self._first: dict[int, int] = {}
         self._node_of = torch.zeros(0, dtype=torch.long)  # each client's node, as an index into nodes
@@ -133,27 +141,69 @@ class GridEngine(Engine):
             content, dst_node_id=node, message_type=message_type(task.kind), group_id=str(task.round)
         )
 
+    def _secagg_exchange(self, contents: Mapping[int, RecordDict], rnd: int) -> dict[int, RecordDict | str]:
+        """One step of the secure-aggregation protocol: each node's reply content, or why it has none."""
+        messages = [
+            Message(c, dst_node_id=n, message_type=MESSAGE_TYPE, group_id=str(rnd))
+            for n, c in contents.items()
+        ]
+        replies, _ = self._exchange(messages)
+        out: dict[int, RecordDict | str] = {}
+        for node in contents:
+            reply = replies.get(node)
+            if reply is None:
+                out[node] = f"no reply from Flower node {node} (timeout {self.timeout} s or node lost)"
+            else:
+                out[node] = (
+                    f"Flower node {node}: {reply.error.reason}" if reply.has_error() else reply.content
+                )
+        return out
+
     def run(self, task: Task, clients: torch.Tensor, fields: Mapping[str, Field]) -> Outcome:
         clients = torch.as_tensor(clients, dtype=torch.long)
         text = fields_to_json(fields)
-        messages, members = [], {}
+        members = {}
         for index, node in enumerate(self.nodes):
             rows = torch.nonzero(self._node_of[clients] == index).flatten()
-            if not len(rows):
+            if len(rows):
+                members[node] = rows
+        secure = None
+        if self.secure is not None and members and any(f.summed for f in fields.values()):
+            secure = SecAggRound(self.secure, lambda c: self._secagg_exchange(c, task.round), list(members))
+            try:
+                carry = secure.setup()
+            except EngineError as err:
+                return Outcome.empty(fields, dict.fromkeys(clients.tolist(), str(err)))
+        messages = []
+        for node, rows in members.items():
+            if secure is not None and node not in carry:
                 continue
-            members[node] = clients[rows]
             head = {"fields": text, "first_key": self._first[node], "clients": clients[rows].tolist()}
-            messages.append(self._message(task.rows(rows), node, head))
-        replies, _ = self._exchange(messages)
-        parts = []
-        for node, who in members.items():
-            reply = replies.get(node)
-            if reply is None:
+            message = self._message(task.rows(rows), node, head)
+            if secure is not None:
+                message.content[RECORD] = carry[node]
+            messages.append(message)
+        replies, _ = self._exchange(messages) if messages else ({}, 0)
+        parts, masked = [], {}
+        for node, rows in members.items():
+            who, reply = clients[rows], replies.get(node)
+            if secure is not None and node in secure.dropped:
+                reason = secure.dropped[node]
+            elif reply is None:
                 reason = f"no reply from Flower node {node} (timeout {self.timeout} s or node lost)"
             elif reply.has_error():
                 reason = f"Flower node {node}: {reply.error.reason}"
             else:
                 parts.append(outcome_from_content(reply.content))
+                if secure is not None:
+                    masked[node] = bytes(reply.content.config_records[RECORD]["masked"])
                 continue
             parts.append(Outcome.empty(fields, dict.fromkeys(who.tolist(), reason)))
-        return merge_outcomes(parts, fields)
+        out = merge_outcomes(parts, fields)
+        if secure is not None:
+            try:
+                sums = secure.finish(masked, fields)
+            except EngineError as err:
+                return Outcome.empty(fields, dict.fromkeys(clients.tolist(), str(err)))
+            out.sums = sums if len(out.clients) else {}
+        return out

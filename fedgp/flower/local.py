@@ -33,6 +33,7 @@ from fedgp.engines.config import Batched, EngineConfig, Sequential
 from fedgp.errors import InputError
 from fedgp.flower.client import client_app
 from fedgp.flower.grid_engine import GridEngine
+from fedgp.flower.secagg import SecureAggregation
 from fedgp.messages import Field, Outcome, Roster, Task
 from fedgp.models.spec import GPSpec
 from fedgp.strategies.base import Strategy
@@ -144,6 +145,7 @@ class FlowerEngine(Engine):
         node_engine: str = "sequential",
         mods: Sequence = (),
         timeout: float | None = None,
+        secure: SecureAggregation | None = None,
     ):
         self.spec, self.clients = spec, list(clients)
         nodes = min(num_nodes or len(self.clients), len(self.clients))
@@ -162,7 +164,7 @@ class FlowerEngine(Engine):
                 Context(run_id=0, node_id=node_id, node_config=config, state=RecordDict(), run_config={}),
             )
         self.grid = LocalGrid(apps)
-        self.inner = GridEngine(self.grid, spec, timeout)
+        self.inner = GridEngine(self.grid, spec, timeout, secure)
 
     def start(self, strategy: Strategy, seed: int) -> Roster:
         return self.inner.start(strategy, seed)
@@ -175,17 +177,19 @@ class FlowerEngine(Engine):
 class Flower(EngineConfig):
     """Both sides of a Flower run in this process, over an in-memory grid: the federation split
     over ``num_nodes`` nodes (default one per client), each running its clients with
-    ``node_engine``; ``mods`` wrap every node's ``ClientApp``; ``timeout`` per round's replies.
+    ``node_engine``; ``mods`` wrap every node's ``ClientApp``; ``timeout`` per round's replies;
+    ``secure`` aggregates summed fields securely (:class:`~fedgp.flower.SecureAggregation`).
     ``fit(engine=fedgp.flower.Flower(num_nodes=3))``, or ``engine="flower"`` for the defaults."""
 
     num_nodes: int | None = None
     node_engine: Sequential | Batched = Sequential()
     mods: tuple = ()
     timeout: float | None = None
+    secure: SecureAggregation | None = None
     name: ClassVar[str] = "flower"
 
     def build(self, spec, clients, seed=0, keys=None):
         if keys is not None:
             raise InputError("the Flower engine hosts a whole federation, not a shard of one")
         return FlowerEngine(spec, clients, seed, num_nodes=self.num_nodes, node_engine=self.node_engine,
-                            mods=tuple(self.mods), timeout=self.timeout)  # fmt: skip
+                            mods=tuple(self.mods), timeout=self.timeout, secure=self.secure)  # fmt: skip

@@ -149,6 +149,25 @@ def test_the_app_runs_with_client_level_privacy(tmp_path):
     assert np.isfinite(np.asarray(mean)).all() and (np.asarray(var) > 0).all()
 
 
+def test_the_app_aggregates_dp_updates_and_the_summary_securely(tmp_path):
+    """``secure-aggregation``: the transforms' summary and DP-FGPR's clipped updates (summed fields)
+    reach the server only as the nodes' sum; the run ends where the same run without it ends."""
+    paths = owner_tables(tmp_path, nodes=3)
+    states = {}
+    for name, secure in (("plain", ""), ("secure", "{}")):
+        config = {"rounds": 3, "stop": "none", "out-dir": str(tmp_path / name), "secure-aggregation": secure,
+                  "privacy": json.dumps({"noise": 1.0, "delta": 1e-3, "reproducible": True})}  # fmt: skip
+        grid = deploy(paths, config)
+        flower_app._main(grid, Context(0, 0, {}, RecordDict(), config))
+        states[name] = fedgp.load(tmp_path / name / "model.fedgp").state
+        if secure:
+            assert grid.bytes_up > 0
+    for key, value in states["plain"].items():
+        torch.testing.assert_close(states["secure"][key], value, rtol=1e-7, atol=1e-9)
+    history = pd.read_csv(tmp_path / "secure" / "history.csv")
+    assert (history["failed"] == 0).all() and history["epsilon"].iloc[-1] > 0
+
+
 @pytest.mark.parametrize(
     "config, message",
     [
@@ -156,13 +175,15 @@ def test_the_app_runs_with_client_level_privacy(tmp_path):
         ({"colour": "red"}, "unknown run config keys ['colour']"),
         ({"stop": "soon"}, "'stop' and 'transforms' are 'auto' or 'none'"),
         ({"model": "{not json"}, "run config 'model' is not JSON"),
+        ({"secure-aggregation": "[0.6]"}, "secure-aggregation settings must be a JSON object"),
+        ({"secure-aggregation": '{"threshold": 0.3}'}, "SecureAggregation.threshold must be in [0.5, 1"),
     ],
 )
 def test_bad_run_config_is_refused_naming_the_key(config, message):
     context = Context(0, 0, {}, RecordDict(), config)
     with pytest.raises(InputError, match=message.replace("[", r"\[").replace("]", r"\]")):
         settings = flower_app.AppSettings.of(context)
-        settings.strategy(), settings.fit_options(), settings.spec(2)
+        settings.strategy(), settings.fit_options(), settings.spec(2), settings.secure()
 
 
 def test_a_node_with_a_bad_table_says_which_file_and_column(tmp_path):

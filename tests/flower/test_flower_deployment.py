@@ -11,7 +11,10 @@ must own are changed: the addresses and ports (free ones), a short run, and each
   through ``fedgp.load``, what the same run in process predicts (to 1e-8);
 * every message the nodes received and sent is searched for every row of every owner: none is there;
 * an unregistered SuperNode and one that does not trust the CA are refused;
-* a node killed mid-run fails its owner for the remaining rounds, and the run finishes.
+* with ``secure-aggregation``, no node's own summed value is in anything it sends, and the model is
+  the in-process run's;
+* a node killed mid-run (secure aggregation and client-level DP on) fails its owner for the
+  remaining rounds, and the run finishes.
 
 Every process the test starts is killed, by PID (the guide's ``&`` processes are found by their
 working folder). Telemetry and update checks are off (there is no network).
@@ -285,11 +288,36 @@ def test_the_deployment_guide_runs_as_written_and_its_model_predicts(tmp_path):
                 needle = np.ascontiguousarray(row, dtype="<f8").tobytes()
                 assert not any(needle in blob for blob in captured), f"a row of {owner} left its node"
 
-        # A node lost mid-run: its owner fails the remaining rounds, the run finishes.
+        # Secure aggregation: the transforms' summary reaches the server only as the three nodes' sum.
+        # Each node's own Σy is in what it sent above (the search works) and nowhere in what it sends
+        # now, as a float or in fixed point; the model is the in-process run's, to the encoding's error.
+        before = set((root / "capture").rglob("*.bin"))
+        secure = {"rounds": 2, "stop": "none", "secure-aggregation": "{}"}
+        model = fedgp.load(run(root / "secure", **secure) / "model.fedgp")
+        reference = in_process({"rounds": 2, "stop": "none"}, list(model.roster.ids), tables)
+        for key, value in reference.state.items():
+            torch.testing.assert_close(model.state[key], value, rtol=1e-7, atol=0)
+        from fedgp.flower import SecureAggregation
+
+        bits = SecureAggregation().fraction_bits
+        for owner in OWNERS:
+            sent = [p.read_bytes() for p in (root / "capture" / owner).glob("*-out.bin")]
+            new = [p.read_bytes() for p in (root / "capture" / owner).glob("*-out.bin") if p not in before]
+            assert len(new) >= 4 * 2 + 3, f"{owner}: {len(new)} messages out in a secure 2-round run"
+            y_sum = float(torch.tensor(pd.read_csv(root / f"{owner}.csv")["y"].to_numpy()).sum())
+            assert any(np.float64(y_sum).tobytes() in blob for blob in sent), (
+                f"{owner}: the control finds nothing"
+            )
+            for needle in (np.float64(y_sum).tobytes(), np.int64(round(y_sum * 2.0**bits)).tobytes()):
+                assert not any(needle in blob for blob in new), f"{owner}'s own Σy left its node"
+
+        # A node lost mid-run, with secure aggregation and client-level DP (every round's clipped
+        # updates are summed fields, so the protocol runs each round): its owner fails the remaining
+        # rounds, the others' rounds complete.
         lost = root / "lost"
-        pairs = {"out-dir": str(lost), "rounds": 4, "stop": "none", "timeout": 30.0}
-        settings = " ".join(f"{k}={json.dumps(v)}" for k, v in pairs.items())
-        dep.bash(f"flwr run fedgp-app fedgp --run-config '{settings}'")
+        privacy = '{\\"noise\\": 1.0, \\"delta\\": 0.01}'  # TOML literal strings inside bash's double quotes
+        dep.bash(f"flwr run fedgp-app fedgp --run-config \"out-dir='{lost}' rounds=3 stop='none' "
+                 f"timeout=30.0 secure-aggregation='{{}}' privacy='{privacy}'\"")  # fmt: skip
         wait_for(lambda: (lost / "progress.txt").exists(), 600, "round 1 of the last run")
         dep.kill_tree(dep.node("plant-c").pid)
         wait_for(lambda: (lost / "model.fedgp").exists(), 600, "the end of the run with a lost node")
