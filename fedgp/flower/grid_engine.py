@@ -27,6 +27,7 @@ from flwr.serverapp import Grid
 
 from fedgp.engines.base import Engine
 from fedgp.errors import EngineError, FedGPWarning
+from fedgp.flower.capture import message_bytes
 from fedgp.flower.records import message_type, outcome_from_content, task_to_content
 from fedgp.flower.secagg import MESSAGE_TYPE, RECORD, SecAggRound, SecureAggregation
 from fedgp.messages import Field, Outcome, Roster, Task, config_json, merge_outcomes, reply_fields
@@ -147,7 +148,9 @@ class GridEngine(Engine):
             Message(c, dst_node_id=n, message_type=MESSAGE_TYPE, group_id=str(rnd))
             for n, c in contents.items()
         ]
+        self._protocol_bytes[0] += sum(len(message_bytes(m)) for m in messages)
         replies, _ = self._exchange(messages)
+        self._protocol_bytes[1] += sum(len(message_bytes(m)) for m in replies.values() if not m.has_error())
         out: dict[int, RecordDict | str] = {}
         for node in contents:
             reply = replies.get(node)
@@ -167,7 +170,7 @@ class GridEngine(Engine):
             rows = torch.nonzero(self._node_of[clients] == index).flatten()
             if len(rows):
                 members[node] = rows
-        secure = None
+        secure, self._protocol_bytes = None, [0, 0]
         if self.secure is not None and members and any(f.summed for f in fields.values()):
             secure = SecAggRound(self.secure, lambda c: self._secagg_exchange(c, task.round), list(members))
             try:
@@ -206,4 +209,7 @@ class GridEngine(Engine):
             except EngineError as err:
                 return Outcome.empty(fields, dict.fromkeys(clients.tolist(), str(err)))
             out.sums = sums if len(out.clients) else {}
+            # The protocol's own messages (keys, shares, unmask), as Flower serialises them.
+            out.bytes_down += self._protocol_bytes[0]
+            out.bytes_up += self._protocol_bytes[1]
         return out

@@ -138,7 +138,9 @@ def test_a_value_outside_the_encodable_range_is_an_error_naming_the_field():
 def test_the_settings_are_checked_and_read_from_json():
     assert SecureAggregation.from_json("") is None
     assert SecureAggregation.from_json('{"threshold": 0.6}') == SecureAggregation(threshold=0.6)
-    assert SecureAggregation.from_json(SecureAggregation(0.7, 24, 3).to_json()) == SecureAggregation(0.7, 24, 3)
+    assert SecureAggregation.from_json(SecureAggregation(0.7, 24, 3).to_json()) == SecureAggregation(
+        0.7, 24, 3
+    )
     assert SecureAggregation().needed(3) == 2 and SecureAggregation().needed(10) == 6
     assert SecureAggregation(threshold=0.75).needed(4) == 4
     for bad in ('{"threshold": 0.4}', '{"fraction_bits": 60}', '{"min_nodes": 1}'):
@@ -166,6 +168,8 @@ def test_secure_sums_equal_the_plain_ones_and_no_node_sends_its_own_sum(federati
     assert abs(float(result.transform.y_scale) - sd) <= 1e-9 * sd
     for key, value in reference.state.items():
         torch.testing.assert_close(result.state[key], value, rtol=1e-8, atol=0)
+    # Rounds without summed fields (FGPR's training) cost the same bytes.
+    assert (result.history["bytes_up"] == reference.history["bytes_up"]).all()
     # Each node's own sums (count, Σy, Σ log sd, ... and Σ(y - ȳ)², as the node computed them without
     # secure aggregation) are nowhere in what it sent with it, neither as floats nor in fixed point.
     assert sorted(plain.own) == list(range(NODES)) and not secure.own
@@ -189,8 +193,10 @@ def summary_round(federation, secure, mods=()):
 @pytest.mark.parametrize("step", ["keys", "shares", "masked-input", "unmask"])
 def test_a_node_lost_at_any_step_leaves_the_round_to_the_others(federation, step):
     plain = Recorder()
-    summary_round(federation, None, [plain])
+    without = summary_round(federation, None, [plain])
     out = summary_round(federation, SecureAggregation(), [Recorder(fail={2: step})])
+    if step == "unmask":  # the same replies, plus the protocol's keys, shares and unmask messages
+        assert out.bytes_down > without.bytes_down + 3 * 2 * 300 and out.bytes_up > without.bytes_up + 3 * 300
     # Lost before its masked input arrived: the sum is the other two nodes' (node 2's pairwise masks
     # rebuilt from its key's shares when it had shared them). Lost at the unmask step: its input is in
     # (its self mask removed through the others' shares).
