@@ -7,14 +7,17 @@ lists every run-config key with its default (:data:`RUN_CONFIG`). What each side
 * **a SuperNode** (``--node-config``): ``data-path``, its owners' rows — a CSV file (or Parquet, with
   pyarrow) with an owner column, read and checked exactly as ``fedgp fit DATA.csv`` reads its table,
   or a folder of ``*.npz`` files (:func:`~fedgp.flower.client.save_npz_clients`); optionally
-  ``capture-dir`` (every message in and out kept there, :func:`~fedgp.flower.capture.capture_mod`).
+  ``capture-dir`` (every message in and out kept there, :func:`~fedgp.flower.capture.capture_mod`)
+  and ``allow-predict=true`` (answer predictions at points the server chooses; off by default,
+  since a posterior at chosen points gives a small owner's rows back).
   The node builds the model from the run config and the width of its own data.
 * **the run** (``--run-config``): the columns (``target``, ``group``, ``features``), the model
   (``kernel``/``mean``/``ard`` by name, or ``model``: a spec description as JSON, the format a saved
   model uses, with ``"ard_num_dims": "auto"`` for the data's width), the strategy (``strategy`` by
   name with ``local-steps``/``batch-size``/``lr``/``clusters``, or ``strategy-config``: a strategy's
   JSON config), ``rounds``, ``stop``, ``transforms``, ``seed``, ``test-fraction``, ``timeout``,
-  ``eval-every``, ``out-dir``, ``privacy`` (client-level DP, :class:`fedgp.run.ClientDP` as JSON) and
+  ``eval-every``, ``out-dir``, ``min-contributors`` (default 2: no sum of one owner's values is
+  released), ``privacy`` (client-level DP, :class:`fedgp.run.ClientDP` as JSON) and
   ``secure-aggregation`` (:class:`fedgp.flower.SecureAggregation` as JSON, ``{}`` for its defaults:
   the server learns summed fields only as the sum over the nodes of a round).
 
@@ -55,7 +58,7 @@ from fedgp.messages import config_json, from_config
 from fedgp.models.spec import GPSpec
 from fedgp.models.spec_io import build_spec
 from fedgp.presets import make_spec, make_strategy
-from fedgp.run import Callback, ClientDP, Evaluate, FitResult, Progress, fit
+from fedgp.run import Callback, ClientDP, Evaluate, Faults, FitResult, Progress, fit
 from fedgp.strategies.base import Strategy
 
 __all__ = ["RUN_CONFIG", "AppSettings", "TableLoader", "RoundLog", "clientapp", "serverapp", "write_model"]
@@ -88,6 +91,7 @@ RUN_CONFIG: dict[str, Any] = {
     "simulation-data": "",
     "privacy": "",
     "secure-aggregation": "",
+    "min-contributors": 2,
 }
 #: What each run-config key means, for the generated ``pyproject.toml``.
 RUN_CONFIG_HELP = {
@@ -114,6 +118,7 @@ RUN_CONFIG_HELP = {
     "out-dir": "where the ServerApp writes model.fedgp, columns.json, history.csv, ... (its host)",
     "simulation-data": "simulation runtime only: one table of all owners, shared out by partition-id",
     "privacy": 'client-level DP: ClientDP settings as JSON, e.g. {"epsilon": 4, "rate": 0.5} (empty: none)',
+    "min-contributors": "fewest owners a released sum may add up (below it the round fails, saying why)",
     "secure-aggregation": "sums over nodes only: SecureAggregation JSON, e.g. {} (empty: off)",
 }
 
@@ -184,7 +189,8 @@ class AppSettings:
         return make_strategy(self["strategy"], **given)
 
     def fit_options(self) -> dict[str, Any]:
-        """``fit``'s ``rounds``, ``seed``, ``stop``, ``transforms`` and ``privacy`` from the run config."""
+        """``fit``'s ``rounds``, ``seed``, ``stop``, ``transforms``, ``privacy`` and ``faults`` (the
+        fewest contributors to a released sum) from the run config."""
         stop, transforms = self["stop"], self["transforms"]
         if stop not in ("auto", "none") or transforms not in ("auto", "none"):
             raise InputError(
@@ -196,6 +202,7 @@ class AppSettings:
             "stop": None if stop == "none" else "auto",
             "transforms": None if transforms == "none" else "auto",
             "privacy": self.privacy(),
+            "faults": Faults(min_contributors=self["min-contributors"]),
         }
 
     def secure(self) -> SecureAggregation | None:
@@ -216,6 +223,16 @@ class AppSettings:
                 f"run config 'privacy' must be ClientDP settings as a JSON object, e.g. "
                 f'{{"epsilon": 4, "rate": 0.5}}: {err}'
             ) from None
+
+
+def _node_flag(context: Context, key: str) -> bool:
+    """A yes/no node-config value (Flower passes ``true`` as a bool, quoted values as text)."""
+    value = context.node_config.get(key, False)
+    if isinstance(value, str):
+        if value.strip().lower() not in ("true", "false", ""):
+            raise InputError(f"node config {key!r} must be true or false, got {value!r}")
+        return value.strip().lower() == "true"
+    return bool(value)
 
 
 def _auto_width(desc: Any, d: int) -> Any:
@@ -358,4 +375,6 @@ serverapp = ServerApp()
 serverapp.main()(_main)
 #: The ClientApp: owners from ``data-path`` in the node config; messages kept in ``capture-dir``
 #: when the node config names one.
-clientapp: ClientApp = client_app(TableLoader(), mods=[capture_mod])
+clientapp: ClientApp = client_app(
+    TableLoader(), mods=[capture_mod], allow_predict=lambda context: _node_flag(context, "allow-predict")
+)

@@ -49,10 +49,21 @@ def node_engine(engine: str | Sequential | Batched) -> Sequential | Batched:
     )
 
 
-def _handle(message: Message, context: Context, load: Loader, engine: Sequential | Batched) -> Message:
+def _handle(
+    message: Message,
+    context: Context,
+    load: Loader,
+    engine: Sequential | Batched,
+    predict: Callable[[Context], bool],
+) -> Message:
     task, head = task_from_content(message.content)
     if KIND_OF.get(message.metadata.message_type) != task.kind:
         raise InputError(f"message type {message.metadata.message_type!r} does not carry a {task.kind} task")
+    if task.kind == "predict" and not predict(context):
+        # A posterior at points the server chooses gives a small client's rows back.
+        raise InputError(
+            "this node answers no prediction at server-chosen points (node config: allow-predict=true)"
+        )
     if task.kind == "hello":
         context.state.config_records[_STATE] = ConfigRecord(
             {"strategy": str(head["strategy"]), "seed": int(head["seed"])}
@@ -88,18 +99,25 @@ def _handle(message: Message, context: Context, load: Loader, engine: Sequential
 
 
 def client_app(
-    load: Loader, engine: str | Sequential | Batched = "sequential", mods: Sequence = ()
+    load: Loader,
+    engine: str | Sequential | Batched = "sequential",
+    mods: Sequence = (),
+    allow_predict: bool | Callable[[Context], bool] = True,
 ) -> ClientApp:
     """A ``ClientApp`` hosting the clients ``load(context)`` returns (with the node's ``GPSpec``).
 
     ``engine``: how the node runs its clients (``"sequential"``, or ``"batched"`` for a silo with
-    many, or a config of either); ``mods``: Flower mods wrapped around every message.
+    many, or a config of either); ``mods``: Flower mods wrapped around every message;
+    ``allow_predict``: whether the node answers ``predict`` tasks (a posterior at points the server
+    chooses), or a function of the node's context deciding it (fedgp's app: ``allow-predict`` in the
+    node config, off by default).
     """
     app = ClientApp(mods=list(mods))
     config = node_engine(engine)
+    predict = allow_predict if callable(allow_predict) else (lambda context: bool(allow_predict))
 
     def handle(message: Message, context: Context) -> Message:
-        return _handle(message, context, load, config)
+        return _handle(message, context, load, config, predict)
 
     app.train()(handle)
     app.evaluate()(handle)

@@ -23,12 +23,29 @@ import torch
 
 from fedgp.engines.base import Engine
 from fedgp.errors import InputError, InputTypeError, RoundFailedError
-from fedgp.messages import Outcome, Record, Replies, RoundPlan, ServerContext, Setting, Task, reply_fields
+from fedgp.messages import (
+    Field,
+    Outcome,
+    Record,
+    Replies,
+    RoundPlan,
+    ServerContext,
+    Setting,
+    Task,
+    reply_fields,
+)
 from fedgp.messages.roster import Roster
 from fedgp.strategies.base import Strategy
 from fedgp.transforms import DataTransform
 
-__all__ = ["exchange", "personal_exchange", "distinct_participants", "Exchange", "required_replies"]
+__all__ = [
+    "exchange",
+    "personal_exchange",
+    "distinct_participants",
+    "Exchange",
+    "required_replies",
+    "withhold_small_sums",
+]
 
 
 @dataclass(frozen=True)
@@ -76,12 +93,15 @@ def exchange(
     options: Mapping[str, Setting] | None = None,
     tamper: Callable[[Outcome], Outcome] | None = None,
     transform: DataTransform | None = None,
+    min_contributors: int = 1,
 ) -> Exchange:
     """Send ``plan`` as a ``kind`` task of round ``rnd``; the replies as ``aggregate`` sees them.
 
     ``tamper`` (an attack's hook, :mod:`fedgp.attacks`) rewrites the engine's outcome before it
     becomes the replies: one place, whatever the engine. ``transform`` (:mod:`fedgp.transforms`)
-    travels in the shared record, so the clients work on their data in its units."""
+    travels in the shared record, so the clients work on their data in its units. Summed fields
+    added up over fewer than ``min_contributors`` clients are not released: their clients fail
+    with the reason (a one-client "sum" is that client's value)."""
     participants = torch.as_tensor(plan.participants, dtype=torch.long)
     unique, first = distinct_participants(plan)
     shared = plan.shared
@@ -93,6 +113,7 @@ def exchange(
     outcome = engine.run(task, unique, plan.replies)
     if tamper is not None:
         outcome = tamper(outcome)
+    outcome = withhold_small_sums(outcome, plan.replies, min_contributors)
     replied = len(outcome.clients)
     needed = required_replies(min_replies, len(unique))
     if replied < needed:
@@ -105,6 +126,22 @@ def exchange(
             named,
         )
     return Exchange(_replies(plan, participants, outcome), len(unique), outcome.bytes_down, outcome.bytes_up)
+
+
+def withhold_small_sums(outcome: Outcome, fields: Mapping[str, Field], min_contributors: int) -> Outcome:
+    """``outcome``, or, when its summed fields add up fewer than ``min_contributors`` replies, no
+    reply at all: each would-be contributor fails with the reason, and the sums are dropped."""
+    summed = sorted(k for k, f in fields.items() if f.summed)
+    if not summed or not 0 < len(outcome.clients) < min_contributors:
+        return outcome
+    reason = (
+        f"summed fields {summed} not released: {len(outcome.clients)} contributor(s), fewer than "
+        f"the {min_contributors} a sum needs (Faults(min_contributors=...))"
+    )
+    failures = {**outcome.failures, **dict.fromkeys(outcome.clients.tolist(), reason)}
+    withheld = Outcome.empty(fields, failures)
+    withheld.bytes_down, withheld.bytes_up = outcome.bytes_down, outcome.bytes_up  # spent all the same
+    return withheld
 
 
 def _replies(plan: RoundPlan, participants: torch.Tensor, outcome: Outcome) -> Replies:

@@ -27,6 +27,11 @@ class Faults:
             :class:`~fedgp.errors.RoundFailedError` naming the clients that failed and why. A failed
             client is dropped from its round (weights renormalised over the replies) and asked again
             next round.
+        min_contributors: the fewest replies a summed field may add up before the server sees the
+            sum (the transforms' summary, Su-Xu-Yang's moments, clustered gradient sums, DP-FGPR's
+            clipped updates). Below it the sum is not released: its contributors fail the round
+            with the reason, and ``min_replies`` decides whether the run goes on. 1 (default):
+            every sum is released; the Flower app's default is 2.
         simulate: each participating client fails its local update with this probability per round
             (drawn from (seed, round, client), so the same clients fail on every engine).
         attack: a :class:`fedgp.attacks.Attack`; its clients (drawn from the seed or given by id,
@@ -35,11 +40,20 @@ class Faults:
     """
 
     min_replies: int | float = 1
+    min_contributors: int = 1
     simulate: float = 0.0
     attack: Attack | None = None
 
     def __post_init__(self) -> None:
         required_replies(self.min_replies, 1)  # a wrong type or range is refused here, not in round 1
+        if isinstance(self.min_contributors, bool) or not isinstance(self.min_contributors, numbers.Integral):
+            raise InputTypeError(
+                f"Faults(min_contributors=...) must be an int, got {self.min_contributors!r}"
+            )
+        if self.min_contributors < 1:
+            raise InputError(
+                f"Faults(min_contributors=...) must be at least 1, got {self.min_contributors!r}"
+            )
         if isinstance(self.simulate, bool) or not isinstance(self.simulate, numbers.Real):
             raise InputTypeError(f"Faults(simulate=...) must be a probability, got {self.simulate!r}")
         if not 0.0 <= float(self.simulate) < 1.0:
@@ -62,8 +76,11 @@ class Faults:
 
     def fingerprint(self, bound: BoundAttack | None) -> dict[str, str]:
         """What a resumed run must share with the one that wrote the checkpoint."""
-        return {
+        out = {
             "faults.min_replies": repr(self.min_replies),
             "faults.simulate": repr(float(self.simulate)),
             "faults.attack": repr(None if bound is None else (repr(self.attack), list(bound.ids))),
         }
+        if self.min_contributors != 1:  # absent at its default, as in checkpoints that predate it
+            out["faults.min_contributors"] = repr(int(self.min_contributors))
+        return out

@@ -143,7 +143,9 @@ class Run:
         self.roster = self.engine.start(self.strategy, self.seed)
         for client_id, n in zip(self.roster.ids, self.roster.sizes.tolist()):  # remote clients too
             check_trainable(client_id, n)
-        self.transform = learn_transform(self.engine, self.roster, self.transforms, self.spec)
+        self.transform = learn_transform(
+            self.engine, self.roster, self.transforms, self.spec, self.faults.min_contributors
+        )
         self.context = ServerContext.from_roster(self.spec, self.roster, self.seed)
         self.attack = self.faults.bind(self.strategy, self.spec, self.roster.ids, self.seed)
         self.options = self.faults.task_options(self.attack)
@@ -166,7 +168,7 @@ class Run:
         tamper = None if self.attack is None else self.attack.tamper(rnd, plan)
         sent = exchange(
             self.engine, "train", rnd, plan, self.roster.ids, self.faults.min_replies, self.options, tamper,
-            self.transform,
+            self.transform, self._min_contributors(),
         )  # fmt: skip
         self.server, metrics = self.strategy.aggregate(rnd, self.server, plan, sent.replies, self.context)
         failed = sent.replies.failures
@@ -185,6 +187,12 @@ class Run:
         for callback in self.callbacks:
             callback.on_round(self, row)
         return row
+
+    def _min_contributors(self) -> int:
+        """The fewest contributions a training round's sums may add up. Under client-level DP the
+        noise, calibrated to one client's clipped update, is what bounds a small sum: a round that
+        sampled one client releases its noised step like any other."""
+        return 1 if self.privacy is not None else self.faults.min_contributors
 
     def stop(self, reason: str) -> None:
         """End the run after the current round (a callback's way to stop it), saying why."""

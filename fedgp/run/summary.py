@@ -22,9 +22,12 @@ from fedgp.transforms import DataTransform, Transforms, auto_outcome, learn
 __all__ = ["learn_transform"]
 
 
-def learn_transform(engine: Engine, roster: Roster, transforms: Transforms, spec: GPSpec) -> DataTransform:
+def learn_transform(
+    engine: Engine, roster: Roster, transforms: Transforms, spec: GPSpec, min_contributors: int = 1
+) -> DataTransform:
     """The run's :class:`~fedgp.transforms.DataTransform`: ``transforms`` resolved for ``spec``, with
-    a ``summarise`` exchange with every client when they need the federation's statistics."""
+    a ``summarise`` exchange with every client when they need the federation's statistics (summed
+    over at least ``min_contributors`` of them)."""
     outcome, inputs, note = transforms.resolve(spec)
     choose = transforms.outcome == "auto" and outcome is not None  # federated or each owner's own?
     d = int(roster.dims[0])
@@ -39,7 +42,15 @@ def learn_transform(engine: Engine, roster: Roster, transforms: Transforms, spec
             everyone, torch.ones(len(everyone)), Record({}, {"stage": stage, **settings}), Record(), fields
         )
         # Every client must answer: the transform is the whole federation's.
-        return exchange(engine, "summarise", 0, plan, roster.ids, min_replies=len(everyone)).replies
+        return exchange(
+            engine,
+            "summarise",
+            0,
+            plan,
+            roster.ids,
+            min_replies=len(everyone),
+            min_contributors=min_contributors,
+        ).replies
 
     first = ask("mean", {"bounds": with_bounds, "scales": choose})
     sums = dict(first.sums)

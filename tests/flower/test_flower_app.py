@@ -44,14 +44,14 @@ def owner_tables(folder, nodes: int = 3, seed: int = 0) -> list:
     return paths
 
 
-def deploy(paths, run_config: dict) -> LocalGrid:
+def deploy(paths, run_config: dict, **node_config) -> LocalGrid:
     apps = {
         100 + n: (
             flower_app.clientapp,
             Context(
                 run_id=0,
                 node_id=100 + n,
-                node_config={"data-path": str(p), "partition-id": n},
+                node_config={"data-path": str(p), "partition-id": n, **node_config},
                 state=RecordDict(),
                 run_config=run_config,
             ),  # fmt: skip
@@ -147,6 +147,48 @@ def test_the_app_runs_with_client_level_privacy(tmp_path):
     own = fedgp.data.ClientData(rows[["x1", "x2", "x3"]].to_numpy(), rows["y"].to_numpy(), id=OWNERS[0])
     mean, var = model.predict(np.zeros((2, 3)), client=own)
     assert np.isfinite(np.asarray(mean)).all() and (np.asarray(var) > 0).all()
+
+
+def test_a_node_answers_no_prediction_at_server_chosen_points_unless_its_config_allows(tmp_path):
+    """A posterior at points the server picks gives a small owner's rows back; the app's nodes
+    refuse ``predict`` tasks unless their node config says ``allow-predict=true``."""
+    from fedgp.flower.grid_engine import GridEngine
+    from fedgp.presets import make_spec
+
+    paths = owner_tables(tmp_path, nodes=3)
+    spec = make_spec("rbf", "constant", d=3)
+    X = torch.zeros(4, 3, dtype=torch.float64)
+    for node_config, allowed in (
+        ({}, False),
+        ({"allow-predict": "false"}, False),
+        ({"allow-predict": True}, True),
+    ):
+        grid = deploy(paths, {}, **node_config)
+        result = fedgp.fit(
+            spec, None, engine=GridEngine(grid, spec), rounds=1, callbacks=[fedgp.run.Progress(False)]
+        )
+        if allowed:
+            mean, var = result.predict(X, client=0)
+            assert mean.shape == (4,) and (var > 0).all()
+        else:
+            with pytest.raises(fedgp.errors.EngineError, match="could not predict.*allow-predict=true"):
+                result.predict(X, client=0)
+        # The owner's own test metrics and its state are still answered.
+        assert len(result.client_state(0)) > 0
+
+
+def test_the_app_releases_no_sum_of_one_owner_by_default(tmp_path):
+    """``min-contributors`` (default 2): a federation of one owner gets no transforms' summary (its
+    mean and sd would be that owner's own); 1 allows it."""
+    path = owner_tables(tmp_path, nodes=1)[0]
+    rows = pd.read_csv(path).query("owner == @OWNERS[0]")
+    rows.to_csv(path, index=False)
+    config = {"rounds": 1, "stop": "none", "out-dir": str(tmp_path / "model")}
+    with pytest.raises(fedgp.errors.RoundFailedError, match="not released: 1 contributor"):
+        flower_app._main(deploy([path], config), Context(0, 0, {}, RecordDict(), config))
+    config["min-contributors"] = 1
+    flower_app._main(deploy([path], config), Context(0, 0, {}, RecordDict(), config))
+    assert (tmp_path / "model" / "model.fedgp").exists()
 
 
 def test_the_app_aggregates_dp_updates_and_the_summary_securely(tmp_path):

@@ -111,7 +111,10 @@ def check(strategy_row, engine, spec, symbols, rows):
 
 def run(data, spec, strategy, rounds):
     engine = RecordingEngine(spec, data.federation)
-    fedgp.fit(spec, data.federation, strategy, engine=engine, rounds=rounds)
+    result = fedgp.fit(spec, data.federation, strategy, engine=engine, rounds=rounds)
+    # After training: a prediction at server-chosen points and a client's own state (every strategy's rows).
+    result.predict(torch.rand(3, data.federation[0].X.shape[1], dtype=torch.float64), client=0)
+    result.client_state(1)
     return engine
 
 

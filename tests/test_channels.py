@@ -1,0 +1,67 @@
+"""Channels besides the hyper-parameter replies, closed (issue 30, deliverable 3): a summed field
+with one contributor is that contributor's value, so it is not released below
+``Faults(min_contributors=...)``; the Flower app's default (2) refuses it in a deployment.
+
+Each test runs the attack first where it can: the server's view of a one-client sum gives the
+client's data back (here: its mean target, from the transforms' summary), then the same run with
+the minimum in place refuses to release it.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+import fedgp
+from fedgp.data import Federation
+from fedgp.errors import InputError, InputTypeError, RoundFailedError
+from fedgp.messages import Field, Outcome
+from fedgp.run import Faults, Progress
+from fedgp.run.exchange import withhold_small_sums
+
+
+@pytest.fixture(scope="module")
+def draws():
+    return fedgp.data.gp_federation(num_clients=3, n=2, d=1, seed=5)
+
+
+def test_a_lone_clients_sum_is_its_own_value_and_is_not_released(draws):
+    lone = Federation([draws.federation[0]])
+    # The attack: with one client the summary's mean is that client's own mean target.
+    result = fedgp.fit(draws.spec, lone, rounds=1, callbacks=[Progress(False)])
+    assert float(result.transform.y_offset) == pytest.approx(float(draws.federation[0].y.mean()), abs=1e-12)
+    # Closed: below the minimum the summary is not released and the run says why.
+    with pytest.raises(RoundFailedError, match=r"summed fields \['count', 'log_sd', 'log_sd_sq', 'y_sum'\] "
+                       r"not released: 1 contributor\(s\), fewer than the 2"):  # fmt: skip
+        fedgp.fit(draws.spec, lone, rounds=1, faults=Faults(min_contributors=2), callbacks=[Progress(False)])
+    # Two contributors are a sum; the run goes on.
+    pair = Federation(list(draws.federation)[:2])
+    fedgp.fit(draws.spec, pair, rounds=1, faults=Faults(min_contributors=2), callbacks=[Progress(False)])
+
+
+@given(replied=st.integers(0, 5), minimum=st.integers(1, 6), summed=st.booleans())
+def test_sums_are_released_only_with_enough_contributors(replied, minimum, summed):
+    fields = {"s": Field((2,), summed=summed), "i": Field((1,))}
+    individual = (
+        {"i": torch.zeros(replied, 1)}
+        if summed
+        else {"i": torch.zeros(replied, 1), "s": torch.zeros(replied, 2)}
+    )
+    sums = {"s": torch.ones(2)} if summed and replied else {}
+    outcome = Outcome(torch.arange(replied), individual, sums, {9: "lost"}, 10, 20)
+    out = withhold_small_sums(outcome, fields, minimum)
+    if summed and 0 < replied < minimum:
+        assert not len(out.clients) and not out.sums and out.failures[9] == "lost"
+        assert all("not released" in out.failures[c] for c in range(replied))
+        assert (out.bytes_down, out.bytes_up) == (10, 20)  # the traffic happened all the same
+    else:
+        assert out is outcome
+
+
+def test_min_contributors_is_checked():
+    with pytest.raises(InputError, match="at least 1"):
+        Faults(min_contributors=0)
+    with pytest.raises(InputTypeError, match="must be an int"):
+        Faults(min_contributors=2.5)
