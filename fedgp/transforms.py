@@ -25,6 +25,7 @@ instead (nothing about the targets leaves); a client's predictions are mapped ba
 
 from __future__ import annotations
 
+import hashlib
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -76,9 +77,14 @@ class Normalize:
     ``bounds``: known ``(2, d)`` lower and upper bounds (nothing about the inputs leaves a client);
     ``None``: the federation's box: the union of the clients' boxes, each widened to a grid of
     about 1/16 of its width (:func:`outward_bounds`), so the data lie strictly inside the cube.
+    ``hide_discrete``: a widened end still pins an integer-valued feature's extreme (it is the one
+    integer just inside the grid point); with ``True`` each client moves each end of such a feature
+    out by 0 to 3 further grid steps, chosen by a hash of its own data (:func:`hidden_steps`), so
+    the server cannot tell which. Fedgp's Flower app turns it on.
     """
 
     bounds: Any = None
+    hide_discrete: bool = False
 
     def __post_init__(self) -> None:
         if self.bounds is None:
@@ -202,7 +208,12 @@ def _fmt(values: Sequence[float]) -> str:
 
 
 def client_summaries(
-    clients: Sequence[ClientData], stage: str, bounds: bool = False, center: float = 0.0, scales: bool = False
+    clients: Sequence[ClientData],
+    stage: str,
+    bounds: bool = False,
+    center: float = 0.0,
+    scales: bool = False,
+    hide_discrete: bool = False,
 ):
     """A batch of clients' reply to the ``summarise`` task (one row per client, tensors), from their
     raw data (:func:`fedgp.messages.summary_fields` declares it)."""
@@ -213,13 +224,39 @@ def client_summaries(
         "y_sum": torch.stack([c.y.sum() for c in clients]).to(torch.float64),
     }
     if bounds:
-        boxes = [outward_bounds(c.X.min(0).values, c.X.max(0).values) for c in clients]
+        boxes = [_client_box(c, hide_discrete) for c in clients]
         out["x_min"] = torch.stack([b[0] for b in boxes]).to(torch.float64)
         out["x_max"] = torch.stack([b[1] for b in boxes]).to(torch.float64)
     if scales:  # a client's own sd as the local Standardize computes it (1 where it cannot)
         log_sd = torch.tensor([math.log(DataTransform(y_local=True).outcome_map(c.y)[1]) for c in clients])
         out.update(log_sd=log_sd.to(torch.float64), log_sd_sq=(log_sd * log_sd).to(torch.float64))
     return out
+
+
+def _client_box(client: ClientData, hide_discrete: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    low, high = outward_bounds(client.X.min(0).values, client.X.max(0).values)
+    if not hide_discrete:
+        return low, high
+    step = _grid_step(client.X.min(0).values, client.X.max(0).values)
+    discrete = (client.X == torch.round(client.X)).all(0)
+    down, up = hidden_steps(client.X)
+    return low - discrete * down * step, high + discrete * up * step
+
+
+def hidden_steps(X: torch.Tensor, most: int = 3) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per feature, how many further grid steps (0 to ``most``) a client moves the lower and the
+    upper end of its box: from a BLAKE2 hash of its own inputs, so the same data give the same box
+    on every engine and run, and a server that does not hold the data cannot predict it."""
+    digest = hashlib.blake2b(X.detach().cpu().numpy().tobytes(), digest_size=2 * X.shape[1]).digest()
+    draws = torch.tensor(list(digest), dtype=torch.float64).reshape(2, X.shape[1]) % (most + 1)
+    return draws[0], draws[1]
+
+
+def _grid_step(lower: torch.Tensor, upper: torch.Tensor, steps: int = 16) -> torch.Tensor:
+    width = upper - lower
+    reference = torch.where(width > 0, width, torch.maximum(lower.abs(), upper.abs()))
+    reference = torch.where(reference > 0, reference, torch.ones_like(reference))
+    return torch.exp2(torch.ceil(torch.log2(reference / steps)))
 
 
 def outward_bounds(lower: torch.Tensor, upper: torch.Tensor, steps: int = 16):
@@ -230,10 +267,7 @@ def outward_bounds(lower: torch.Tensor, upper: torch.Tensor, steps: int = 16):
     itself for a zero-width feature), strictly beyond the data: the server learns the box to about
     1/16 of its width, never a value a client holds.
     """
-    width = upper - lower
-    reference = torch.where(width > 0, width, torch.maximum(lower.abs(), upper.abs()))
-    reference = torch.where(reference > 0, reference, torch.ones_like(reference))
-    step = torch.exp2(torch.ceil(torch.log2(reference / steps)))
+    step = _grid_step(lower, upper, steps)
     low = torch.floor(lower / step) * step
     high = torch.ceil(upper / step) * step
     low = torch.where(low >= lower, low - step, low)
@@ -277,8 +311,15 @@ class Transforms:
 
     outcome: Standardize | str | None = "auto"
     inputs: Normalize | str | None = "auto"
+    #: For the ``Normalize`` that ``inputs="auto"`` picks: :attr:`Normalize.hide_discrete`.
+    hide_discrete: bool = False
 
     def __post_init__(self) -> None:
+        if self.hide_discrete and self.inputs != "auto":
+            raise InputError(
+                "Transforms(hide_discrete=True) applies to inputs='auto'; with your own Normalize, "
+                "set Normalize(hide_discrete=True)"
+            )
         if not (self.outcome in (None, "auto") or isinstance(self.outcome, Standardize)):
             raise InputTypeError(
                 f"Transforms(outcome=...) must be 'auto', fedgp.transforms.Standardize(...) or None, "
@@ -310,7 +351,8 @@ class Transforms:
         auto = "auto" in (self.outcome, self.inputs)
         reason = _auto_reason(spec) if auto else None
         outcome = (None if reason else Standardize()) if self.outcome == "auto" else self.outcome
-        inputs = (None if reason else Normalize()) if self.inputs == "auto" else self.inputs
+        picked = None if reason else Normalize(hide_discrete=self.hide_discrete)
+        inputs = picked if self.inputs == "auto" else self.inputs
         return outcome, inputs, f"'auto' transforms nothing: {reason}" if reason else ""
 
 

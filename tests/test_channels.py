@@ -1,6 +1,7 @@
 """Channels besides the hyper-parameter replies, closed (issue 30, deliverable 3): a summed field
 with one contributor is that contributor's value, so it is not released below
-``Faults(min_contributors=...)``; the Flower app's default (2) refuses it in a deployment.
+``Faults(min_contributors=...)``; the Flower app's default (2) refuses it in a deployment. An input
+box widened to a grid still pins an integer feature's extremes; ``hide_discrete`` hides them.
 
 Each test runs the attack first where it can: the server's view of a one-client sum gives the
 client's data back (here: its mean target, from the transforms' summary), then the same run with
@@ -20,6 +21,7 @@ from fedgp.errors import InputError, InputTypeError, RoundFailedError
 from fedgp.messages import Field, Outcome
 from fedgp.run import Faults, Progress
 from fedgp.run.exchange import withhold_small_sums
+from fedgp.transforms import Transforms, client_summaries
 
 
 @pytest.fixture(scope="module")
@@ -65,3 +67,48 @@ def test_min_contributors_is_checked():
         Faults(min_contributors=0)
     with pytest.raises(InputTypeError, match="must be an int"):
         Faults(min_contributors=2.5)
+
+
+def test_widened_boxes_hide_the_extremes_of_integer_features_when_asked():
+    """A widened end pins an integer feature's extreme (the one integer just inside the grid point);
+    ``hide_discrete`` moves it out by 0-3 further steps from a hash of the client's own data."""
+    gen = torch.Generator().manual_seed(0)
+    clients = []
+    for i in range(40):
+        X = torch.randint(0, 11, (15, 2), generator=gen).to(torch.float64)
+        X[:, 1] += 0.37 * torch.rand(15, generator=gen, dtype=torch.float64)  # a continuous feature
+        clients.append(fedgp.data.ClientData(X, torch.randn(15, generator=gen, dtype=torch.float64), id=i))
+
+    def attack(replies):
+        """The server's guess of each client's integer minimum and maximum: the integer just inside."""
+        right = 0
+        for c, low, high in zip(clients, replies["x_min"], replies["x_max"]):
+            right += int(torch.floor(low[0]) + 1 == c.X[:, 0].min()) + int(
+                torch.ceil(high[0]) - 1 == c.X[:, 0].max()
+            )
+        return right / (2 * len(clients))
+
+    plain = client_summaries(clients, "mean", bounds=True)
+    hidden = client_summaries(clients, "mean", bounds=True, hide_discrete=True)
+    assert attack(plain) == 1.0  # every extreme, exactly
+    assert attack(hidden) < 0.45  # 1 in 4 by the hash, and never more than chance allows
+    for c, low, high in zip(clients, hidden["x_min"], hidden["x_max"]):
+        assert bool((low < c.X.min(0).values).all() and (high > c.X.max(0).values).all())
+    # The continuous feature's box is the plain one; the same data always give the same box.
+    torch.testing.assert_close(hidden["x_min"][:, 1], plain["x_min"][:, 1], rtol=0, atol=0)
+    again = client_summaries(clients, "mean", bounds=True, hide_discrete=True)
+    torch.testing.assert_close(again["x_min"], hidden["x_min"], rtol=0, atol=0)
+
+
+def test_a_run_hides_discrete_extremes_the_same_on_every_engine(draws):
+    fed = Federation(
+        [fedgp.data.ClientData(torch.arange(6.0).reshape(6, 1) + i, torch.randn(6), id=i) for i in range(4)]
+    )
+    spec = fedgp.GPSpec(kernel=draws.spec.kernel)
+    runs = [fedgp.fit(spec, fed, rounds=1, engine=e, transforms=Transforms(hide_discrete=True),
+                      callbacks=[Progress(False)]) for e in ("sequential", "batched")]  # fmt: skip
+    torch.testing.assert_close(runs[0].transform.x_offset, runs[1].transform.x_offset, rtol=0, atol=0)
+    plain = fedgp.fit(spec, fed, rounds=1, callbacks=[Progress(False)])
+    assert float(runs[0].transform.x_offset) <= float(plain.transform.x_offset)
+    with pytest.raises(InputError, match="applies to inputs='auto'"):
+        Transforms(inputs=None, hide_discrete=True)

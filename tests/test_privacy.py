@@ -4,6 +4,7 @@ stops a run, and what the analysis does not cover is refused."""
 
 import math
 import warnings
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -15,7 +16,7 @@ import fedgp
 from fedgp.aggregators import CoordinateMedian
 from fedgp.data import Federation
 from fedgp.errors import InputError, PrivacyBudgetWarning
-from fedgp.messages import Replies, ServerContext
+from fedgp.messages import Replies, ServerContext, Task
 from fedgp.run import ClientDP, Progress
 from fedgp.run.privacy import calibrate_noise, epsilon_spent
 from fedgp.strategies import DPFGPR, FGPR, IFCA, WeightedFGPR
@@ -276,3 +277,65 @@ def test_a_round_that_samples_no_one_still_takes_its_noisy_step(draws):
     assert all((r.history["participants"] == 0).all() for r in runs)
     assert not runs[0].state.allclose(draws.spec.initial_state(), rtol=1e-6)
     assert runs[0].state.allclose(runs[1].state, rtol=1e-12)
+
+
+def test_distributed_noise_makes_the_full_noise_from_the_clients_shares(draws):
+    """noise_at="clients": each reply carries N(0, (zC)²/t) on every trainable coordinate, so a sum of
+    t replies has the full noise and the server adds none; below t it tops up the difference."""
+    spec, k, t = draws.spec, 8, 4
+    strategy = DPFGPR(FGPR(server_optimizer=None), clip=0.2, noise=1.5, rate=1.0, reproducible=True,
+                      noise_at="clients", noise_shares=t)  # fmt: skip
+    engine = fedgp.engines.Sequential().build(spec, list(draws.federation)[:k])
+    engine.start(strategy, 0)
+    ctx = ServerContext(
+        spec, torch.ones(k, dtype=torch.long), torch.full((k,), 1 / k), list(range(k)), seed=0
+    )
+    theta = spec.initial_state()
+    # The clients' replies: their clipped updates plus their shares of the noise.
+    shares = []
+    for rnd in range(60):
+        plan = strategy.configure(rnd, theta, ctx, np.random.default_rng(rnd))
+        out = engine.run(Task("train", rnd, plan.shared, plan.personal, {}), plan.participants, plan.replies)
+        clean = replace(strategy, noise_at="server", noise_shares=1)
+        engine.start(clean, 0)
+        exact = engine.run(
+            Task("train", rnd, plan.shared, plan.personal, {}), plan.participants, plan.replies
+        )
+        engine.start(strategy, 0)
+        shares.append(torch.cat([(out.sums[n] - exact.sums[n]).reshape(-1) for n in out.sums
+                                 if n.removeprefix(UPDATE) in spec.trainable_names]))  # fmt: skip
+    shares = torch.stack(shares)  # the sum of k shares per coordinate
+    assert float(shares.std()) == pytest.approx(1.5 * 0.2 * math.sqrt(k / t), rel=0.1)
+    # The server adds nothing with t or more contributions, and the missing variance with fewer.
+    for replied, topup in ((k, 0.0), (t, 0.0), (1, 0.75)):
+        replies = Replies(torch.arange(replied), torch.ones(replied), {}, {}, {}, torch.arange(replied))
+        steps = []
+        for rnd in range(300 if topup else 3):
+            new, metrics = strategy.aggregate(rnd, theta, None, replies, ctx)
+            assert metrics == {"noise_topup": topup}
+            raw, start = spec.to_raw(new), spec.to_raw(theta)
+            steps.append(torch.cat([(raw[n] - start[n]).reshape(-1) for n in spec.trainable_names]))
+        steps = torch.stack(steps)
+        expected = math.sqrt(topup) * 1.5 * 0.2 / k
+        assert (
+            float(steps.std()) == pytest.approx(expected, rel=0.08)
+            if topup
+            else float(steps.abs().max()) == 0
+        )
+
+
+def test_distributed_noise_is_a_run_option_the_engines_agree_on(draws):
+    privacy = ClientDP(noise=0.8, rate=0.5, reproducible=True, noise_at="clients", noise_shares=3)
+    runs = {engine: fedgp.fit(draws.spec, draws.federation, rounds=3, engine=engine, privacy=privacy,
+                              callbacks=QUIET) for engine in ("sequential", "batched")}  # fmt: skip
+    assert runs["sequential"].state.allclose(runs["batched"].state, rtol=1e-8)
+    assert (
+        "noise_topup" in runs["batched"].history
+        and runs["batched"].history.attrs["privacy"]["noise_at"] == "clients"
+    )
+    with pytest.raises(InputError, match="needs noise_shares"):
+        ClientDP(noise=1.0, noise_at="clients")
+    with pytest.raises(InputError, match="only with noise_at='clients'"):
+        ClientDP(noise=1.0, noise_shares=3)
+    with pytest.raises(InputError, match="'server' or 'clients'"):
+        ClientDP(noise=1.0, noise_at="everywhere")

@@ -56,6 +56,7 @@ def handle(
             task.setting("bounds", False),
             task.setting("center", 0.0),
             task.setting("scales", False),
+            task.setting("hide_discrete", False),
         )
     if task.kind == "train":
         _simulated_failures(ops, task)

@@ -60,6 +60,7 @@ from fedgp.models.spec_io import build_spec
 from fedgp.presets import make_spec, make_strategy
 from fedgp.run import Callback, ClientDP, Evaluate, Faults, FitResult, Progress, fit
 from fedgp.strategies.base import Strategy
+from fedgp.transforms import Transforms
 
 __all__ = ["RUN_CONFIG", "AppSettings", "TableLoader", "RoundLog", "clientapp", "serverapp", "write_model"]
 
@@ -110,7 +111,7 @@ RUN_CONFIG_HELP = {
     "strategy-config": "instead of the above: a strategy's JSON config (fedgp.messages.config_json)",
     "rounds": "round budget",
     "stop": "auto (stop when converged) or none",
-    "transforms": "auto (standardise as fit does) or none",
+    "transforms": "auto (as fit does; integer features' box ends hidden) or none",
     "seed": "master seed (sampling, minibatches, the test split)",
     "test-fraction": "share of each owner's rows held out for metrics.csv (0: none)",
     "timeout": "seconds to wait for a round's replies; a node that misses it fails that round",
@@ -200,7 +201,8 @@ class AppSettings:
             "rounds": self["rounds"],
             "seed": self["seed"],
             "stop": None if stop == "none" else "auto",
-            "transforms": None if transforms == "none" else "auto",
+            # A deployment's nodes hide their integer-valued features' extremes (Normalize.hide_discrete).
+            "transforms": None if transforms == "none" else Transforms(hide_discrete=True),
             "privacy": self.privacy(),
             "faults": Faults(min_contributors=self["min-contributors"]),
         }

@@ -141,6 +141,13 @@ class ClientDP:
         rate: q, each client's probability of joining a round (Poisson sampling); 1 = everyone.
             Sampling amplifies privacy: at q < 1 a round costs much less than at q = 1.
         reproducible: draw the noise from the run's seed (tests, benchmarks); voids the guarantee.
+        noise_at: ``"server"`` (central DP: the server adds the noise, trusted with the un-noised
+            sum) or ``"clients"`` (distributed DP: each participant adds its share; with
+            :class:`fedgp.flower.SecureAggregation` the server never sees an un-noised sum).
+        noise_shares: with ``"clients"``, the fewest contributions whose shares make the full noise
+            (each adds 1/``noise_shares`` of its variance); a round with fewer is topped up by the
+            server (history column ``noise_topup``). Around the smallest number of participants a
+            round should have, e.g. ``rate * K / 2``.
     """
 
     epsilon: float | None = None
@@ -149,6 +156,8 @@ class ClientDP:
     noise: float | None = None
     rate: float = 1.0
     reproducible: bool = False
+    noise_at: str = "server"
+    noise_shares: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("epsilon", "noise"):
@@ -163,6 +172,15 @@ class ClientDP:
             raise InputError(f"ClientDP(clip=...) must be a finite number > 0, got {self.clip!r}")
         if not _real(self.rate) or not 0 < self.rate <= 1:
             raise InputError(f"ClientDP(rate=...) must be a probability in (0, 1], got {self.rate!r}")
+        if self.noise_at not in ("server", "clients"):
+            raise InputError(f"ClientDP(noise_at=...) must be 'server' or 'clients', got {self.noise_at!r}")
+        if self.noise_at == "clients" and self.noise_shares is None:
+            raise InputError(
+                "ClientDP(noise_at='clients') needs noise_shares: the fewest contributions whose noise "
+                "shares make the full noise (e.g. rate * K / 2)"
+            )
+        if self.noise_at == "server" and self.noise_shares is not None:
+            raise InputError("ClientDP(noise_shares=...) applies only with noise_at='clients'")
 
     def strategy(self, strategy: Strategy, rounds: int) -> DPFGPR:
         """``strategy`` with this privacy: the noise calibrated for ``rounds`` unless given; a
@@ -185,7 +203,8 @@ class ClientDP:
             if self.noise is not None
             else calibrate_noise(self.epsilon, self.delta, self.rate, rounds)
         )
-        return DPFGPR(strategy, self.clip, noise, self.rate, self.reproducible)
+        shares = 1 if self.noise_shares is None else self.noise_shares
+        return DPFGPR(strategy, self.clip, noise, self.rate, self.reproducible, self.noise_at, shares)
 
     def transforms(self, given: Transforms) -> Transforms:
         """The run's transforms: ``"auto"`` parts become ones that send nothing; parts that need
@@ -256,6 +275,7 @@ class PrivacyAccounting(Callback):
         run.privacy_summary = {
             "epsilon": self._spent(run, run.completed), "delta": self.privacy.delta, "noise": s.noise,
             "clip": s.clip, "rate": s.rate, "rounds": run.completed, "accountant": "dp-accounting RDP",
+            "noise_at": s.noise_at,
         }  # fmt: skip
 
     def fingerprint(self, run):

@@ -52,7 +52,10 @@ def learn_transform(
             min_contributors=min_contributors,
         ).replies
 
-    first = ask("mean", {"bounds": with_bounds, "scales": choose})
+    hide = with_bounds and inputs.hide_discrete
+    first = ask(
+        "mean", {"bounds": with_bounds, "scales": choose, **({"hide_discrete": True} if hide else {})}
+    )
     sums = dict(first.sums)
     if choose:
         outcome, note = auto_outcome(sums, len(everyone))

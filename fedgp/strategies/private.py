@@ -13,7 +13,16 @@ Gaussian mechanism of noise multiplier ``noise``, which :mod:`fedgp.run.privacy`
 The noisy mean update is FGPR's pseudo-gradient: its server optimiser (FedAdam by default) steps
 on it, or the server takes it as it is (FedAvg).
 
-The noise is drawn on the server from a generator seeded by the operating system's randomness
+Where the noise is added is a choice (``noise_at``). ``"server"`` (central DP): the server draws
+it, trusted with the un-noised sum. ``"clients"`` (distributed DP): each participant adds its share,
+N(0, (noise·clip)²/``noise_shares``) per trainable coordinate, to its clipped update before it is
+summed, so a sum of at least ``noise_shares`` contributions already carries the full noise and
+the server — with secure aggregation on Flower, which shows it only that sum — never sees an
+un-noised one. A round with fewer contributions m is topped up by the server with the missing
+variance (1 − m/``noise_shares``)·(noise·clip)²: what is released always carries the full noise,
+and the history's ``noise_topup`` column says in which rounds the server alone saw less.
+
+The noise is drawn from a generator seeded by the operating system's randomness
 (``secrets``), so that no one who knows the run's seed can remove it; ``reproducible=True`` seeds
 it from the run's seed instead, for tests and benchmarks, and voids the guarantee. Like Opacus
 outside its ``secure_mode``, the sampler is torch's floating-point Gaussian, not hardened against
@@ -25,6 +34,7 @@ posterior is computed on its own data and never leaves it.
 
 from __future__ import annotations
 
+import math
 import secrets
 from dataclasses import dataclass, replace
 
@@ -75,6 +85,10 @@ class DPFGPR(Strategy):
         noise: z, the noise multiplier: the sum gets N(0, (z C)²) per trainable coordinate.
         rate: q, each client's probability of joining a round (Poisson sampling); 1 = everyone.
         reproducible: draw the noise from the run's seed (tests, benchmarks; no guarantee).
+        noise_at: ``"server"`` (central DP) or ``"clients"`` (distributed DP: each participant adds
+            its share; module docstring).
+        noise_shares: with ``"clients"``, the number of contributions whose shares make the full
+            noise (each adds 1/``noise_shares`` of its variance).
     """
 
     inner: FGPR
@@ -82,6 +96,8 @@ class DPFGPR(Strategy):
     noise: float
     rate: float = 1.0
     reproducible: bool = False
+    noise_at: str = "server"
+    noise_shares: int = 1
 
     def __post_init__(self) -> None:
         if not isinstance(self.inner, FGPR):
@@ -89,6 +105,14 @@ class DPFGPR(Strategy):
         check_settings(self, clip="positive", noise="nonnegative")
         if not 0.0 < self.rate <= 1.0:
             raise InputError(f"DPFGPR: rate (the sampling probability) must be in (0, 1], got {self.rate}")
+        if self.noise_at not in ("server", "clients"):
+            raise InputError(f"DPFGPR: noise_at must be 'server' or 'clients', got {self.noise_at!r}")
+        if isinstance(self.noise_shares, bool) or not isinstance(self.noise_shares, (int, np.integer)):
+            raise InputTypeError(f"DPFGPR: noise_shares must be an int, got {self.noise_shares!r}")
+        if self.noise_shares < 1 or (self.noise_at == "server" and self.noise_shares != 1):
+            raise InputError(
+                f"DPFGPR: noise_shares must be at least 1 (1 with noise_at='server'), got {self.noise_shares}"
+            )
         aggregator = self.inner.aggregator
         if self.inner.average_space == "constrained" or (
             aggregator is not None
@@ -123,18 +147,27 @@ class DPFGPR(Strategy):
         raw = spec.to_raw(theta)
         noise = self._noise_generator(ctx.seed, rnd)
         expected = self.rate * ctx.num_clients
+        # The share of the noise's variance the server adds: all of it, or what the clients' shares lack.
+        topup = (
+            1.0
+            if self.noise_at == "server"
+            else max(0.0, 1.0 - len(replies.participants) / self.noise_shares)
+        )
         mean = {}
         for p in spec.params:
             total = replies.sums.get(f"{UPDATE}{p.name}", torch.zeros_like(raw[p.name])).to(raw[p.name])
-            if p.trainable:  # a fixed parameter's update is zero by construction: it stays fixed
-                total = total + self.noise * self.clip * torch.randn(
+            if (
+                p.trainable and topup > 0
+            ):  # a fixed parameter's update is zero by construction: it stays fixed
+                total = total + math.sqrt(topup) * self.noise * self.clip * torch.randn(
                     total.shape, generator=noise, dtype=total.dtype
                 )
             mean[p.name] = raw[p.name] + total / expected
         average = spec.from_raw(HyperState(mean, spec.event_shapes))
+        metrics = {"noise_topup": topup} if self.noise_at == "clients" else {}
         if self.inner.server_optimizer is not None:
-            return self.inner.server_optimizer.step(spec, server, average), {}
-        return average, {}
+            return self.inner.server_optimizer.step(spec, server, average), metrics
+        return average, metrics
 
     def _noise_generator(self, seed: int, rnd: int) -> torch.Generator:
         if self.reproducible:
@@ -157,7 +190,32 @@ class DPFGPR(Strategy):
         before, after = ops.spec.to_raw(start), ops.spec.to_raw(trained)
         delta = HyperState({k: after[k] - before[k] for k in after}, ops.spec.event_shapes)
         clipped, _ = clip_updates(delta, self.clip)
+        if self.noise_at == "clients" and self.noise > 0:
+            clipped = self._noise_share(clipped, ops, task.round)
         return state_tensors(clipped, UPDATE)
+
+    def _noise_share(self, clipped: HyperState, ops: ClientOps, rnd: int) -> HyperState:
+        """Each client's share of the noise, N(0, (z C)² / noise_shares) on every trainable
+        coordinate, drawn on the client (from its own generator: the OS's, or with ``reproducible``
+        one keyed by (seed, round, client), so every engine draws the same)."""
+        std = self.noise * self.clip / math.sqrt(self.noise_shares)
+        trainable = {p.name for p in ops.spec.params if p.trainable}
+        rows = []
+        for key in ops.indices.tolist():
+            seed = (
+                int(generator(ops.seed, "dp-client-noise", rnd, key).integers(2**63))
+                if self.reproducible
+                else secrets.randbits(63)
+            )
+            rows.append(torch.Generator().manual_seed(seed))
+        out = {}
+        for name, value in clipped.items():
+            if name not in trainable:
+                out[name] = value
+                continue
+            draws = [torch.randn(value.shape[1:], generator=g, dtype=value.dtype) for g in rows]
+            out[name] = value + std * torch.stack(draws).reshape(value.shape)
+        return HyperState(out, clipped.event_shapes)
 
     def personal_state(self, ops: ClientOps, task: Task) -> tuple[HyperState, torch.Tensor]:
         return self.inner.personal_state(ops, task)

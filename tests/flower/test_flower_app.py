@@ -192,13 +192,15 @@ def test_the_app_releases_no_sum_of_one_owner_by_default(tmp_path):
 
 
 def test_the_app_aggregates_dp_updates_and_the_summary_securely(tmp_path):
-    """``secure-aggregation``: the transforms' summary and DP-FGPR's clipped updates (summed fields)
-    reach the server only as the nodes' sum; the run ends where the same run without it ends."""
+    """``secure-aggregation``: the transforms' summary and DP-FGPR's clipped updates (summed fields,
+    each carrying its client's share of the noise: distributed DP) reach the server only as the
+    nodes' sum; the run ends where the same run without it ends."""
     paths = owner_tables(tmp_path, nodes=3)
     states = {}
     for name, secure in (("plain", ""), ("secure", "{}")):
         config = {"rounds": 3, "stop": "none", "out-dir": str(tmp_path / name), "secure-aggregation": secure,
-                  "privacy": json.dumps({"noise": 1.0, "delta": 1e-3, "reproducible": True})}  # fmt: skip
+                  "privacy": json.dumps({"noise": 1.0, "delta": 1e-3, "reproducible": True,
+                                         "noise_at": "clients", "noise_shares": 4})}  # fmt: skip
         grid = deploy(paths, config)
         flower_app._main(grid, Context(0, 0, {}, RecordDict(), config))
         states[name] = fedgp.load(tmp_path / name / "model.fedgp").state
@@ -208,6 +210,7 @@ def test_the_app_aggregates_dp_updates_and_the_summary_securely(tmp_path):
         torch.testing.assert_close(states["secure"][key], value, rtol=1e-7, atol=1e-9)
     history = pd.read_csv(tmp_path / "secure" / "history.csv")
     assert (history["failed"] == 0).all() and history["epsilon"].iloc[-1] > 0
+    assert (history["noise_topup"] == 0).all()  # six owners' shares: the full noise, none from the server
 
 
 @pytest.mark.parametrize(
