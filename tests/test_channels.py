@@ -1,7 +1,8 @@
 """Channels besides the hyper-parameter replies, closed (issue 30, deliverable 3): a summed field
 with one contributor is that contributor's value, so it is not released below
 ``Faults(min_contributors=...)``; the Flower app's default (2) refuses it in a deployment. An input
-box widened to a grid still pins an integer feature's extremes; ``hide_discrete`` hides them.
+box widened to a grid still pins an integer feature's extremes; ``hide_discrete`` hides them. Two fits
+with and without a small owner give its sums by difference; only DP (no summary at all) stops it.
 
 Each test runs the attack first where it can: the server's view of a one-client sum gives the
 client's data back (here: its mean target, from the transforms' summary), then the same run with
@@ -21,7 +22,7 @@ from fedgp.errors import InputError, InputTypeError, RoundFailedError
 from fedgp.messages import Field, Outcome
 from fedgp.run import Faults, Progress
 from fedgp.run.exchange import withhold_small_sums
-from fedgp.transforms import Transforms, client_summaries
+from fedgp.transforms import Standardize, Transforms, client_summaries
 
 
 @pytest.fixture(scope="module")
@@ -112,3 +113,30 @@ def test_a_run_hides_discrete_extremes_the_same_on_every_engine(draws):
     assert float(runs[0].transform.x_offset) <= float(plain.transform.x_offset)
     with pytest.raises(InputError, match="applies to inputs='auto'"):
         Transforms(inputs=None, hide_discrete=True)
+
+
+def test_differencing_two_fits_gives_a_small_clients_sum_unless_dp(draws):
+    """Two fits over the same owners, with and without one 2-point client: the transforms' summary
+    sums differ by that client's own Σy (secure aggregation does not stop this; DP does, and sends
+    no summary at all)."""
+    everyone = Federation(list(draws.federation))
+    without = Federation(list(draws.federation)[1:])
+    small = draws.federation[0]
+
+    def federated_sum(result, fed):  # what the server learnt: mean × count = Σy over the owners
+        return float(result.transform.y_offset) * sum(c.n for c in fed)
+
+    federated = Transforms(outcome=Standardize())  # one federated mean and sd
+    fits = [
+        fedgp.fit(draws.spec, f, rounds=1, transforms=federated, callbacks=[Progress(False)])
+        for f in (everyone, without)
+    ]
+    leaked = federated_sum(fits[0], everyone) - federated_sum(fits[1], without)
+    assert leaked == pytest.approx(float(small.y.sum()), abs=1e-9)  # the attack works without DP
+    private = fedgp.run.ClientDP(noise=1.0, delta=0.1)
+    dp = [
+        fedgp.fit(draws.spec, f, rounds=1, privacy=private, callbacks=[Progress(False)])
+        for f in (everyone, without)
+    ]
+    for result in dp:  # each owner standardised by its own statistics: no federated sum exists
+        assert result.transform.y_local and result.transform.y_offset is None
