@@ -13,7 +13,7 @@ endif
 
 export MPLBACKEND ?= Agg
 
-.PHONY: demo test lint docs install clean
+.PHONY: demo test test-random lint docs install clean
 
 install: $(STAMP)
 
@@ -30,6 +30,11 @@ test: $(STAMP)
 	$(BIN)/python -m pytest -q
 
 # The documentation site into site/ (MkDocs; warnings are errors; tests/test_docs.py builds it too).
+# The property-based tests alone, randomised, 1,000 examples each unless a test sets its own count:
+# run it once per change (make test repeats the same derandomised examples).
+test-random: $(STAMP)
+	FEDGP_HYPOTHESIS=random $(BIN)/python -m pytest -q $$(grep -rl "from hypothesis" tests)
+
 docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
 

@@ -33,6 +33,7 @@ Choices where scikit-learn has no convention:
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import numpy as np
@@ -42,7 +43,7 @@ from sklearn.utils.validation import check_consistent_length, check_is_fitted, v
 
 from fedgp.data.client import MIN_TRAINING_POINTS, ClientData, Federation
 from fedgp.data.table import rows_by_owner
-from fedgp.errors import InputError
+from fedgp.errors import FedGPWarning, InputError
 from fedgp.presets import make_spec, make_strategy
 from fedgp.run import Progress, fit
 
@@ -110,10 +111,27 @@ class FederatedGPRegressor(RegressorMixin, BaseEstimator):
         self.unknown_groups = unknown_groups
         self.callbacks = callbacks
 
+    # With metadata routing on, fit, predict and score ask for ``groups`` by default: routing
+    # them (cross_val_score(..., params={"groups": owners})) needs no set_*_request call.
+    __metadata_request__fit = {"groups": True}
+    __metadata_request__predict = {"groups": True}
+    __metadata_request__score = {"groups": True}
+
     def fit(self, X: Any, y: Any, groups: Any = None) -> FederatedGPRegressor:
-        """Train on the owners' rows: ``groups[i]`` is the owner of row ``i`` (``None``: one owner)."""
+        """Train on the owners' rows: ``groups[i]`` is the owner of row ``i`` (``None``: one owner,
+        with a warning: inside scikit-learn's cross-validation that is usually ``groups`` that went
+        to the splitter only)."""
         X, y = validate_data(self, X, y, dtype=np.float64, y_numeric=True, ensure_min_samples=2)
         if groups is None:
+            warnings.warn(
+                "FederatedGPRegressor.fit(groups=None): every row is one owner, so this fits one "
+                "centralised GP, not a federation. In cross_val_score, GridSearchCV or a pipeline, "
+                "scikit-learn gives groups only to the splitter unless metadata routing is on: "
+                "sklearn.set_config(enable_metadata_routing=True), then params={'groups': owners}. "
+                "Pass groups=np.zeros(len(y)) to mean one owner",
+                FedGPWarning,
+                stacklevel=2,
+            )
             groups = np.zeros(len(y), dtype=np.int64)
         check_consistent_length(X, groups)
         owners = _owners(groups)

@@ -256,7 +256,9 @@ def _grid_step(lower: torch.Tensor, upper: torch.Tensor, steps: int = 16) -> tor
     width = upper - lower
     reference = torch.where(width > 0, width, torch.maximum(lower.abs(), upper.abs()))
     reference = torch.where(reference > 0, reference, torch.ones_like(reference))
-    return torch.exp2(torch.ceil(torch.log2(reference / steps)))
+    step = torch.exp2(torch.ceil(torch.log2(reference / steps)))
+    # Below the smallest normal number the grid would underflow to 0 (a subnormal value gave NaN).
+    return torch.clamp(step, min=torch.finfo(step.dtype).tiny)
 
 
 def outward_bounds(lower: torch.Tensor, upper: torch.Tensor, steps: int = 16):

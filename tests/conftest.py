@@ -18,6 +18,12 @@ def rng():
 # 2-core machine makes per-example timings meaningless).
 from hypothesis import settings as _hypothesis_settings  # noqa: E402
 
+# ``make test-random`` (FEDGP_HYPOTHESIS=random): fresh examples, 1,000 per test unless the test sets
+# its own count, so the derandomised CI run is not the only search.
 _hypothesis_settings.register_profile("ci", derandomize=True, deadline=None, print_blob=True)
 _hypothesis_settings.register_profile("dev", deadline=None)
-_hypothesis_settings.load_profile("ci" if os.environ.get("CI", "").strip().lower() == "true" else "dev")
+_hypothesis_settings.register_profile("random", deadline=None, max_examples=1000, print_blob=True)
+_hypothesis_settings.load_profile(
+    os.environ.get("FEDGP_HYPOTHESIS")
+    or ("ci" if os.environ.get("CI", "").strip().lower() == "true" else "dev")
+)

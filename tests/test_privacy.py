@@ -9,7 +9,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 import torch
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 import fedgp
@@ -102,6 +102,7 @@ def test_one_client_moves_the_sum_by_at_most_clip(draws):
 
 
 @given(st.lists(st.floats(-1e6, 1e6), min_size=1, max_size=6), st.floats(1e-3, 10.0))
+@example(values=[1.3701448956127729], clip=1.3701448956127729)  # norm == clip: found by make test-random
 def test_clipping_bounds_every_update_and_keeps_its_direction(values, clip):
     delta = fedgp.models.state.HyperState(
         {"a": torch.tensor([values], dtype=torch.float64)}, {"a": (len(values),)}

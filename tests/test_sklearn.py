@@ -165,3 +165,19 @@ def test_transforms_faults_and_callbacks_reach_fedgp_fit():
     x = np.random.default_rng(4).uniform(0, 5, (4, 2))
     m, _ = result.predict(x, client="b", observation_noise=True)
     np.testing.assert_allclose(est.predict(x, groups=["b"] * 4), m.numpy(), rtol=1e-10, atol=1e-12)
+
+
+def test_routing_groups_needs_only_set_config_and_a_forgotten_route_warns():
+    """The estimator asks for ``groups`` at fit, predict and score by default: with routing on,
+    cross-validation gets finite scores without any set_*_request; without it, ``groups`` reach
+    only the splitter and fit warns that it trains one centralised GP, saying how to route."""
+    X, y, groups = owners()
+    with sklearn.config_context(enable_metadata_routing=True):
+        scores = cross_validate(
+            FederatedGPRegressor(rounds=3), X, y, cv=GroupKFold(3), params={"groups": groups}
+        )
+        assert np.isfinite(scores["test_score"]).all()
+    # Routing off (explicitly: another test or a docs page may have left it on globally).
+    with sklearn.config_context(enable_metadata_routing=False):
+        with pytest.warns(fedgp.errors.FedGPWarning, match="enable_metadata_routing=True"):
+            cross_validate(FederatedGPRegressor(rounds=3), X, y, cv=GroupKFold(3), groups=groups)

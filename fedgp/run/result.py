@@ -56,6 +56,21 @@ class FitResult:
     attackers: list = field(default_factory=list)  # ids of the clients an ``attack`` took over
     transform: DataTransform = field(default_factory=DataTransform)  # applied to every client's data
 
+    def __repr__(self) -> str:
+        """One line a notebook can show: strategy, rounds, engine, clients, why it stopped, the last
+        train NLL (``history`` and ``state`` hold the rest)."""
+        parts = [type(self.strategy).__name__, f"rounds={len(self.history)}"]
+        if self.engine is not None:
+            parts.append(f"engine={getattr(self.engine, 'name', type(self.engine).__name__)!r}")
+        if self.roster is not None:
+            parts.append(f"clients={len(self.roster.ids)}")
+        stop = self.history.attrs.get("stop_reason")
+        if stop:  # the reason's head; history.attrs["stop_reason"] has it whole
+            parts.append(f"stopped={stop if len(stop) <= 60 else stop[:57] + '...'!r}")
+        if "train_nll" in self.history and len(self.history):
+            parts.append(f"train_nll={float(self.history['train_nll'].iloc[-1]):.4g}")
+        return f"FitResult({', '.join(parts)})"
+
     @property
     def transforms(self) -> dict[str, str]:
         """What was applied to the outcome and the inputs (predictions are in the original units)."""

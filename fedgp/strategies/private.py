@@ -69,7 +69,9 @@ def clip_updates(delta: HyperState, clip: float) -> tuple[HyperState, torch.Tens
     """Each client's update (batch ``(B,)``) scaled to L2 norm at most ``clip`` over all its
     parameters, and the norms before clipping."""
     norms = torch.sqrt(sum((v.reshape(v.shape[0], -1) ** 2).sum(dim=1) for v in delta.values()))
-    scale = torch.clamp(clip / torch.clamp(norms, min=torch.finfo(norms.dtype).tiny), max=1.0)
+    # Within the bound an update is kept exactly (clip / norm can round below 1 when they are equal).
+    ratio = clip / torch.clamp(norms, min=torch.finfo(norms.dtype).tiny)
+    scale = torch.where(norms <= clip, torch.ones_like(ratio), ratio)
     return delta.map(lambda v, e: v * scale.reshape(-1, *([1] * (v.dim() - 1)))), norms
 
 
