@@ -20,6 +20,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import warnings
 import weakref
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -30,7 +31,7 @@ import torch
 from fedgp.data.client import ClientData
 from fedgp.engines.base import Engine
 from fedgp.engines.batched import check_against_gpytorch
-from fedgp.errors import InputError, MissingExtraError
+from fedgp.errors import FedGPWarning, InputError, MissingExtraError
 from fedgp.messages import (
     Field,
     Outcome,
@@ -204,6 +205,15 @@ class RayEngine(Engine):
         workers = num_workers or max(1, int(ray.cluster_resources().get("CPU", 1)))
         if workers < 1:
             raise InputError("num_workers must be >= 1")
+        cores = os.cpu_count() or 1
+        if address is None and workers > cores:
+            warnings.warn(
+                f"Ray(num_workers={workers}) on a machine with {cores} CPUs: the {workers} actors share "
+                f"{cores} cores, which is slower than {cores} workers (each actor runs a whole shard); "
+                "leave num_workers out for one per CPU",
+                FedGPWarning,
+                stacklevel=2,
+            )
         options = dict(shard or {})
         check_against_gpytorch(spec, compiled=options.get("compiled"))  # once, here; actors skip it
         self.spec, self.clients, self.seed = spec, list(clients), seed

