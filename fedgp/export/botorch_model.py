@@ -73,7 +73,7 @@ def _transforms(result, data, dtype):
     return data.X.to(dtype), data.y.to(dtype), inputs, outcome
 
 
-def to_botorch(result, client: Any):
+def to_botorch(result, client: Any, trainable: bool = False):
     """One client's personalised model as a BoTorch ``SingleTaskGP``: the learned prior conditioned on the
     client's own points, hyper-parameters frozen, in the data's original units.
 
@@ -83,6 +83,12 @@ def to_botorch(result, client: Any):
         A :class:`~fedgp.fit.FitResult` or a loaded result.
     client
         A training client (position or id) or any :class:`~fedgp.data.ClientData`.
+    trainable
+        ``False`` (default): every hyper-parameter frozen at the federated value, so
+        ``fit_gpytorch_mll`` has nothing to fit (it raises "No parameters to get state from").
+        ``True``: the spec's trainable hyper-parameters start from the federated values and
+        ``fit_gpytorch_mll`` fine-tunes them on this client's own points (the spec's fixed ones stay
+        fixed); the model is then the client's own, no longer the federation's.
 
     Returns
     -------
@@ -105,4 +111,9 @@ def to_botorch(result, client: Any):
         input_transform=inputs,
     )
     model.requires_grad_(False)
+    if trainable:
+        named = dict(model.named_parameters())
+        for p in spec.params:
+            if p.trainable:
+                named[p.raw_name].requires_grad_(True)
     return model.eval()

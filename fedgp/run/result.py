@@ -223,10 +223,11 @@ class FitResult:
         """``client``'s model as a GPyTorch ``ExactGP`` in eval mode, conditioned on its data."""
         return to_gpytorch(self, client)
 
-    def to_botorch(self, client: int | ClientData | Any):
-        """``client``'s model as a BoTorch ``SingleTaskGP`` with the learned hyper-parameters fixed
-        (needs the ``botorch`` extra)."""
-        return to_botorch(self, client)
+    def to_botorch(self, client: int | ClientData | Any, trainable: bool = False):
+        """``client``'s model as a BoTorch ``SingleTaskGP`` with the learned hyper-parameters fixed,
+        or with ``trainable=True`` free for ``fit_gpytorch_mll`` to fine-tune from them (needs the
+        ``botorch`` extra)."""
+        return to_botorch(self, client, trainable)
 
 
 def _some(ids, k: int = 5) -> str:

@@ -123,3 +123,28 @@ def test_exports_with_each_clients_own_standardisation():
     post = result.to_botorch(2).posterior(X)
     assert torch.allclose(post.mean.squeeze(-1), pred.mean, rtol=0, atol=1e-8)
     assert torch.allclose(post.mvn.covariance_matrix, pred.covariance_f, rtol=0, atol=1e-8)
+
+
+@needs_botorch
+def test_to_botorch_trainable_fine_tunes_from_the_federated_prior(ifca_fit):
+    """Frozen by default (fit_gpytorch_mll has nothing to fit); trainable=True starts at the
+    federated values and fit_gpytorch_mll moves them up this client's own likelihood."""
+    from botorch.fit import fit_gpytorch_mll
+    from gpytorch.mlls import ExactMarginalLogLikelihood
+
+    fed, result = ifca_fit
+    frozen = result.to_botorch(2)
+    with pytest.raises(RuntimeError, match="No parameters"):
+        fit_gpytorch_mll(ExactMarginalLogLikelihood(frozen.likelihood, frozen))
+    model = result.to_botorch(2, trainable=True)
+    start = {k: v.clone() for k, v in model.named_parameters()}
+    trainable = {k for k, v in model.named_parameters() if v.requires_grad}
+    assert trainable and torch.allclose(model.posterior(_inputs()).mean, frozen.posterior(_inputs()).mean)
+    mll = ExactMarginalLogLikelihood(model.likelihood, model)
+    model.train()
+    before = float(mll(model(*model.train_inputs), model.train_targets))
+    fit_gpytorch_mll(mll)
+    model.train()
+    after = float(mll(model(*model.train_inputs), model.train_targets))
+    assert after >= before - 1e-9
+    assert any(not torch.equal(v, start[k]) for k, v in model.named_parameters() if k in trainable)
