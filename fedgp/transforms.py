@@ -234,10 +234,11 @@ def client_summaries(
 
 
 def _client_box(client: ClientData, hide_discrete: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    low, high = outward_bounds(client.X.min(0).values, client.X.max(0).values)
+    lower, upper = client.X.min(0).values, client.X.max(0).values
+    low, high = outward_bounds(lower, upper)
     if not hide_discrete:
         return low, high
-    step = _grid_step(client.X.min(0).values, client.X.max(0).values)
+    step = _grid_step(lower, upper)
     discrete = (client.X == torch.round(client.X)).all(0)
     down, up = hidden_steps(client.X)
     return low - discrete * down * step, high + discrete * up * step

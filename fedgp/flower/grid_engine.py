@@ -142,25 +142,25 @@ class GridEngine(Engine):
             content, dst_node_id=node, message_type=message_type(task.kind), group_id=str(task.round)
         )
 
-    def _secagg_exchange(self, contents: Mapping[int, RecordDict], rnd: int) -> dict[int, RecordDict | str]:
-        """One step of the secure-aggregation protocol: each node's reply content, or why it has none."""
+    def _failure(self, node: int, reply: Message | None) -> str | None:
+        """Why ``node`` has no usable reply (``None`` when it has one)."""
+        if reply is None:
+            return f"no reply from Flower node {node} (timeout {self.timeout} s or node lost)"
+        return f"Flower node {node}: {reply.error.reason}" if reply.has_error() else None
+
+    def _secagg_exchange(
+        self, contents: Mapping[int, RecordDict], rnd: int, spent: list[int]
+    ) -> dict[int, RecordDict | str]:
+        """One step of the secure-aggregation protocol: each node's reply content, or why it has
+        none; ``spent`` adds the step's bytes down and up, as Flower serialises the messages."""
         messages = [
             Message(c, dst_node_id=n, message_type=MESSAGE_TYPE, group_id=str(rnd))
             for n, c in contents.items()
         ]
-        self._protocol_bytes[0] += sum(len(message_bytes(m)) for m in messages)
+        spent[0] += sum(len(message_bytes(m)) for m in messages)
         replies, _ = self._exchange(messages)
-        self._protocol_bytes[1] += sum(len(message_bytes(m)) for m in replies.values() if not m.has_error())
-        out: dict[int, RecordDict | str] = {}
-        for node in contents:
-            reply = replies.get(node)
-            if reply is None:
-                out[node] = f"no reply from Flower node {node} (timeout {self.timeout} s or node lost)"
-            else:
-                out[node] = (
-                    f"Flower node {node}: {reply.error.reason}" if reply.has_error() else reply.content
-                )
-        return out
+        spent[1] += sum(len(message_bytes(m)) for m in replies.values() if not m.has_error())
+        return {n: self._failure(n, replies.get(n)) or replies[n].content for n in contents}
 
     def run(self, task: Task, clients: torch.Tensor, fields: Mapping[str, Field]) -> Outcome:
         clients = torch.as_tensor(clients, dtype=torch.long)
@@ -170,9 +170,11 @@ class GridEngine(Engine):
             rows = torch.nonzero(self._node_of[clients] == index).flatten()
             if len(rows):
                 members[node] = rows
-        secure, self._protocol_bytes = None, [0, 0]
+        secure, spent = None, [0, 0]
         if self.secure is not None and members and any(f.summed for f in fields.values()):
-            secure = SecAggRound(self.secure, lambda c: self._secagg_exchange(c, task.round), list(members))
+            secure = SecAggRound(
+                self.secure, lambda c: self._secagg_exchange(c, task.round, spent), list(members)
+            )
             try:
                 carry = secure.setup()
             except EngineError as err:
@@ -190,13 +192,9 @@ class GridEngine(Engine):
         parts, masked = [], {}
         for node, rows in members.items():
             who, reply = clients[rows], replies.get(node)
-            if secure is not None and node in secure.dropped:
-                reason = secure.dropped[node]
-            elif reply is None:
-                reason = f"no reply from Flower node {node} (timeout {self.timeout} s or node lost)"
-            elif reply.has_error():
-                reason = f"Flower node {node}: {reply.error.reason}"
-            else:
+            reason = secure.dropped.get(node) if secure is not None else None
+            reason = reason or self._failure(node, reply)
+            if reason is None:
                 parts.append(outcome_from_content(reply.content))
                 if secure is not None:
                     masked[node] = bytes(reply.content.config_records[RECORD]["masked"])
@@ -210,6 +208,6 @@ class GridEngine(Engine):
                 return Outcome.empty(fields, dict.fromkeys(clients.tolist(), str(err)))
             out.sums = sums if len(out.clients) else {}
             # The protocol's own messages (keys, shares, unmask), as Flower serialises them.
-            out.bytes_down += self._protocol_bytes[0]
-            out.bytes_up += self._protocol_bytes[1]
+            out.bytes_down += spent[0]
+            out.bytes_up += spent[1]
         return out
