@@ -1,7 +1,7 @@
-"""README's "What leaves a client" table is what clients send: every row is run and checked.
+"""The "What leaves a client" table of docs/protocol.md is what clients send: every row is run and checked.
 
 A recording engine wraps ``sequential`` and keeps, for every exchange, the declared reply fields
-and the replies that reached the server (individual rows and sums). Each README row names a
+and the replies that reached the server (individual rows and sums). Each table row names a
 strategy, a round, fields, a symbolic shape and a kind; the recorded rounds of that strategy must
 consist of exactly those fields, with those shapes and kinds.
 """
@@ -29,7 +29,7 @@ from fedgp.strategies import (
 )
 from fedgp.strategies import clustered as C
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+PROTOCOL = Path(__file__).resolve().parents[2] / "docs" / "protocol.md"
 
 
 class RecordingEngine(SequentialEngine):
@@ -54,7 +54,7 @@ class RecordingEngine(SequentialEngine):
 
 
 def readme_rows():
-    text = README.read_text().split("### What leaves a client", 1)[1]
+    text = PROTOCOL.read_text().split("## What leaves a client", 1)[1]
     rows = defaultdict(list)
     for line in text.splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
@@ -90,7 +90,7 @@ def check(strategy_row, engine, spec, symbols, rows):
             short, event = symbolic(name, spec)
             assert received.get(name) == field.shape, f"{strategy_row}: {name} declared {field.shape}"
             got.setdefault(short, []).append((field.shape, event, "summed" if field.summed else "individual"))
-        assert set(got) == set(expected[rnd]), f"{strategy_row} / {rnd}: {sorted(got)} vs README"
+        assert set(got) == set(expected[rnd]), f"{strategy_row} / {rnd}: {sorted(got)} vs docs/protocol.md"
         for short, entries in got.items():
             tokens, kind = expected[rnd][short]
             for shape, event, actual_kind in entries:
@@ -180,4 +180,4 @@ def test_readme_traffic_table_is_what_clients_send():
                 if any(kind == r for kind, _, _ in engine.log for r in rounds):
                     check(row, engine, spec, symbols if init is phase1 else {**symbols, "r": k}, rows)
                     covered.add(row)
-    assert covered == set(rows), f"README rows never run: {sorted(set(rows) - covered)}"
+    assert covered == set(rows), f"docs/protocol.md rows never run: {sorted(set(rows) - covered)}"
