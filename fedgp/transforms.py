@@ -35,7 +35,7 @@ import gpytorch
 import numpy as np
 import torch
 
-from fedgp.data.client import ClientData
+from fedgp.data.client import MAX_MAGNITUDE, ClientData
 from fedgp.errors import InputError, InputTypeError
 
 __all__ = [
@@ -177,7 +177,31 @@ class DataTransform:
             fields["noise"] = client.noise / (scale * scale)
         if client.has_test:
             fields.update(X_test=self.inputs(client.X_test), y_test=(client.y_test - offset) / scale)
+        for name, values in fields.items():
+            self._check_made(client, name, values, scale)
         return replace(client, **fields), offset, scale
+
+    def _check_made(self, client: ClientData, name: str, values: torch.Tensor, scale: float) -> None:
+        """A transformed value the data checks would refuse is the transform's doing, not the
+        user's: say so, with the box or scale that made it, before ``ClientData`` blames the data."""
+        finite = torch.isfinite(values)
+        peak = float(values[finite].abs().max()) if bool(finite.any()) else math.inf
+        if bool(finite.all()) and peak < MAX_MAGNITUDE:
+            return
+        if name.startswith("X"):
+            width = float(self.x_scale.min())
+            cause = (
+                f"the federation's training inputs span only {width:.3g} in some feature, and "
+                f"{name} lies far outside that box"
+            )
+            fix = "pass Normalize(bounds=[lower, upper]) covering every input, or Transforms(inputs=None)"
+        else:
+            cause = f"the federation's targets have sd {scale:.3g}"
+            fix = "rescale y, or pass Transforms(outcome=None)"
+        raise InputError(
+            f"client {client.id!r}: the data transforms map {name} to values up to {peak:.3g} "
+            f"(the data themselves passed every check): {cause}; {fix}"
+        )
 
     def describe(self) -> dict[str, Any]:
         """What was applied, for ``FitResult.transforms`` and the history."""
@@ -214,7 +238,7 @@ def client_summaries(
     center: float = 0.0,
     scales: bool = False,
     hide_discrete: bool = False,
-):
+) -> dict[str, torch.Tensor]:
     """A batch of clients' reply to the ``summarise`` task (one row per client, tensors), from their
     raw data (:func:`fedgp.messages.summary_fields` declares it)."""
     if stage == "spread":
@@ -262,7 +286,9 @@ def _grid_step(lower: torch.Tensor, upper: torch.Tensor, steps: int = 16) -> tor
     return torch.clamp(step, min=torch.finfo(step.dtype).tiny)
 
 
-def outward_bounds(lower: torch.Tensor, upper: torch.Tensor, steps: int = 16):
+def outward_bounds(
+    lower: torch.Tensor, upper: torch.Tensor, steps: int = 16
+) -> tuple[torch.Tensor, torch.Tensor]:
     """A client's per-feature box, widened to a coarse grid so that no data value leaves.
 
     A minimum or maximum *is* a data value (for one feature, a whole row of X). Each end is moved
@@ -415,8 +441,12 @@ def learn(
             raise InputError("Standardize needs at least two training targets in the federation")
         sd = math.sqrt(sqdev / (n - 1))
         if not sd > 0:
+            # Every client's targets vary (ClientData refuses constant ones), so a zero sum of
+            # squared deviations is an underflow: the spread is below about 1e-154.
             raise InputError(
-                "Standardize: the federation's targets are constant (sd 0); pass Transforms(outcome=None)"
+                "Standardize: the federation's targets vary too little to measure in float64 (their "
+                f"squared deviations underflow to {sqdev:g}; mean {mean:.3g}); rescale y (multiply it "
+                "by a large constant) or pass Transforms(outcome=None)"
             )
         fields.update(
             y_offset=torch.tensor(mean, dtype=torch.float64), y_scale=torch.tensor(sd, dtype=torch.float64)

@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from fedgp.errors import InputError, UnknownNameError
+from fedgp.errors import InputError, InputTypeError, UnknownNameError
 
 __all__ = ["ClientData", "Federation"]
 
@@ -304,6 +304,14 @@ class Federation(Sequence[ClientData]):
     """
 
     def __init__(self, clients: Iterable[ClientData]) -> None:
+        if isinstance(clients, (ClientData, str, bytes, Mapping, torch.Tensor, np.ndarray)) or not isinstance(
+            clients, Iterable
+        ):
+            raise InputTypeError(
+                f"Federation(clients): clients must be a list of fedgp.data.ClientData, got "
+                f"{type(clients).__name__}; build one with Federation([ClientData(X, y, id=...), ...]) or "
+                "Federation.from_partition(X, y, parts)"
+            )
         clients = list(clients)
         if not clients:
             raise InputError("a federation needs at least one client")
@@ -419,6 +427,10 @@ class Federation(Sequence[ClientData]):
             raise InputError(
                 f"from_partition: parts must be a sequence of row-index arrays, got {type(parts).__name__}"
             ) from None
+        if ids is not None and (isinstance(ids, (str, bytes, Mapping)) or not isinstance(ids, Iterable)):
+            raise InputTypeError(
+                f"from_partition: ids must be a list with one id per partition, got {type(ids).__name__}"
+            )
         ids = list(range(len(parts))) if ids is None else list(ids)
         if len(ids) != len(parts):
             raise InputError(f"from_partition: {len(parts)} partitions but {len(ids)} ids")
