@@ -184,6 +184,8 @@ class DataTransform:
     def _check_made(self, client: ClientData, name: str, values: torch.Tensor, scale: float) -> None:
         """A transformed value the data checks would refuse is the transform's doing, not the
         user's: say so, with the box or scale that made it, before ``ClientData`` blames the data."""
+        if not values.numel():
+            return
         finite = torch.isfinite(values)
         peak = float(values[finite].abs().max()) if bool(finite.any()) else math.inf
         if bool(finite.all()) and peak < MAX_MAGNITUDE:

@@ -85,3 +85,6 @@ def test_tiny_but_measurable_scales_still_fit():
     assert result.transforms["outcome"].startswith("standardize, mean")
     mean, var = result.predict(torch.rand(3, 2, dtype=torch.float64), client="c0")
     assert bool(torch.isfinite(mean).all()) and float(mean.abs().max()) < 1e-98
+    empty = ClientData(torch.empty(0, 2, dtype=torch.float64), torch.empty(0, dtype=torch.float64), id="new")
+    mean, _ = result.predict(torch.rand(2, 2, dtype=torch.float64), client=empty)  # cold start: no rows
+    assert bool(torch.isfinite(mean).all())

@@ -5,8 +5,9 @@ server may see each client's value (*individual*: a state, a loss, a cluster cho
 sum over the round's clients (*summed*: moment matrices, sufficient statistics — anything from which
 a client's rows could be rebuilt). Engines check each reply against the declaration before it
 reaches the server: a missing or extra field, a wrong shape or dtype, a NaN or an infinite value,
-or an integer out of its declared range makes that client a failure with the reason, never part
-of an average. Summed fields reach ``aggregate`` only as sums: in process over the round's
+an integer out of its declared range, or a float outside its declared domain (a state's
+hyper-parameter beyond its GPyTorch constraint or ±1e150) makes that client a failure with the
+reason, never part of an average. Summed fields reach ``aggregate`` only as sums: in process over the round's
 clients, from a Ray actor or a Flower node as the sum over the clients it hosts (Flower 1.41's
 SecAgg+ cannot carry them exactly: README, "Beyond one machine").
 """
@@ -34,6 +35,8 @@ class Field:
     dtype: torch.dtype = torch.float64
     summed: bool = False
     bounds: tuple[int, int] | None = None  # inclusive range of an integer field (e.g. a cluster index)
+    #: inclusive range of a float field's values (e.g. a positive variance), or ``None``
+    domain: tuple[float, float] | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "shape", tuple(int(s) for s in self.shape))
@@ -41,6 +44,11 @@ class Field:
             raise InputTypeError(f"field dtype {self.dtype} is not one of {TENSOR_DTYPES}")
         if self.summed and self.dtype == torch.bool:
             raise InputTypeError("a summed field must be numeric")
+        if self.domain is not None:
+            low, high = (float(v) for v in self.domain)
+            if self.dtype != torch.float64 or not low <= high:
+                raise InputError(f"a domain needs a float64 field and low <= high, got {self.domain}")
+            object.__setattr__(self, "domain", (low, high))
 
     @property
     def kind(self) -> str:
@@ -86,6 +94,15 @@ def check_reply(reply: Record, fields: Mapping[str, Field], batch: int) -> list[
         if value.dtype == torch.float64:
             bad = ~torch.isfinite(value).all(dim=1)
             what = "is not finite (NaN or inf)"
+            if f.domain is not None and value.shape[1]:
+                lo, hi = f.domain
+                outside = ((value < lo) | (value > hi)).any(dim=1) & ~bad
+                for row in torch.nonzero(outside).flatten().tolist():
+                    worst = value[row][(value[row] < lo) | (value[row] > hi)][0]
+                    reasons[row] = f"{reasons[row]}; " if reasons[row] else ""
+                    reasons[row] += (
+                        f"field {name!r} is {float(worst):.4g}, outside its domain [{lo:g}, {hi:g}]"
+                    )
         elif f.bounds is not None and value.dtype == torch.int64 and value.shape[1]:
             lo, hi = f.bounds
             bad = ((value < lo) | (value > hi)).any(dim=1)
@@ -99,9 +116,36 @@ def check_reply(reply: Record, fields: Mapping[str, Field], batch: int) -> list[
 # -- hyper-parameter states in records --------------------------------------------------------------
 
 
+#: The largest magnitude a hyper-parameter in a reply may have. Data are refused from 1e150 on
+#: (their squares near float64's limit in a kernel), so no model fedgp fits has a larger value;
+#: a reply beyond it is a client's error or a lie, and would overflow the round's average.
+STATE_MAGNITUDE = 1e150
+
+
+def param_domain(param) -> tuple[float, float]:
+    """The values a hyper-parameter can take: its GPyTorch constraint's bounds, within
+    ±:data:`STATE_MAGNITUDE` (a raw, unconstrained one: the magnitude bound only)."""
+    low, high = -STATE_MAGNITUDE, STATE_MAGNITUDE
+    if param.constraint is not None:
+        low = max(low, float(torch.as_tensor(param.constraint.lower_bound).min()))
+        high = min(high, float(torch.as_tensor(param.constraint.upper_bound).max()))
+    # an Interval's transform can round a value to a few ulps beyond its bound: not a lie
+    return low - 1e-9 * abs(low), high + 1e-9 * abs(high)
+
+
 def state_fields(spec: GPSpec, prefix: str, batch: tuple[int, ...] = (), summed: bool = False) -> dict:
-    """The fields of a (batched) state in a reply: ``prefix + name`` for every hyper-parameter."""
-    return {f"{prefix}{p.name}": Field((*batch, *p.shape), torch.float64, summed) for p in spec.params}
+    """The fields of a (batched) state in a reply: ``prefix + name`` for every hyper-parameter.
+
+    A state (not a sum, not a difference or gradient: ``summed=False`` and a prefix naming
+    states, ``state/``) declares each value's domain, so a reply outside its constraint is that
+    client's failure, not an average's."""
+    domains = not summed and prefix.rstrip("/").endswith("state")
+    return {
+        f"{prefix}{p.name}": Field(
+            (*batch, *p.shape), torch.float64, summed, domain=param_domain(p) if domains else None
+        )
+        for p in spec.params
+    }
 
 
 def state_tensors(state: HyperState, prefix: str) -> dict[str, torch.Tensor]:
