@@ -8,6 +8,9 @@
 * The ``python`` code blocks of the pages run as written, page by page in one namespace (like a
   notebook). A block right after a ``<!-- docs-test: skip (reason) -->`` comment is not run (it
   needs a cluster, a deployment or minutes); every skip gives its reason.
+* The site reads offline: its math is MathML (no TeX left, no MathJax), it loads no script or
+  stylesheet from elsewhere, its text shows no raw Sphinx role, and its code lines fit the page.
+* The site names its version and has the changelog.
 """
 
 from __future__ import annotations
@@ -151,6 +154,139 @@ def test_reproducing_tables_come_from_the_committed_csv(site):
         assert quantity.split(",")[0] in html
 
 
+# -- offline, rendered, versioned ----------------------------------------------------------------
+
+
+class _Text(HTMLParser):
+    """A page's text outside ``SKIPPED`` elements (code, scripts, styles and the MathML itself), and
+    the addresses of what it loads (scripts, stylesheets)."""
+
+    SKIPPED = {"script", "style", "pre", "code", "textarea", "math", "svg"}
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.text: list[str] = []
+        self.loads: list[str] = []
+        self._open: list[str] = []
+
+    def handle_starttag(self, tag, attrs):
+        attrs = dict(attrs)
+        if tag == "script" and attrs.get("src"):
+            self.loads.append(attrs["src"])
+        if tag == "link" and "stylesheet" in (attrs.get("rel") or "") and attrs.get("href"):
+            self.loads.append(attrs["href"])
+        if tag in self.SKIPPED:
+            self._open.append(tag)
+
+    def handle_endtag(self, tag):
+        if tag in self._open:
+            del self._open[len(self._open) - 1 - self._open[::-1].index(tag) :]
+
+    def handle_data(self, data):
+        if not self._open:
+            self.text.append(data)
+
+
+def _text(page: Path) -> _Text:
+    parser = _Text()
+    parser.feed(page.read_text(encoding="utf-8"))
+    return parser
+
+
+def _html_pages(site: Path) -> list[Path]:
+    return sorted(site.rglob("*.html"))
+
+
+def test_site_loads_nothing_from_elsewhere(site):
+    """No CDN: every script and stylesheet is a file of the site (math needs none: it is MathML)."""
+    outside = []
+    for page in _html_pages(site):
+        html = page.read_text(encoding="utf-8")
+        outside += [f"{page.relative_to(site)}: {url}" for url in _text(page).loads if urlsplit(url).netloc]
+        outside += [f"{page.relative_to(site)}: {m}" for m in re.findall(r"unpkg\.com|cdnjs|jsdelivr", html)]
+        assert "mathjax" not in html.lower(), f"{page.relative_to(site)} still loads or configures MathJax"
+    assert not outside, "the site loads from elsewhere:\n" + "\n".join(sorted(set(outside))[:30])
+
+
+#: TeX a reader would see raw: MathJax's delimiters, and in a notebook's text a $...$ pair.
+RAW_TEX = re.compile(r"\\\(|\\\[|\$\$|\\begin\{")
+RAW_INLINE_TEX = re.compile(r"(?<![\\$])\$[^$\s][^$]*?(?<![\\$\s])\$")
+
+
+def test_math_is_mathml_with_no_tex_left(site):
+    """Every formula of the pages and the notebooks is MathML: no TeX is left in any page's text."""
+    raw = []
+    for page in _html_pages(site):
+        text = "".join(_text(page).text)
+        found = RAW_TEX.findall(text)
+        if "notebooks" in page.parts:
+            found += RAW_INLINE_TEX.findall(text)
+        raw += [f"{page.relative_to(site)}: {tex!r}" for tex in found]
+    assert not raw, "TeX left unrendered:\n" + "\n".join(raw[:30])
+    notebook = (site / "notebooks/table1_multifidelity/index.html").read_text(encoding="utf-8")
+    assert notebook.count("<math ") >= 6  # its six formulas: y_h, y_l, the domains of the two examples
+    assert "<mfrac>" in notebook and "<mspace" in notebook  # \tfrac12; the thin space of \cos 15x
+
+
+def _mathml_hook():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("fedgp_docs_mathml", DOCS / "hooks" / "mathml.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_mathml_hook_converts_or_refuses():
+    mathml = _mathml_hook()
+    cos = mathml.tex_to_mathml(r"y_l = \cos 15x")
+    assert cos.startswith("<math") and '<mi>cos</mi><mspace width="0.1667em" /><mn>15</mn>' in cos
+    assert "<mspace" not in mathml.tex_to_mathml(r"\sin(12x-4)")  # no space before a parenthesis
+    assert "&lt;" in mathml.tex_to_mathml(r"\text{a<b}")  # stays valid HTML
+    assert 'display="block"' in mathml.render_math('<div class="arithmatex">\\[x^2\\]</div>')
+    page = "<p>$a$ <code>$HOME $PATH</code></p><script>if (a<b) x = '$y$';</script>"
+    assert mathml.render_text_math(page).count("<math ") == 1  # code and scripts are left alone
+    for bad in (r"\foo x", r"\boxed{x}", r"\frac{a", r"\begin{aligned}a&=b\end{aligned}"):
+        with pytest.raises(mathml.MathError):
+            mathml.tex_to_mathml(bad)
+
+
+class _RoleText(_Text):
+    """The text with inline code kept (a role's target renders as <code>), less scripts and styles."""
+
+    SKIPPED = {"script", "style", "pre", "textarea", "math", "svg"}
+
+
+#: A Sphinx role as it reads when nothing rendered it (``:func:`x```, or ``:func:`` before <code>).
+RAW_ROLE = re.compile(r":(?:py:)?(?:func|class|meth|mod|attr|data|obj|exc|const):(?=[`\w])")
+
+
+def test_no_raw_sphinx_roles_in_the_pages(site):
+    raw = []
+    for page in _html_pages(site):
+        parser = _RoleText()
+        parser.feed(page.read_text(encoding="utf-8"))
+        text = "".join(parser.text)
+        for m in RAW_ROLE.finditer(text):
+            raw.append(f"{page.relative_to(site)}: ...{text[max(0, m.start() - 40) : m.end() + 40]}...")
+    assert not raw, "raw Sphinx roles in the site:\n" + "\n".join(raw[:30])
+    index = (site / "api/index.html").read_text(encoding="utf-8")
+    assert 'href="run/#fedgp.run.fit"' in index  # fedgp.sklearn's summary links fedgp.fit to its entry
+
+
+def test_site_names_its_version_and_has_the_changelog(site):
+    import tomllib
+
+    version = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]["version"]
+    home = (site / "index.html").read_text(encoding="utf-8")
+    assert f"<title>fedgp {version}</title>" in home  # the site's name, in every header
+    assert re.search(rf'md-copyright__highlight">\s*fedgp {re.escape(version)}\b', home)  # and footer
+    changelog = (site / "changelog/index.html").read_text(encoding="utf-8")
+    first = re.search(r"^## (.+)$", (ROOT / "CHANGELOG.md").read_text(encoding="utf-8"), re.M).group(1)
+    assert first.split(" ")[0].strip("[]") in changelog  # generated from CHANGELOG.md
+    assert 'href="changelog/"' in home  # and in the navigation
+
+
 # -- the examples ---------------------------------------------------------------------------------
 
 SKIP = re.compile(r"<!-- docs-test: skip \((?P<reason>[^)]+)\) -->\s*$")
@@ -188,6 +324,46 @@ def test_getting_started_shows_the_readme_example():
     ten_lines = FENCE.search(readme).group(1)
     blocks = [code for _, code, _ in code_blocks(DOCS / "getting-started.md")]
     assert ten_lines in blocks
+
+
+#: What a code block's column holds without scrolling in a laptop-wide window (1440 px: about 115
+#: characters; 1280 px: about 87); docs/stylesheets/extra.css widens the column.
+CODE_WIDTH = 100
+FENCE_LINE = re.compile(r"^(?P<indent>\s*)(?P<fence>`{3,}|~{3,})(?P<info>.*)$")
+
+
+def fenced_blocks(page: Path) -> list[tuple[int, str, str]]:
+    """``(line, language, code)`` for each fenced block of a page, indented ones included."""
+    blocks, lines, start = [], page.read_text(encoding="utf-8").splitlines(), None
+    for number, line in enumerate(lines, 1):
+        fence = FENCE_LINE.match(line)
+        if start is None and fence:
+            start, closing, language, body = number, fence.group("fence"), fence.group("info").strip(), []
+        elif start is not None and fence and fence.group("fence").startswith(closing) and not fence["info"]:
+            blocks.append((start, language.split()[0] if language else "", "\n".join(body)))
+            start = None
+        elif start is not None:
+            body.append(line)
+    return blocks
+
+
+def test_code_lines_fit_the_page():
+    """No line of a code block is wider than ``CODE_WIDTH`` characters, on every page.
+
+    Except ``text`` blocks: they show a program's output as it prints it (the tests compare them with
+    the printed lines), and wrap in the browser instead (docs/stylesheets/extra.css). The README's
+    ten lines, copied to "Getting started", are held to the same width."""
+    wide = []
+    for page in sorted(DOCS.rglob("*.md")):
+        for line, language, code in fenced_blocks(page):
+            if language == "text":
+                continue
+            wide += [
+                f"docs/{page.relative_to(DOCS)}:{line + k} ({len(row)} characters): {row}"
+                for k, row in enumerate(code.splitlines(), 1)
+                if len(row) > CODE_WIDTH
+            ]
+    assert not wide, f"code lines wider than {CODE_WIDTH} characters:\n" + "\n".join(wide)
 
 
 def test_pages_with_examples_are_found():

@@ -3,9 +3,10 @@
     make docs && .venv/bin/python tools/screenshot_docs.py            # site/ -> docs/screenshots/*.png
 
 Serves the built site (``--site``, default ``site/``) on 127.0.0.1 at a free port, and takes a
-headless Chromium screenshot of each page in ``PAGES`` (the home page and an API page by default;
-``--page NAME=PATH`` adds others) at ``--window`` size. Needs Chromium (Debian: ``apt-get install
-chromium``); each run uses a new, empty profile and never reaches beyond 127.0.0.1.
+headless Chromium screenshot of each page in ``PAGES`` (``--page NAME=PATH`` adds others) at
+``--window`` size. Needs Chromium (Debian: ``apt-get install chromium``); each run uses a new, empty
+profile and never reaches beyond 127.0.0.1 (the site loads nothing from elsewhere: its math is
+MathML, its fonts the system's).
 """
 
 from __future__ import annotations
@@ -21,10 +22,18 @@ from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-#: name -> path under the site: the home page, a subpackage's API page (its summary tables), and a
-#: short one whose first screen shows classes with their signatures. (A ``#fragment`` leaves
-#: headless Chromium's screenshot blank, so pages are taken from their top.)
-PAGES = {"home": "", "api-strategies": "api/strategies/", "api-stopping": "api/stopping/"}
+#: name -> (path under the site, height in pixels, or None for ``--window``'s): the home page,
+#: "Getting started" (the README's ten lines and their output), a subpackage's API page (its summary
+#: tables), the Table 1 notebook down to its formulas (MathML) and the changelog. A ``#fragment``
+#: leaves headless Chromium's screenshot blank, so a page is taken from its top, and taller where what
+#: to look at is further down.
+PAGES = {
+    "home": ("", None),
+    "getting-started": ("getting-started/", None),
+    "api-strategies": ("api/strategies/", None),
+    "notebook-math": ("notebooks/table1_multifidelity/", 2000),
+    "changelog": ("changelog/", None),
+}
 CHROMIUM_FLAGS = [
     "--headless",
     "--no-sandbox",
@@ -71,7 +80,9 @@ def main(argv: list[str] | None = None) -> list[Path]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--site", type=Path, default=ROOT / "site", help="the built site (default site/)")
     parser.add_argument("--out", type=Path, default=ROOT / "docs" / "screenshots", help="where the PNGs go")
-    parser.add_argument("--window", default="1280,1600", help="width,height in pixels (default 1280,1600)")
+    parser.add_argument(  # a laptop's width: a code line of 100 characters fits the column from ~1400 px
+        "--window", default="1440,1600", help="width,height in pixels (default 1440,1600)"
+    )
     parser.add_argument("--page", action="append", default=[], metavar="NAME=PATH", help="another page")
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds per screenshot")
     args = parser.parse_args(argv)
@@ -80,7 +91,7 @@ def main(argv: list[str] | None = None) -> list[Path]:
     pages = dict(PAGES)
     for item in args.page:
         name, _, path = item.partition("=")
-        pages[name] = path
+        pages[name] = (path, None)
     browser = chromium()
     handler = functools.partial(_QuietHandler, directory=str(args.site))
     server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
@@ -89,10 +100,12 @@ def main(argv: list[str] | None = None) -> list[Path]:
     written = []
     try:
         args.out.mkdir(parents=True, exist_ok=True)
-        for name, path in pages.items():
+        width = args.window.split(",")[0]
+        for name, (path, height) in pages.items():
             out = args.out / f"{name}.png"
             url = f"http://127.0.0.1:{server.server_port}/{path}"
-            screenshot(browser, url, out, args.window, args.timeout)
+            window = args.window if height is None else f"{width},{height}"
+            screenshot(browser, url, out, window, args.timeout)
             written.append(out)
             print(f"wrote {out.relative_to(ROOT) if out.is_relative_to(ROOT) else out} ({url})")
     finally:

@@ -11,6 +11,12 @@
 * **Reproducing the papers**: in ``reproducing.md``, ``<!-- verdicts: SECTION -->`` becomes the
   table of our numbers beside the paper's with the verdict, read from ``results/verdicts.csv``;
   ``<!-- results-file: NAME.md -->`` becomes that committed results file, collapsed.
+* **Changelog**: ``changelog.md`` is the repository's ``CHANGELOG.md``, appended to the navigation
+  as its last entry unless ``mkdocs.yml``'s ``nav`` already lists it.
+* **Version**: the site's name and footer carry the version of ``pyproject.toml`` (what
+  ``fedgp.__version__`` reports once installed).
+
+Math is converted to MathML by the other hook, ``mathml.py``.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ import csv
 import re
 from pathlib import Path
 
+import tomllib
 from mkdocs.plugins import event_priority
 from mkdocs.structure.files import File, Files
 
@@ -95,10 +102,41 @@ def reexported(package: str) -> set[str]:
     return {n for n in exported(package) if not is_submodule(package, n)}
 
 
+#: A Sphinx role in a docstring (``:func:`fedgp.fit```), as docs/hooks/griffe_fedgp.py reads them.
+ROLE = re.compile(r":(?:py:)?(?:class|func|meth|mod|attr|data|obj|exc|const):`(~?)([^`<]+?)`")
+
+
+def _role_target(target: str, module: str) -> str:
+    """The API entry a role names: a name relative to ``module`` made absolute, and a top-level name
+    (``fedgp.fit``) the entry of the subpackage that re-exports it (``fedgp.run.fit``)."""
+    target = target.strip().rstrip("()")
+    if not target.startswith("fedgp."):
+        target = f"{module}.{target.lstrip('.')}"
+    package, _, name = target.rpartition(".")
+    if package == "fedgp" and not is_submodule("fedgp", name):
+        for page in PAGES:
+            if name in reexported(f"fedgp.{page}"):
+                return f"fedgp.{page}.{name}"
+    return target
+
+
+def _roles_as_markdown(text: str, module: str) -> str:
+    """A docstring line's Sphinx roles as (optional) cross-references, the rest as Markdown: the API
+    pages get theirs from the griffe extension, the generated index reads the source itself."""
+
+    def reference(match: re.Match) -> str:
+        tilde, target = match.groups()
+        label = target.strip().split(".")[-1] if tilde else target.strip().lstrip(".")
+        identifier = _role_target(target, module)
+        return f'<autoref identifier="{identifier}" optional><code>{label}</code></autoref>'
+
+    return ROLE.sub(reference, text)
+
+
 def summary(dotted: str) -> str:
-    """The first line of a module's docstring."""
+    """The first line of a module's docstring, its roles as cross-references."""
     doc = ast.get_docstring(_tree(dotted)) or ""
-    return doc.strip().splitlines()[0] if doc.strip() else ""
+    return _roles_as_markdown(doc.strip().splitlines()[0], dotted) if doc.strip() else ""
 
 
 def submodules(dotted: str) -> list[str]:
@@ -273,6 +311,50 @@ def on_page_markdown(markdown: str, page, config, files) -> str:
 
 
 # --------------------------------------------------------------------------------------------------
+# The version and the changelog
+
+CHANGELOG_PAGE = "changelog.md"
+
+
+def version() -> str:
+    """The version in ``pyproject.toml``: what ``fedgp.__version__`` reports once installed, and
+    known to a checkout that never was (``fedgp.version`` says ``0+unknown`` there)."""
+    with (ROOT / "pyproject.toml").open("rb") as handle:
+        return tomllib.load(handle)["project"]["version"]
+
+
+def _lists(nav, path: str) -> bool:
+    if isinstance(nav, str):
+        return nav == path
+    if isinstance(nav, dict):
+        return any(_lists(value, path) for value in nav.values())
+    return any(_lists(item, path) for item in nav or [])
+
+
+def on_config(config):
+    release = version()
+    config["site_name"] = f"{config['site_name']} {release}"
+    config["copyright"] = f"fedgp {release}, the fedgp-gpytorch distribution. MIT License."
+    if config["nav"] is not None and not _lists(config["nav"], CHANGELOG_PAGE):
+        config["nav"].append({"Changelog": CHANGELOG_PAGE})
+    return config
+
+
+# --------------------------------------------------------------------------------------------------
+# Nothing from elsewhere
+
+#: nbconvert's notebook template imports mermaid.js from a CDN where a notebook has a mermaid diagram
+#: (none of ours has): the site loads nothing from outside itself, so the loader goes.
+NOTEBOOK_MERMAID = re.compile(r'<script type="module">(?:(?!</script>).)*?jp-Mermaid.*?</script>', re.S)
+
+
+def on_page_content(html: str, page, config, files) -> str:
+    if page.file.src_uri.endswith(".ipynb"):
+        html = NOTEBOOK_MERMAID.sub("", html)
+    return html
+
+
+# --------------------------------------------------------------------------------------------------
 # Files
 
 
@@ -292,6 +374,7 @@ def on_files(files: Files, config) -> Files:
         "api/index.md": api_index(),
         "api/fedgp.md": top_level_page(),
         "api/plumbing.md": plumbing_page(),
+        CHANGELOG_PAGE: (ROOT / "CHANGELOG.md").read_text(encoding="utf-8"),
     }
     pages.update({f"api/{name}.md": api_page(name) for name in PAGES})
     for path, content in pages.items():
