@@ -95,7 +95,7 @@ def main() -> None:
     for name, engine in (
         ("sequential", fedgp.engines.Sequential()),
         ("batched", fedgp.engines.Batched()),
-        ("ray (3 workers)", fedgp.engines.Ray(num_workers=3)),
+        ("ray (3 workers)", fedgp.engines.Ray(num_workers=3, keep_alive=True)),  # warm actors between fits
         ("flower, in process (3 nodes)", Flower(num_nodes=3)),
     ):
         run = engine_run(engine)

@@ -14,13 +14,34 @@ import datetime
 import json
 import sys
 import warnings
+from collections.abc import Callable
 from pathlib import Path
+from types import ModuleType
+from typing import TYPE_CHECKING
 
 from fedgp.errors import CommandError, InputError, MissingExtraError
-from fedgp.layout import COLUMNS_FILE, COLUMNS_FORMAT, MODEL_FILE, write_columns
+from fedgp.layout import (
+    COLUMNS_FILE,
+    COLUMNS_FORMAT,
+    MODEL_FILE,
+    TRANSFORMS_FILE,
+    owner_metrics,
+    write_columns,
+    write_history,
+)
 from fedgp.version import __version__
 
-__all__ = ["main", "build_parser", "default_out", "CommandError", "MODEL_FILE", "COLUMNS_FILE"]
+if TYPE_CHECKING:
+    pass
+
+__all__ = [
+    "main",
+    "build_parser",
+    "default_out",
+    "CommandError",
+    "MODEL_FILE",
+    "COLUMNS_FILE",
+]
 
 #: The exit status of a command whose input was refused (argparse uses it for usage errors too).
 INPUT_ERROR = 2
@@ -92,11 +113,11 @@ def _fit(args: argparse.Namespace) -> int:
     for warning in caught:  # fedgp's warnings, one line each (a ConvergenceWarning says what to change)
         if issubclass(warning.category, UserWarning):
             print(f"fedgp fit: warning: {warning.message}", file=sys.stderr)
-    metrics = _owner_metrics(result, federation, held_out=bool(args.test_fraction))
+    metrics = owner_metrics(result, federation, held_out=bool(args.test_fraction))
     out.mkdir(parents=True, exist_ok=True)
-    written = [result.save(out / MODEL_FILE), out / "history.csv", out / "metrics.csv"]
-    result.history.to_csv(written[1], index=False)
-    metrics.to_csv(written[2], index=False)
+    written = [result.save(out / MODEL_FILE), *write_history(out, result, table.features)]
+    written.append(out / "metrics.csv")
+    metrics.to_csv(written[-1], index=False)
     written.append(
         write_columns(out, group=table.group, target=table.target, features=table.features,
                       owners=federation.ids, data=str(args.data), test_fraction=args.test_fraction,
@@ -120,36 +141,10 @@ def _fit(args: argparse.Namespace) -> int:
     return 0
 
 
-def _pd():
+def _pd() -> ModuleType:
     import pandas as pd
 
     return pd
-
-
-def _owner_metrics(result, federation, held_out: bool):
-    """Per-owner RMSE, NLL and 95 % coverage in the original units: on each owner's held-out rows
-    (``result.evaluate()``) with a test split; else in-sample, each owner's posterior at its own
-    training rows (optimistic: those rows are what it conditions on), and the table says which."""
-    pd = _pd()
-    sizes = dict(zip(federation.ids, federation.sizes.tolist()))
-    if held_out:
-        table = result.evaluate().rename(columns={"client": "owner"})
-        table.insert(1, "n_train", [sizes[o] for o in table["owner"]])
-        return table.assign(split="held-out")
-    rows = []
-    for position, client in enumerate(federation):
-        pred = result.posterior(client.X, client=position)
-        rows.append(
-            {
-                "owner": client.id,
-                "n_train": client.n,
-                "n_test": 0,
-                "rmse": pred.rmse(client.y),
-                "nll": pred.nll(client.y),
-                "coverage95": pred.coverage(client.y),
-            }
-        )
-    return pd.DataFrame(rows).assign(split="in-sample (training rows)")
 
 
 def _read_columns(folder: Path) -> dict:
@@ -349,7 +344,7 @@ def _quiet_option(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _count(minimum: int):
+def _count(minimum: int) -> Callable[[str], int]:
     """An argparse type: an integer >= ``minimum``, refused by argparse (exit status 2) otherwise."""
 
     def parse(text: str) -> int:
@@ -374,9 +369,12 @@ def _add_fit(sub) -> None:
         "fedgp.fit and its default transforms (the target standardised and the features scaled to the "
         "unit cube, from federated sums: predictions come back in the data's units). Writes into --out: "
         f"{MODEL_FILE} (fedgp.load reads it; no owner's data is in it), {COLUMNS_FILE} (the columns, for "
-        "fedgp predict), history.csv (one row per round) and metrics.csv (per owner: RMSE, NLL, 95% "
-        "coverage on the held-out rows with --test-fraction; without it, in-sample on the training "
-        "rows, which is optimistic, and the table's split column says so).",
+        "fedgp predict), history.csv (one row per round; the hyper-parameters in the data's units, "
+        "lengthscales named by feature, a column left in the model's units says so in its name), "
+        f"{TRANSFORMS_FILE} (the transforms' numbers and each history column's units) and metrics.csv "
+        "(per owner: RMSE, NLL, 95% coverage on the held-out rows with --test-fraction; without it, "
+        "in-sample on the training rows, which is optimistic, and the table's split column says so). "
+        "By default the run stops when training has converged (--stop auto), within --rounds.",
     )
     fit.add_argument("data", metavar="DATA.csv", help="the table: features, target and owner columns")
     fit.add_argument("--target", required=True, help="the column to predict")
@@ -392,9 +390,19 @@ def _add_fit(sub) -> None:
     fit.add_argument("--strategy", default="fgpr", choices=list(STRATEGIES), help="fgpr (default) or ifca")
     fit.add_argument("--clusters", type=int, default=None, help="ifca: number of clusters (default 2)")
     fit.add_argument(
-        "--rounds", type=_count(1), default=100, help="communication rounds, or the budget with --stop"
+        "--rounds",
+        type=_count(1),
+        default=100,
+        help="the round budget (default 100): the run ends there if --stop has not ended it before; "
+        "with --stop none, exactly this many rounds",
     )
-    fit.add_argument("--stop", default="none", choices=["none", "auto"], help="auto: stop when converged")
+    fit.add_argument(
+        "--stop",
+        default="auto",
+        choices=["auto", "none"],
+        help="auto (default): end the run at the first round where training has converged (fedgp.run."
+        "stopping.auto_rule), with a warning if the --rounds budget runs out first; none: run every round",
+    )
     fit.add_argument("--local-steps", type=int, default=None, help="local steps per round (default 1)")
     fit.add_argument("--batch-size", type=int, default=None, help="minibatch size (default 256)")
     fit.add_argument("--lr", type=float, default=None, help="learning rate (default 0.3)")
@@ -532,7 +540,7 @@ def _add_download(sub) -> None:
     dl.set_defaults(func=_download)
 
 
-def _flower(module: str):
+def _flower(module: str) -> ModuleType:
     """``fedgp.flower.<module>``, or a one-line error naming the extra when Flower is missing."""
     import importlib
 

@@ -6,8 +6,22 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["MODEL_FILE", "COLUMNS_FILE", "COLUMNS_FORMAT", "write_columns"]
+if TYPE_CHECKING:
+    import pandas as pd
+
+__all__ = [
+    "MODEL_FILE",
+    "COLUMNS_FILE",
+    "COLUMNS_FORMAT",
+    "HISTORY_FILE",
+    "TRANSFORMS_FILE",
+    "TRANSFORMS_FORMAT",
+    "owner_metrics",
+    "write_columns",
+    "write_history",
+]
 
 #: The saved model (``FitResult.save``'s sealed container, :mod:`fedgp.run.saved`; ``fedgp.load``).
 MODEL_FILE = "model.fedgp"
@@ -16,6 +30,13 @@ MODEL_FILE = "model.fedgp"
 COLUMNS_FILE = "columns.json"
 #: The ``format`` field of a ``columns.json`` (what ``fedgp predict`` checks before trusting it).
 COLUMNS_FORMAT = "fedgp.cli.columns"
+#: One row per round, the hyper-parameters in the data's units (:mod:`fedgp.history_units`).
+HISTORY_FILE = "history.csv"
+#: The data transforms the model was trained under, as numbers, and the units of every column of
+#: ``history.csv`` (JSON).
+TRANSFORMS_FILE = "transforms.json"
+#: The ``format`` field of a ``transforms.json``.
+TRANSFORMS_FORMAT = "fedgp.cli.transforms"
 
 
 def write_columns(
@@ -37,3 +58,68 @@ def write_columns(
     path = Path(folder) / COLUMNS_FILE
     path.write_text(json.dumps(columns, indent=2) + "\n")
     return path
+
+
+def write_history(folder: Path, result: Any, features: Sequence[str]) -> list[Path]:
+    """Write ``history.csv`` (``result.history`` with its hyper-parameters in the data's units,
+    :func:`fedgp.history_units.history_in_data_units`) and ``transforms.json`` (the transforms'
+    numbers and each column's units) for a :class:`fedgp.FitResult` trained on columns ``features``.
+    Returns the two paths."""
+    from fedgp.history_units import history_in_data_units
+
+    transform = result.transform
+    history, units = history_in_data_units(
+        result.history, transform, features, [p.name for p in result.spec.params]
+    )
+    history_path = Path(folder) / HISTORY_FILE
+    history.to_csv(history_path, index=False)
+    if transform.y_local:
+        outcome: dict[str, Any] = {
+            "transform": "standardize",
+            "per_owner": True,
+            "map": "y' = (y - mean) / sd with each owner's own mean and sd (they never left the owner)",
+        }
+    elif transform.y_offset is not None:
+        outcome = {"transform": "standardize", "per_owner": False, "mean": float(transform.y_offset),
+                   "sd": float(transform.y_scale), "map": "y' = (y - mean) / sd"}  # fmt: skip
+    else:
+        outcome = {"transform": "none"}
+    inputs: dict[str, Any] = {"transform": "none"}
+    if transform.x_offset is not None:
+        lower, span = transform.x_offset.tolist(), transform.x_scale.tolist()
+        inputs = {"transform": "normalize", "lower": dict(zip(features, lower)),
+                  "upper": {f: lo + w for f, lo, w in zip(features, lower, span)},
+                  "map": "x' = (x - lower) / (upper - lower), per feature"}  # fmt: skip
+    document = {"format": TRANSFORMS_FORMAT, "version": 1, "outcome": outcome, "inputs": inputs,
+                "note": transform.note, "history_units": units}  # fmt: skip
+    transforms_path = Path(folder) / TRANSFORMS_FILE
+    transforms_path.write_text(json.dumps(document, indent=2) + "\n")
+    return [history_path, transforms_path]
+
+
+def owner_metrics(result: Any, federation: Any, held_out: bool) -> pd.DataFrame:
+    """``metrics.csv`` of a :class:`fedgp.FitResult` trained on a ``Federation``: per-owner RMSE,
+    NLL and 95 % coverage in the original units: on each owner's held-out rows
+    (``result.evaluate()``) with a test split; else in-sample, each owner's posterior at its own
+    training rows (optimistic: those rows are what it conditions on), and the table says which."""
+    import pandas as pd
+
+    sizes = dict(zip(federation.ids, federation.sizes.tolist()))
+    if held_out:
+        table = result.evaluate().rename(columns={"client": "owner"})
+        table.insert(1, "n_train", [sizes[o] for o in table["owner"]])
+        return table.assign(split="held-out")
+    rows = []
+    for position, client in enumerate(federation):
+        pred = result.posterior(client.X, client=position)
+        rows.append(
+            {
+                "owner": client.id,
+                "n_train": client.n,
+                "n_test": 0,
+                "rmse": pred.rmse(client.y),
+                "nll": pred.nll(client.y),
+                "coverage95": pred.coverage(client.y),
+            }
+        )
+    return pd.DataFrame(rows).assign(split="in-sample (training rows)")

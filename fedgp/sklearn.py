@@ -162,7 +162,9 @@ class FederatedGPRegressor(RegressorMixin, BaseEstimator):
         self.history_ = self.result_.history
         return self
 
-    def predict(self, X: Any, groups: Any = None, return_std: bool = False):
+    def predict(
+        self, X: Any, groups: Any = None, return_std: bool = False
+    ) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
         """Each row's prediction from its owner's posterior: the mean, and with ``return_std`` the
         standard deviation of a new observation."""
         check_is_fitted(self)

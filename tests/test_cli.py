@@ -15,11 +15,13 @@ from fedgp.cli import _out, build_parser, default_out, main
 from fedgp.data import ClientData
 from fedgp.data.table import read_owner_table
 from fedgp.experiments.registry import QUICK_RUNTIMES, REPRODUCTIONS
+from fedgp.history_units import history_in_data_units
 from fedgp.presets import make_spec
 from fedgp.strategies import FGPR
+from fedgp.transforms import DataTransform
 
 REPO = Path(__file__).resolve().parents[1]
-ROUNDS = ["--rounds", "3"]
+ROUNDS = ["--rounds", "3", "--stop", "none"]  # exactly 3 rounds (the default --stop auto would warn)
 
 
 def test_demo_writes_png_and_tables(tmp_path, capsys):
@@ -78,8 +80,26 @@ def test_fit_writes_model_history_metrics_and_columns(data_csv, tmp_path, capsys
         "history.csv",
         "metrics.csv",
         "columns.json",
+        "transforms.json",
     }
-    assert len(pd.read_csv(out / "history.csv")) == 3
+    history = pd.read_csv(out / "history.csv")
+    assert len(history) == 3
+    assert {  # the hyper-parameters in the data's units, lengthscales named by feature
+        "likelihood.noise_covar.noise",
+        "mean_module.constant",
+        "covar_module.outputscale",
+        "covar_module.base_kernel.lengthscale[x1]",
+        "covar_module.base_kernel.lengthscale[x2]",
+        "train_nll (standardised y)",  # the optimiser's objective stays in the model's units, and says so
+    } <= set(history.columns)
+    assert not any("raw_constant" in c or "lengthscale[0]" in c for c in history.columns)
+    transforms = json.loads((out / "transforms.json").read_text())
+    assert transforms["outcome"]["transform"] == "standardize" and not transforms["outcome"]["per_owner"]
+    assert transforms["inputs"]["transform"] == "normalize" and list(transforms["inputs"]["lower"]) == [
+        "x1",
+        "x2",
+    ]
+    assert transforms["history_units"]["covar_module.base_kernel.lengthscale[x2]"] == "x2's units"
     metrics = pd.read_csv(out / "metrics.csv", dtype={"owner": str})
     assert metrics["owner"].tolist() == ["north", "south", "007"]  # labels are text: 007 stays 007
     assert (
@@ -134,6 +154,104 @@ def test_held_out_metrics_are_evaluate(data_csv, tmp_path):
     spec = make_spec("rbf", "constant", d=2, ard=True)
     result = fedgp.fit(spec, table.federation(0.3, seed=0), FGPR(), rounds=3, seed=0)
     np.testing.assert_allclose(metrics["rmse"], result.evaluate()["rmse"], rtol=1e-10)
+    assert metrics["owner"].tolist() == ["north", "south", "007"]  # the group column's values, not 0..K-1
+
+
+def test_owners_are_the_group_columns_values_in_every_output(data_csv, tmp_path):
+    """metrics.csv (held out, a clustered strategy), columns.json, the model and predictions.csv name
+    each owner by its label in the --group column, never by its position."""
+    assert fit_cli(data_csv, tmp_path / "m", "--strategy", "ifca", "--test-fraction", "0.3") == 0
+    owners = ["north", "south", "007"]
+    metrics = pd.read_csv(tmp_path / "m" / "metrics.csv", dtype={"owner": str})
+    assert metrics["owner"].tolist() == owners and set(metrics["cluster"]) <= {0, 1}
+    assert json.loads((tmp_path / "m" / "columns.json").read_text())["owners"] == owners
+    assert fedgp.load(tmp_path / "m" / "model.fedgp").roster.ids == owners
+    pd.DataFrame({"x1": [1.0, 2.0], "x2": [0.0, 1.0], "owner": ["007", "south"]}).to_csv(
+        tmp_path / "new.csv", index=False
+    )
+    argv = ["predict", str(tmp_path / "m"), str(tmp_path / "new.csv"), "--data", str(data_csv), "--quiet"]
+    assert main([*argv, "--out", str(tmp_path / "p")]) == 0
+    pred = pd.read_csv(tmp_path / "p" / "predictions.csv", dtype={"owner": str})
+    assert pred["owner"].tolist() == ["007", "south"] and pred["conditioned_on"].tolist() == [9, 12]
+
+
+# -- history.csv in the data's units -----------------------------------------------------------------
+
+
+def test_history_is_in_the_datas_units(tmp_path):
+    """The same table with y scaled by 1000 and x by 16: the test RMSE, the data-unit constant mean
+    and the noise and signal variances scale by 1000, 1000 and 1e6, the lengthscales by 16, and the
+    columns left in the model's units (the training NLL of the standardised y) do not change. (16, a
+    power of two, so that the federated unit-cube bounds, widened to a power-of-two grid, scale
+    exactly too: with 10 the grid, hence the fit, would differ a little.)"""
+    frame = owners_frame()
+    frame.to_csv(tmp_path / "a.csv", index=False)
+    frame.assign(y=frame["y"] * 1000, x1=frame["x1"] * 16, x2=frame["x2"] * 16).to_csv(
+        tmp_path / "b.csv", index=False
+    )
+    for name in ("a", "b"):
+        assert fit_cli(tmp_path / f"{name}.csv", tmp_path / name, "--test-fraction", "0.3") == 0
+    a, b = (pd.read_csv(tmp_path / name / "history.csv") for name in ("a", "b"))
+    assert list(a.columns) == list(b.columns)
+    factors = {
+        "test_rmse_mean": 1000,
+        "test_rmse_std": 1000,
+        "mean_module.constant": 1000,
+        "likelihood.noise_covar.noise": 1e6,
+        "covar_module.outputscale": 1e6,
+        "covar_module.base_kernel.lengthscale[x1]": 16,
+        "covar_module.base_kernel.lengthscale[x2]": 16,
+        "train_nll (standardised y)": 1,
+    }
+    for column, factor in factors.items():
+        np.testing.assert_allclose(b[column], factor * a[column], rtol=1e-6, err_msg=column)
+    np.testing.assert_allclose(b["test_nll_mean"], a["test_nll_mean"] + np.log(1000), rtol=1e-6)
+    ta, tb = (json.loads((tmp_path / name / "transforms.json").read_text()) for name in ("a", "b"))
+    assert tb["outcome"]["sd"] == pytest.approx(1000 * ta["outcome"]["sd"], rel=1e-12)
+    assert tb["inputs"]["upper"]["x2"] == 16 * ta["inputs"]["upper"]["x2"]
+
+
+@pytest.mark.parametrize("mean, ard", [("constant", "--ard"), ("linear", "--no-ard")])
+def test_history_hyperparameters_are_the_same_gp_in_the_datas_units(data_csv, tmp_path, mean, ard):
+    """A plain GPyTorch GP on an owner's raw rows, with the last history row's data-unit values
+    (a shared lengthscale becomes one per feature; a linear mean's weights and bias), predicts what
+    the saved model predicts for that owner: the conversion is exact, not only right in scale."""
+    import gpytorch
+
+    assert fit_cli(data_csv, tmp_path / "m", "--mean", mean, ard) == 0
+    last = pd.read_csv(tmp_path / "m" / "history.csv").iloc[-1]
+    model = fedgp.load(tmp_path / "m" / "model.fedgp")
+    client = read_owner_table(data_csv, group="owner", target="y").federation()[1]
+    X_new = torch.tensor([[1.0, -50.0], [5.0, 0.0], [9.5, 80.0]], dtype=torch.float64)
+
+    likelihood = gpytorch.likelihoods.GaussianLikelihood().double()
+    likelihood.noise = float(last["likelihood.noise_covar.noise"])
+    kernel = gpytorch.kernels.ScaleKernel(gpytorch.kernels.RBFKernel(ard_num_dims=2)).double()
+    kernel.outputscale = float(last["covar_module.outputscale"])
+    kernel.base_kernel.lengthscale = torch.tensor(
+        [[last["covar_module.base_kernel.lengthscale[x1]"], last["covar_module.base_kernel.lengthscale[x2]"]]]
+    )
+    if mean == "constant":
+        mean_module = gpytorch.means.ConstantMean().double()
+        mean_module.constant = float(last["mean_module.constant"])
+    else:
+        mean_module = gpytorch.means.LinearMean(2).double()
+        mean_module.weights.data = torch.tensor(
+            [[last["mean_module.weights[x1]"]], [last["mean_module.weights[x2]"]]], dtype=torch.float64
+        )
+        mean_module.bias.data = torch.tensor([last["mean_module.bias"]], dtype=torch.float64)
+
+    class GP(gpytorch.models.ExactGP):
+        def forward(self, x):
+            return gpytorch.distributions.MultivariateNormal(mean_module(x), kernel(x))
+
+    gp = GP(client.X, client.y, likelihood).eval()
+    with torch.no_grad(), gpytorch.settings.fast_computations(False, False, False):
+        expected = likelihood(gp(X_new))
+    pred = model.posterior(X_new, client)
+    torch.testing.assert_close(pred.mean, expected.mean, rtol=1e-8, atol=0)
+    # the variance is a small difference of large terms, computed in other units: to 1e-6
+    torch.testing.assert_close(pred.variance_y, expected.variance, rtol=1e-6, atol=0)
 
 
 def test_predict_from_the_prior_for_owners_without_rows(data_csv, tmp_path, capsys):
@@ -161,6 +279,49 @@ def test_an_owner_only_in_data_is_predicted_as_a_new_owner(data_csv, tmp_path, c
     assert main([*argv, "--out", str(tmp_path / "p")]) == 0
     assert "owner 'east' was not among the model's training owners" in capsys.readouterr().err
     assert pd.read_csv(tmp_path / "p" / "predictions.csv")["conditioned_on"].tolist() == [4, 4]
+
+
+def test_history_units_per_owner_standardisation_clusters_and_no_transform():
+    """With each owner's own standardisation no value in y's units exists: those columns keep the
+    model's units and say so; lengthscales (one x map for everyone) still convert; a clustered
+    strategy's ``j/`` columns convert per cluster; without transforms nothing changes but the names."""
+    history = pd.DataFrame(
+        {
+            "round": [1, 2],
+            "train_nll": [1.0, 0.9],
+            "0/likelihood.noise_covar.noise": [0.5, 0.4],
+            "0/covar_module.base_kernel.lengthscale": [0.2, 0.3],  # one, shared by both features
+            "1/likelihood.noise_covar.noise": [0.6, 0.7],
+            "1/covar_module.base_kernel.lengthscale": [1.0, 2.0],
+            "size/0": [2, 3],
+        }
+    )
+    params = ["likelihood.noise_covar.noise", "covar_module.base_kernel.lengthscale"]
+    x_map = dict(x_offset=torch.tensor([0.0, -8.0]), x_scale=torch.tensor([4.0, 16.0]))
+    local, units = history_in_data_units(history, DataTransform(**x_map, y_local=True), ["u", "v"], params)
+    assert list(local.columns) == [
+        "round",
+        "train_nll (each owner's standardised y)",
+        "0/likelihood.noise_covar.noise (each owner's standardised y)",
+        "0/covar_module.base_kernel.lengthscale[u]",
+        "0/covar_module.base_kernel.lengthscale[v]",
+        "1/likelihood.noise_covar.noise (each owner's standardised y)",
+        "1/covar_module.base_kernel.lengthscale[u]",
+        "1/covar_module.base_kernel.lengthscale[v]",
+        "size/0",
+    ]
+    assert local["1/covar_module.base_kernel.lengthscale[v]"].tolist() == [16.0, 32.0]
+    assert local["0/likelihood.noise_covar.noise (each owner's standardised y)"].tolist() == [0.5, 0.4]
+    assert units["0/covar_module.base_kernel.lengthscale[u]"] == "u's units"
+    fixed = DataTransform(**x_map, y_offset=torch.tensor(10.0), y_scale=torch.tensor(3.0))
+    converted, _ = history_in_data_units(history, fixed, ["u", "v"], params)
+    np.testing.assert_allclose(converted["1/likelihood.noise_covar.noise"], [5.4, 6.3])
+    same, units = history_in_data_units(history, DataTransform(), ["u", "v"], params)
+    assert same["train_nll"].tolist() == [1.0, 0.9] and same["0/likelihood.noise_covar.noise"].tolist() == [
+        0.5,
+        0.4,
+    ]
+    assert same["0/covar_module.base_kernel.lengthscale[v]"].tolist() == [0.2, 0.3]
 
 
 # -- malformed input: one line naming the file and the column, line or owner; exit status 2 --------
@@ -319,7 +480,7 @@ def test_out_defaults_to_a_new_timestamped_folder_never_results(data_csv, tmp_pa
 
 def test_progress_lines_without_a_terminal_and_quiet(data_csv, tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(fedgp.run.progress, "MIN_SECONDS", 0.0)
-    argv = ["fit", str(data_csv), "--target", "y", "--group", "owner", "--rounds", "20"]
+    argv = ["fit", str(data_csv), "--target", "y", "--group", "owner", "--rounds", "20", "--stop", "none"]
     assert main([*argv, "--out", str(tmp_path / "a")]) == 0
     lines = capsys.readouterr().err.splitlines()  # pytest's stderr is not a terminal
     assert [int(re.match(r"FGPR: (\d+)/20 \[", line).group(1)) for line in lines] == [
@@ -340,11 +501,55 @@ def test_progress_lines_without_a_terminal_and_quiet(data_csv, tmp_path, capsys,
 
 
 def test_a_fit_that_does_not_converge_says_so_in_one_line(data_csv, tmp_path, capsys):
-    assert fit_cli(data_csv, tmp_path / "m", "--stop", "auto") == 0
+    """--stop auto is the default: a budget too small to converge in is a one-line warning."""
+    assert build_parser().parse_args(["fit", "d.csv", "--target", "y", "--group", "g"]).stop == "auto"
+    argv = ["fit", str(data_csv), "--target", "y", "--group", "owner", "--rounds", "3", "--quiet"]
+    assert main([*argv, "--out", str(tmp_path / "m")]) == 0
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("fedgp fit: warning: fit did not converge: the 3-round budget")
     history = pd.read_csv(tmp_path / "m" / "history.csv")
-    assert len(history) == 3
+    assert len(history) == 3 and {"stop_state_change", "stop_nll_rise"} <= set(history.columns)
+
+
+def test_a_run_stopped_early_ends_its_progress_at_100_percent(data_csv, tmp_path, capsys, monkeypatch):
+    """A learning rate too small to move the state: --stop auto (the default) ends the run after
+    about 10 of its 100 rounds, and the last progress line is N/N, not N/100."""
+    monkeypatch.setattr(fedgp.run.progress, "MIN_SECONDS", 0.0)
+    argv = ["fit", str(data_csv), "--target", "y", "--group", "owner", "--lr", "1e-9"]
+    assert main([*argv, "--out", str(tmp_path / "m")]) == 0
+    captured = capsys.readouterr()
+    ran = len(pd.read_csv(tmp_path / "m" / "history.csv"))
+    assert 10 <= ran < 100 and f"round {ran}: " in captured.out  # the stop reason is printed
+    lines = captured.err.splitlines()
+    assert lines[0].startswith("FGPR: 10/100 [") and lines[-1].startswith(f"FGPR: {ran}/{ran} [")
+    assert "warning" not in captured.err
+
+
+def test_end_early_makes_the_last_line_and_the_bar_end_at_100_percent():
+    """The line display whose last line was due on the round a stop fired (20/100) writes one more,
+    20/20; a tqdm bar ends showing 20/20; a disabled bar is left alone."""
+    import io
+
+    from tqdm import tqdm
+
+    from fedgp.run.progress import LineProgress, end_early, progress_bar
+
+    stream = io.StringIO()
+    bar = LineProgress(total=100, desc="FGPR", file=stream, every=10, min_seconds=0)
+    bar.update(20)
+    end_early(bar)
+    bar.close()
+    assert [line.split(" [")[0] for line in stream.getvalue().splitlines()] == ["FGPR: 20/100", "FGPR: 20/20"]
+    stream = io.StringIO()
+    bar = tqdm(total=100, desc="FGPR", file=stream, leave=True)  # the bar a terminal shows
+    bar.update(12)
+    end_early(bar)
+    bar.close()
+    assert "12/12" in stream.getvalue().split("\r")[-1] and "100%" in stream.getvalue().split("\r")[-1]
+    quiet = progress_bar(total=100, desc="FGPR", progress=False)
+    quiet.update(12)
+    end_early(quiet)
+    assert quiet.total == 100
 
 
 def test_reproduce_says_what_to_expect_and_names_missing_inputs(tmp_path, capsys):

@@ -125,6 +125,7 @@ def test_ray_has_its_own_options_and_its_shards_a_batched_config():
         "threads",
         "timeout",
         "shard",
+        "keep_alive",
     ]
     assert Ray().shard == Batched()
     with pytest.raises(TypeError, match=r"unexpected keyword argument 'chunk_size'"):

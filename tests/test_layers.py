@@ -23,6 +23,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "fedgp.version",
             "fedgp.files",
             "fedgp.layout",
+            "fedgp.history_units",
             "fedgp.rng",
             "fedgp.checks",
             "fedgp.plotting",

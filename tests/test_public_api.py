@@ -127,6 +127,80 @@ def test_public_methods_of_public_classes_have_docstrings():
     assert not undocumented, "public methods without a docstring:\n" + "\n".join(undocumented)
 
 
+def public_functions() -> dict[str, types.FunctionType]:
+    """``dotted name -> function`` for every public function in a public module's ``__all__`` and
+    every public method (classmethods, staticmethods and property getters included) of a public
+    class there, inherited ones too, as long as fedgp defines it; ``__init__`` and other ``_`` names
+    are not public."""
+    found: dict[str, types.FunctionType] = {}
+    for module_name in public_modules():
+        module = importlib.import_module(module_name)
+        for name in module.__all__:
+            value = getattr(module, name)
+            if isinstance(value, type):
+                if not value.__module__.startswith("fedgp"):
+                    continue
+                for attr in dir(value):
+                    if attr.startswith("_"):
+                        continue
+                    raw = inspect.getattr_static(value, attr)
+                    func = raw.fget if isinstance(raw, property) else getattr(raw, "__func__", raw)
+                    if inspect.isfunction(func) and func.__module__.startswith("fedgp"):
+                        found.setdefault(f"{func.__module__}.{func.__qualname__}", func)
+            else:
+                func = getattr(value, "__func__", value)  # fedgp.load is FitResult.load
+                if inspect.isfunction(func) and func.__module__.startswith("fedgp"):
+                    found.setdefault(f"{func.__module__}.{func.__qualname__}", func)
+    return found
+
+
+def test_every_public_function_and_method_has_a_return_annotation():
+    """A reader (and a type checker, and the API docs) sees what each public callable returns."""
+    functions = public_functions()
+    assert len(functions) > 500  # the walk reaches the methods, not only the module-level functions
+    missing = [
+        f"{name} ({inspect.getsourcefile(func)}:{func.__code__.co_firstlineno})"
+        for name, func in sorted(functions.items())
+        if inspect.signature(func).return_annotation is inspect.Signature.empty
+    ]
+    assert not missing, "public functions without a return annotation:\n" + "\n".join(missing)
+
+
+def _annotation_names(module: types.ModuleType) -> tuple[dict, set[str]]:
+    """A module's globals plus the names its ``if TYPE_CHECKING:`` block imports, and the names of
+    that block whose package is not installed (an extra such as botorch)."""
+    names, absent = dict(vars(module)), set()
+    for node in ast.parse(inspect.getsource(module)).body:
+        if isinstance(node, ast.If) and ast.unparse(node.test) in ("TYPE_CHECKING", "typing.TYPE_CHECKING"):
+            for statement in node.body:
+                try:
+                    exec(compile(ast.Module([statement], []), module.__name__, "exec"), names)
+                except ImportError:
+                    absent.update(alias.asname or alias.name.split(".")[0] for alias in statement.names)
+    return names, absent
+
+
+def test_every_public_return_annotation_names_real_types():
+    """The annotations are postponed strings (``from __future__ import annotations``): each must
+    evaluate, in its module with its ``TYPE_CHECKING`` imports, to a type (not a misspelt name)."""
+    broken, namespaces = [], {}
+    for name, func in sorted(public_functions().items()):
+        annotation = func.__annotations__.get("return")
+        if not isinstance(annotation, str):
+            continue
+        if func.__module__ not in namespaces:
+            namespaces[func.__module__] = _annotation_names(sys.modules[func.__module__])
+        names, absent = namespaces[func.__module__]
+        try:
+            eval(annotation, names)
+        except NameError as err:
+            if err.name not in absent:
+                broken.append(f"{name}: -> {annotation} ({err})")
+        except Exception as err:  # reported with the name
+            broken.append(f"{name}: -> {annotation} ({type(err).__name__}: {err})")
+    assert not broken, "return annotations that do not evaluate:\n" + "\n".join(broken)
+
+
 def test_every_top_level_module_is_exposed():
     """A new module under ``fedgp/`` must be added to the lazily exposed list (or be private)."""
     assert top_level_modules() == set(fedgp._SUBMODULES)

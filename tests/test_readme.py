@@ -44,9 +44,11 @@ def test_readme_python_example_runs_as_written(capsys):
 @pytest.mark.slow
 def test_robust_personalised_example_runs_as_written():
     """The Robust aggregation guide's gradient-clustering example (its docs test skips it: minutes)."""
-    text = (README.parent / "docs" / "guides" / "robust.md").read_text().split(
-        "## Personalised and robust", 1
-    )[1]
+    text = (
+        (README.parent / "docs" / "guides" / "robust.md")
+        .read_text()
+        .split("## Personalised and robust", 1)[1]
+    )
     block = re.search(r"```python\n(.*?)```", text, re.S).group(1)
     namespace: dict = {"fedgp": __import__("fedgp")}
     exec(compile(block, "docs/guides/robust.md", "exec"), namespace)

@@ -38,7 +38,7 @@ class Bucketing(StateAggregator):
         if isinstance(self.inner, Bucketing):
             raise InputError("Bucketing: the inner rule cannot itself be Bucketing")
 
-    def combine(self, values, weights, rng=None):
+    def combine(self, values, weights, rng=None) -> torch.Tensor:
         n = values.shape[0]
         rng = np.random.default_rng(self.seed) if rng is None else rng
         order = torch.from_numpy(rng.permutation(n))

@@ -32,7 +32,7 @@ class CenteredClipping(StateAggregator):
         if not self.tau > 0:
             raise InputError(f"CenteredClipping: tau must be > 0, got {self.tau}")
 
-    def combine(self, values, weights, rng=None):
+    def combine(self, values, weights, rng=None) -> torch.Tensor:
         v = torch.zeros(values.shape[1], dtype=values.dtype)
         for _ in range(self.iterations):
             diff = values - v

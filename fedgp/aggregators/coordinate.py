@@ -25,7 +25,7 @@ class CoordinateMedian(StateAggregator):
     def __post_init__(self) -> None:
         check_space(self.space)
 
-    def combine(self, values, weights, rng=None):
+    def combine(self, values, weights, rng=None) -> torch.Tensor:
         return torch.quantile(values, 0.5, dim=0)
 
 
@@ -44,7 +44,7 @@ class TrimmedMean(StateAggregator):
         check_space(self.space)
         check_count("TrimmedMean: f", self.f, 0)
 
-    def combine(self, values, weights, rng=None):
+    def combine(self, values, weights, rng=None) -> torch.Tensor:
         n = values.shape[0]
         if n <= 2 * self.f:
             raise InputError(f"TrimmedMean(f={self.f}) needs more than {2 * self.f} participants, got {n}")

@@ -43,5 +43,5 @@ class GeometricMedian(StateAggregator):
         if not self.smoothing > 0:
             raise InputError(f"GeometricMedian: smoothing must be > 0, got {self.smoothing}")
 
-    def combine(self, values, weights, rng=None):
+    def combine(self, values, weights, rng=None) -> torch.Tensor:
         return weiszfeld(values, self.iterations, self.smoothing)

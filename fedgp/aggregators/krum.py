@@ -37,7 +37,7 @@ class Krum(StateAggregator):
         check_space(self.space)
         check_count("Krum: f", self.f, 0)
 
-    def combine(self, values, weights, rng=None):
+    def combine(self, values, weights, rng=None) -> torch.Tensor:
         return values[int(torch.argmin(krum_scores(values, self.f)))]
 
 
@@ -56,7 +56,7 @@ class MultiKrum(StateAggregator):
         if self.m is not None:
             check_count("MultiKrum: m", self.m, 1)
 
-    def combine(self, values, weights, rng=None):
+    def combine(self, values, weights, rng=None) -> torch.Tensor:
         n = values.shape[0]
         m = n - self.f if self.m is None else self.m
         if m > n:

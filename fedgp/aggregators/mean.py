@@ -23,5 +23,5 @@ class WeightedMean(StateAggregator):
     def __post_init__(self) -> None:
         check_space(self.space)
 
-    def combine(self, values, weights, rng=None):
+    def combine(self, values, weights, rng=None) -> torch.Tensor:
         return torch.tensordot(weights.to(values.dtype), values, dims=([0], [0]))

@@ -38,7 +38,7 @@ class ThresholdMean(StateAggregator):
         if self.start not in ("previous", "median"):
             raise InputError(f"ThresholdMean: start must be 'previous' or 'median', got {self.start!r}")
 
-    def combine(self, values, weights, rng=None):
+    def combine(self, values, weights, rng=None) -> torch.Tensor:
         if self.start == "median":
             centre = torch.quantile(values, 0.5, dim=0)
         else:

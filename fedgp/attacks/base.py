@@ -22,14 +22,14 @@ honest clients (``FitResult.attackers`` lists the others).
 from __future__ import annotations
 
 from abc import ABC
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
 
 from fedgp.errors import InputError
-from fedgp.messages import Configurable
+from fedgp.messages import Configurable, Outcome
 from fedgp.rng import generator
 
 __all__ = ["Attack", "BoundAttack"]
@@ -117,7 +117,7 @@ class BoundAttack:
         :class:`~fedgp.attacks.LabelFlip`)."""
         return self.attack.task_options(self.positions)
 
-    def tamper(self, rnd: int, plan):
+    def tamper(self, rnd: int, plan) -> Callable[[Outcome], Outcome] | None:
         """The outcome hook of round ``rnd`` (``None`` for data attacks: nothing to do on the server)."""
         if not self.attack.forges:
             return None

@@ -18,6 +18,7 @@ at all — the GP marginal likelihood cannot tell ``y`` from ``−y``.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Any
 
 import gpytorch
 import torch
@@ -25,7 +26,7 @@ import torch
 from fedgp.attacks.base import Attack
 from fedgp.errors import InputError
 from fedgp.models.linear import linear_model
-from fedgp.strategies.base import TrainResult
+from fedgp.strategies.base import ClientOps, TrainResult
 
 __all__ = ["LabelFlip", "flipped_ops", "OPTION"]
 
@@ -39,7 +40,7 @@ class LabelFlip(Attack):
 
     forges = False
 
-    def task_options(self, attackers):
+    def task_options(self, attackers) -> dict[str, Any]:
         return {OPTION: ",".join(str(int(p)) for p in attackers.tolist())}
 
 
@@ -94,7 +95,7 @@ class _FlippedOps:
         return [replace(p, mean=-p.mean) if f else p for p, f in zip(preds, self._flip.tolist())]
 
 
-def flipped_ops(ops, task):
+def flipped_ops(ops, task) -> ClientOps:
     """``ops`` as the client sees them in this task: flipped for the clients the options name."""
     named = task.options.get(OPTION)
     if not named:

@@ -48,7 +48,7 @@ class Gaussian(Attack):
     mean: float = 1e6
     std: float = 200.0
 
-    def forge(self, updates, honest, attacked, owners, positions, rng):
+    def forge(self, updates, honest, attacked, owners, positions, rng) -> torch.Tensor:
         shape = (int(attacked.sum()), *updates.shape[1:])
         return torch.from_numpy(rng.standard_normal(shape)) * self.std + self.mean
 
@@ -57,7 +57,7 @@ class Gaussian(Attack):
 class SignFlip(Attack):
     """The attacker's own honest update, negated."""
 
-    def forge(self, updates, honest, attacked, owners, positions, rng):
+    def forge(self, updates, honest, attacked, owners, positions, rng) -> torch.Tensor:
         return -updates[attacked]
 
 
@@ -65,7 +65,7 @@ class SignFlip(Attack):
 class BitFlip(Attack):
     """The negated update of honest client 0 (unchanged replies if the group has no honest row)."""
 
-    def forge(self, updates, honest, attacked, owners, positions, rng):
+    def forge(self, updates, honest, attacked, owners, positions, rng) -> torch.Tensor:
         first = _first_honest(honest)
         if first is None:
             return updates[attacked]
@@ -79,7 +79,7 @@ class IPM(Attack):
 
     epsilon: float = 0.1
 
-    def forge(self, updates, honest, attacked, owners, positions, rng):
+    def forge(self, updates, honest, attacked, owners, positions, rng) -> torch.Tensor:
         if not bool(honest.any()):
             return updates[attacked]
         return _copies(-self.epsilon * updates[honest].mean(0), attacked)
@@ -104,7 +104,7 @@ class ALIE(Attack):
             raise InputError(f"ALIE: no finite z for n = {n} participants and f = {f} attackers; give z")
         return float(torch.special.ndtri(torch.tensor(p, dtype=torch.float64)))
 
-    def forge(self, updates, honest, attacked, owners, positions, rng):
+    def forge(self, updates, honest, attacked, owners, positions, rng) -> torch.Tensor:
         if int(honest.sum()) < 2:
             return updates[attacked]
         good = updates[honest]
@@ -118,7 +118,7 @@ class Mimic(Attack):
     value) on the top principal direction of the centred honest updates, which over-weights that
     client's data and the direction honest clients disagree on most."""
 
-    def forge(self, updates, honest, attacked, owners, positions, rng):
+    def forge(self, updates, honest, attacked, owners, positions, rng) -> torch.Tensor:
         rows = torch.nonzero(honest).flatten()
         if not len(rows):
             return updates[attacked]
@@ -149,7 +149,7 @@ class EdgeOfBall(Attack):
         if self.labels is not None and len(self.labels) != num_clients:
             raise InputError(f"EdgeOfBall: {len(self.labels)} labels for {num_clients} clients")
 
-    def forge(self, updates, honest, attacked, owners, positions, rng):
+    def forge(self, updates, honest, attacked, owners, positions, rng) -> torch.Tensor:
         good = torch.nonzero(honest).flatten()
         if not len(good):
             return updates[attacked]

@@ -22,7 +22,6 @@ import hashlib
 import http.client
 import json
 import os
-import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -33,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from fedgp.errors import DataFileError, DataFileMissing, InputError, UnknownNameError
-from fedgp.files import fsync_folder
+from fedgp.files import fsync_folder, open_temporary
 
 __all__ = [
     "FileEntry",
@@ -370,9 +369,7 @@ def fetch(
     try:
         dest.parent.mkdir(parents=True, exist_ok=True)
         _remove_stale_partials(dest.parent, entry.name, timeout)
-        handle = tempfile.NamedTemporaryFile(
-            dir=dest.parent, prefix=f".{entry.name}.", suffix=_PARTIAL, delete=False
-        )
+        handle, tmp = open_temporary(dest.parent, entry.name, _PARTIAL)  # 0o666 less the umask, as open()
     except OSError as err:
         raise DataFileError(
             f"cannot write {entry.label} into {dest.parent} (data root from {where}): "
@@ -380,7 +377,6 @@ def fetch(
             path=dest,
             reason="download",
         ) from err
-    tmp = Path(handle.name)
     try:
         with handle, urllib.request.urlopen(source, timeout=timeout) as response:
             _copy_with_progress(response, handle, entry, progress)

@@ -64,7 +64,9 @@ class Engine(ABC):
         collect their replies, checked against ``fields``."""
 
     def close(self) -> None:  # noqa: B027 - optional hook: in-process engines hold nothing to release
-        """Release workers, processes or connections (nothing for in-process engines)."""
+        """Release workers, processes or connections (nothing for in-process engines). ``fit`` closes
+        the engines it builds when the run ends; their :class:`~fedgp.run.FitResult` may still send
+        tasks (predict, evaluate) afterwards, which a closed engine answers."""
 
 
 class _Malformed(Exception):

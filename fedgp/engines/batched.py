@@ -170,7 +170,9 @@ class BatchedEngine(InProcessEngine):
         return BatchedOps(self, clients, rnd)
 
     # -- data access ------------------------------------------------------------------------------
-    def padded(self, rows: torch.Tensor, lengths: torch.Tensor | None = None):
+    def padded(
+        self, rows: torch.Tensor, lengths: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """Whole training sets of clients ``rows``: X ``(R, N, d)``, y ``(R, N)``, mask ``(R, N)``."""
         lengths = self.sizes[rows] if lengths is None else lengths
         n = int(lengths.max())

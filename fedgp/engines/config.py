@@ -66,7 +66,7 @@ class Sequential(EngineConfig):
     timeout: float | None = None
     name: ClassVar[str] = "sequential"
 
-    def build(self, spec, clients, seed=0, keys=None):
+    def build(self, spec, clients, seed=0, keys=None) -> Engine:
         from fedgp.engines.sequential import SequentialEngine
 
         return SequentialEngine(spec, clients, seed, keys=keys, **self.options())
@@ -91,7 +91,7 @@ class Batched(EngineConfig):
     timeout: float | None = None
     name: ClassVar[str] = "batched"
 
-    def build(self, spec, clients, seed=0, keys=None):
+    def build(self, spec, clients, seed=0, keys=None) -> Engine:
         from fedgp.engines.batched import BatchedEngine
 
         return BatchedEngine(spec, clients, seed, keys=keys, **self.options())
@@ -102,26 +102,33 @@ class Ray(EngineConfig):
     """Shards of the federation on Ray actors, each running ``shard`` (a :class:`Batched` config)
     on its clients: ``address`` of an existing cluster (default a local one), ``num_workers``
     actors (default one per CPU), ``threads`` per actor, ``timeout`` per shard's reply. Needs the
-    ``ray`` extra."""
+    ``ray`` extra.
+
+    ``keep_alive``: a ``fit`` that had to start Ray (``ray.init`` not called before) stops it at
+    the end of the run, also on an error; ``keep_alive=True`` leaves it and its actors running for
+    the next run (:func:`fedgp.engines.ray.shutdown` stops them). A Ray you started is never
+    stopped. The result predicts and evaluates after Ray stops (in this process, the same numbers)."""
 
     address: str | None = None
     num_workers: int | None = None
     threads: int = 1
     timeout: float | None = None
     shard: Batched = Batched()
+    keep_alive: bool = False
     name: ClassVar[str] = "ray"
 
     def __post_init__(self) -> None:
         if not isinstance(self.shard, Batched):
             raise InputTypeError(f"Ray(shard=...) must be a fedgp.engines.Batched config, got {self.shard!r}")
 
-    def build(self, spec, clients, seed=0, keys=None):
+    def build(self, spec, clients, seed=0, keys=None) -> Engine:
         if keys is not None:
             raise InputError("the Ray engine hosts a whole federation, not a shard of one")
         from fedgp.engines.ray import RayEngine  # imports Ray itself only when the engine starts
 
         return RayEngine(spec, clients, seed, address=self.address, num_workers=self.num_workers,
-                         threads=self.threads, timeout=self.timeout, shard=self.shard.options())  # fmt: skip
+                         threads=self.threads, timeout=self.timeout, shard=self.shard.options(),
+                         keep_alive=self.keep_alive)  # fmt: skip
 
 
 #: The engine configs by name, as ``fit(engine="...")`` and the CLI take them. ``"flower"`` (the

@@ -13,6 +13,16 @@ The model specification (GPyTorch modules: code, not data) reaches each actor on
 own serialiser, like the actor class itself. Actors are pooled per process, so engines built one
 after another (tests, notebooks) reuse the started workers; each engine's shard is held under
 its own key and dropped by :meth:`RayEngine.close`.
+
+Ray's lifetime: an engine that finds Ray running (``ray.init`` called before, by you or by another
+engine) uses it and never stops it. An engine that has to start Ray stops it when it is closed —
+:func:`fedgp.fit` closes the engines it builds from a name or a config, at the end of the run and on
+an error — unless it was built with ``keep_alive=True`` (then :func:`shutdown` stops Ray and the
+pooled actors). A closed engine still answers the tasks a :class:`~fedgp.run.FitResult` sends after
+the run (predict, evaluate, a client's state): it runs them in this process, with the shards'
+batched engine on the driver's copy of the data and every client keyed as on the actors, so the
+numbers are the actors' (to rounding). Started again (another run), it reloads its shards, starting
+Ray if it has to.
 """
 
 from __future__ import annotations
@@ -23,7 +33,8 @@ import os
 import warnings
 import weakref
 from collections.abc import Mapping, Sequence
-from typing import Any
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -58,13 +69,16 @@ from fedgp.messages.remote import (
 from fedgp.models.spec import GPSpec
 from fedgp.strategies.base import Strategy
 
+if TYPE_CHECKING:
+    from fedgp.engines.batched import BatchedEngine
+
 __all__ = ["RayEngine", "shutdown"]
 
 _POOL: list = []
 _KEYS = itertools.count()
 
 
-def _ray():
+def _ray() -> ModuleType:
     try:
         import ray
     except ImportError:  # pragma: no cover - exercised only without the extra
@@ -74,10 +88,15 @@ def _ray():
     return ray
 
 
+def _session() -> str:
+    """The node of this process's Ray session (a new one for each local Ray started)."""
+    return _ray().get_runtime_context().get_node_id()
+
+
 class _Host:
     """A Ray actor holding shards of clients (one per engine) and running their tasks."""
 
-    def __init__(self, threads: int = 1):
+    def __init__(self, threads: int = 1) -> None:
         # The compiled step's threads follow torch's (fedgp.engines.compiled.run_tiles); numba's own
         # pool is not used, and setting its size would start it.
         torch.set_num_threads(threads)
@@ -138,7 +157,7 @@ def _modules(config) -> list[str]:
     return found
 
 
-def _actor(slot: int, threads: int):
+def _actor(slot: int, threads: int) -> Any:
     ray = _ray()
     while len(_POOL) <= slot:
         _POOL.append(None)
@@ -162,7 +181,8 @@ def _drop(key: int, loaded: list) -> None:
 
 
 def shutdown() -> None:
-    """Stop the pooled actors and Ray itself (tests call this at the end)."""
+    """Stop the pooled actors and Ray itself, whoever started it: for a Ray kept by
+    ``Ray(keep_alive=True)``, or at the end of tests and notebooks."""
     ray = _ray()
     _POOL.clear()
     if ray.is_initialized():
@@ -182,6 +202,10 @@ class RayEngine(Engine):
             :class:`~fedgp.engines.batched.BatchedEngine` (``chunk_size``, ``compiled``,
             ``minibatch_dtype`` ...): the options of the :class:`~fedgp.engines.Ray` config's
             ``shard``, plain values that travel to the actors.
+        keep_alive: when this engine starts Ray (it was not running), leave it and the pooled
+            actors running when the engine is closed, for the next engine to reuse (stop them with
+            :func:`shutdown`); by default :meth:`close` stops the Ray it started. A Ray that was
+            already running is never stopped by an engine.
     """
 
     name = "ray"
@@ -197,50 +221,93 @@ class RayEngine(Engine):
         threads: int = 1,
         timeout: float | None = None,
         shard: Mapping[str, Any] | None = None,
-    ):
+        keep_alive: bool = False,
+    ) -> None:
         ray = _ray()
-        if not ray.is_initialized():
-            local_cpus = None if address else (num_workers or os.cpu_count())
-            ray.init(address=address, num_cpus=local_cpus, include_dashboard=False, log_to_driver=False)
-        workers = num_workers or max(1, int(ray.cluster_resources().get("CPU", 1)))
-        if workers < 1:
-            raise InputError("num_workers must be >= 1")
-        cores = os.cpu_count() or 1
-        if address is None and workers > cores:
-            warnings.warn(
-                f"Ray(num_workers={workers}) on a machine with {cores} CPUs: the {workers} actors share "
-                f"{cores} cores, which is slower than {cores} workers (each actor runs a whole shard); "
-                "leave num_workers out for one per CPU",
-                FedGPWarning,
-                stacklevel=2,
-            )
         options = dict(shard or {})
-        check_against_gpytorch(spec, compiled=options.get("compiled"))  # once, here; actors skip it
-        self.spec, self.clients, self.seed = spec, list(clients), seed
-        self.ids = [c.id for c in self.clients]
-        # The shard's settings travel as plain values (Ray serialises them); the actors build the config.
-        self.timeout, self.threads, self.options = timeout, threads, options
-        pieces = np.array_split(np.arange(len(self.clients)), min(workers, len(self.clients)))
-        self.shards = [torch.from_numpy(p).to(torch.long) for p in pieces]
-        self._shard_of = torch.empty(len(self.clients), dtype=torch.long)
-        self._row_of = torch.empty(len(self.clients), dtype=torch.long)
-        for i, shard in enumerate(self.shards):
-            self._shard_of[shard] = i
-            self._row_of[shard] = torch.arange(len(shard))
-        self._records = [
-            [record_to_bytes(client_to_record(self.clients[p])) for p in s.tolist()] for s in self.shards
-        ]
+        check_against_gpytorch(spec, compiled=options.get("compiled"))  # once, before Ray; actors skip it
+        self.keep_alive = keep_alive
+        local_cpus = None if address else (num_workers or os.cpu_count())
+        self._init = dict(address=address, num_cpus=local_cpus, include_dashboard=False, log_to_driver=False)
+        self._started: str | None = None  # the Ray session this engine started: stopped by close
+        self._closed, self._local = False, None
         self.key = next(_KEYS)
-        self._loaded = [None] * len(self.shards)
-        self._strategy: str | None = None
-        self._modules: list[str] = []
-        for i in range(len(self.shards)):
-            self._load(i)
+        self._loaded: list = []  # each shard's actor, once loaded (None: not loaded)
         self._finalizer = weakref.finalize(self, _drop, self.key, self._loaded)
+        self._connect()
+        try:
+            workers = num_workers or max(1, int(ray.cluster_resources().get("CPU", 1)))
+            if workers < 1:
+                raise InputError("num_workers must be >= 1")
+            cores = os.cpu_count() or 1
+            if address is None and workers > cores:
+                warnings.warn(
+                    f"Ray(num_workers={workers}) on a machine with {cores} CPUs: the {workers} actors "
+                    f"share {cores} cores, which is slower than {cores} workers (each actor runs a whole "
+                    "shard); leave num_workers out for one per CPU",
+                    FedGPWarning,
+                    stacklevel=2,
+                )
+            self.spec, self.clients, self.seed = spec, list(clients), seed
+            self.ids = [c.id for c in self.clients]
+            # The shard's settings travel as plain values (Ray serialises them); the actors build the config.
+            self.timeout, self.threads, self.options = timeout, threads, options
+            pieces = np.array_split(np.arange(len(self.clients)), min(workers, len(self.clients)))
+            self.shards = [torch.from_numpy(p).to(torch.long) for p in pieces]
+            self._shard_of = torch.empty(len(self.clients), dtype=torch.long)
+            self._row_of = torch.empty(len(self.clients), dtype=torch.long)
+            for i, members in enumerate(self.shards):
+                self._shard_of[members] = i
+                self._row_of[members] = torch.arange(len(members))
+            self._records = [
+                [record_to_bytes(client_to_record(self.clients[p])) for p in s.tolist()] for s in self.shards
+            ]
+            self._loaded.extend([None] * len(self.shards))
+            self._strategy: str | None = None
+            self._modules: list[str] = []
+            for i in range(len(self.shards)):
+                self._load(i)
+        except BaseException:  # a Ray started for this engine does not outlive its failed construction
+            self._finalizer()
+            self._stop_ray()
+            raise
+
+    # -- Ray ------------------------------------------------------------------------------------------
+    def _connect(self) -> None:
+        """Use the running Ray, or start it with this engine's settings and remember that it did."""
+        ray = _ray()
+        if ray.is_initialized():
+            return
+        _POOL.clear()  # actors of an earlier session, gone with it
+        ray.init(**self._init)
+        self._started = _session()
+
+    def _stop_ray(self) -> None:
+        """Stop Ray if this engine started it (that same session) and was not told to keep it."""
+        started, self._started = self._started, None
+        if started is None or self.keep_alive:
+            return
+        ray = _ray()
+        if ray.is_initialized() and _session() == started:
+            shutdown()
+
+    def _in_process(self) -> BatchedEngine:
+        """After :meth:`close`: the shards' batched engine over all clients, in this process (each
+        keyed by its position, as on the actors), for the tasks a result sends after the run."""
+        if self._local is None:
+            from fedgp.engines.batched import BatchedEngine
+
+            local = BatchedEngine(self.spec, self.clients, self.seed, **{**self.options, "check": False})
+            if self._strategy is not None:  # else its run says start must come first
+                local.seed = self.seed
+                local.client_strategy = from_config(json.loads(self._strategy))
+            self._local = local
+        return self._local
 
     # -- shards -----------------------------------------------------------------------------------
-    def _load(self, i: int):
+    def _load(self, i: int) -> Any:
         ray = _ray()
+        self._connect()
         actor = _actor(i, self.threads)
         keys = self.shards[i].tolist()
         ray.get(actor.load.remote(self.key, self.spec, self._records[i], keys, self.options))
@@ -249,7 +316,7 @@ class RayEngine(Engine):
         self._loaded[i] = actor
         return actor
 
-    def _host(self, i: int):
+    def _host(self, i: int) -> Any:
         actor = _POOL[i] if i < len(_POOL) else None
         return actor if actor is not None and actor is self._loaded[i] else self._load(i)
 
@@ -268,6 +335,9 @@ class RayEngine(Engine):
     # -- the contract -----------------------------------------------------------------------------
     def start(self, strategy: Strategy, seed: int) -> Roster:
         ray = _ray()
+        if self._closed:  # a new run on the actors: the shards reload as they are needed
+            self._closed, self._local = False, None
+            self._finalizer = weakref.finalize(self, _drop, self.key, self._loaded)
         self.seed = seed
         self._strategy = config_json(strategy.client_view())
         self._modules = _modules(json.loads(self._strategy))
@@ -284,6 +354,8 @@ class RayEngine(Engine):
         )
 
     def run(self, task: Task, clients: torch.Tensor, fields: Mapping[str, Field]) -> Outcome:
+        if self._closed:
+            return self._in_process().run(task, clients, fields)
         ray = _ray()
         clients = torch.as_tensor(clients, dtype=torch.long)
         text = fields_to_json(fields)
@@ -306,5 +378,10 @@ class RayEngine(Engine):
         return merge_outcomes(parts, fields)
 
     def close(self) -> None:
-        """Free this engine's shards on the actors (also done when the engine is garbage collected)."""
+        """Free this engine's shards on the actors (also done when the engine is garbage collected)
+        and stop Ray if this engine started it, unless ``keep_alive``. The engine still answers
+        tasks afterwards, in this process (what a :class:`~fedgp.run.FitResult` asks after the
+        run); :meth:`start` brings the shards back."""
+        self._closed = True
         self._finalizer()
+        self._stop_ray()

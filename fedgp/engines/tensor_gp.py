@@ -69,7 +69,7 @@ class StationaryGram(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, Z, outputscale, noise, nu):
+    def forward(ctx, Z, outputscale, noise, nu) -> torch.Tensor:
         sq = (Z * Z).sum(-1)
         D = torch.baddbmm(sq.unsqueeze(-1) + sq.unsqueeze(-2), Z, Z.transpose(-1, -2), alpha=-2.0)
         D.clamp_min_(0).diagonal(dim1=-2, dim2=-1).zero_()
@@ -88,7 +88,7 @@ class StationaryGram(torch.autograd.Function):
         return K
 
     @staticmethod
-    def backward(ctx, grad):
+    def backward(ctx, grad) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, None]:
         Z, outputscale, unit, e = ctx.saved_tensors
         nu = ctx.nu
         grad_noise = torch.diagonal(grad, dim1=-2, dim2=-1).sum(-1)
@@ -104,7 +104,7 @@ class StationaryGram(torch.autograd.Function):
         return grad_Z, grad_s.reshape(outputscale.shape), grad_noise.reshape(-1), None
 
 
-def stationary_fast_path(spec: GPSpec):
+def stationary_fast_path(spec: GPSpec) -> tuple[str | None, str, float | None] | None:
     """``(outputscale name or None, lengthscale name, ν or None)`` when the kernel is a (scaled)
     RBF or Matérn-3/2, -5/2 without active_dims; else ``None`` (GPyTorch's forward). Priors are
     added to the loss separately (:meth:`BatchedGP.nll`)."""
@@ -165,7 +165,9 @@ class BatchedGP:
             return self.module.mean_module(X)
         return torch.func.functional_call(self.module, self._module_params(raw), (X,))
 
-    def kernel(self, raw: dict[str, torch.Tensor], X1: torch.Tensor, X2: torch.Tensor, diag: bool = False):
+    def kernel(
+        self, raw: dict[str, torch.Tensor], X1: torch.Tensor, X2: torch.Tensor, diag: bool = False
+    ) -> torch.Tensor:
         """The kernel evaluated with the parameters ``raw`` between ``X1`` and ``X2`` (batched over
         clients)."""
         return torch.func.functional_call(self.module, self._module_params(raw), (X1, X2), {"diag": diag})
@@ -191,7 +193,7 @@ class BatchedGP:
         )
         return (X - X[..., :1, :]) / ls, s.reshape(-1), self.noise_variance(raw)
 
-    def train_covariance(self, raw, X, mask):
+    def train_covariance(self, raw, X, mask) -> torch.Tensor:
         """``K(X, X) + σ² I`` (the fused stationary path when it applies, else GPyTorch's kernel
         ``forward``), with padded rows/columns replaced by the identity."""
         if self.fast is not None:
@@ -248,7 +250,7 @@ class GaussianNLL(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, K, r, n, client_ids):
+    def forward(ctx, K, r, n, client_ids) -> torch.Tensor:
         L = cholesky(K, client_ids)
         K_inv = torch.cholesky_inverse(L)
         alpha = (K_inv @ r.unsqueeze(-1)).squeeze(-1)
@@ -257,7 +259,7 @@ class GaussianNLL(torch.autograd.Function):
         return 0.5 * ((r * alpha).sum(-1) + logdet + n * _LOG_2PI) / n
 
     @staticmethod
-    def backward(ctx, grad):
+    def backward(ctx, grad) -> tuple[torch.Tensor, torch.Tensor, None, None]:
         K_inv, alpha, n = ctx.saved_tensors
         scale = (grad / n).reshape(-1, 1)
         half_c = (0.5 * scale).unsqueeze(-1)

@@ -16,7 +16,7 @@ import torch
 from fedgp.errors import InputError
 from fedgp.files import write_atomically
 from fedgp.models import GPSpec
-from fedgp.run import Evaluate, Progress, fit
+from fedgp.run import Evaluate, FitResult, Progress, fit
 
 __all__ = [
     "default_engine",
@@ -48,7 +48,7 @@ def fit_study(
     transforms=None,
     callbacks=(),
     **options,
-):
+) -> FitResult:
     """:func:`fedgp.fit` as the studies call it: the default engine, no per-round test metrics, no
     data transforms unless asked (each paper's protocol scales its data itself), and ``progress``
     for the rounds; ``options`` are ``fit``'s others (``faults``, ``stop``)."""

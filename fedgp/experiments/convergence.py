@@ -206,7 +206,7 @@ class StateTrace(Callback):
         self.every = every
         self.states: dict[int, HyperState] = {}
 
-    def on_round(self, run, row):
+    def on_round(self, run, row) -> None:
         if run.completed % self.every == 0 or run.done:
             self.states[run.completed] = run.state
 

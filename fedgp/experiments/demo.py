@@ -7,6 +7,7 @@ import pandas as pd
 from fedgp.data import gp_federation, sin_personalisation
 from fedgp.experiments.common import fit_study
 from fedgp.models import GPSpec, fit_mle
+from fedgp.run import FitResult
 from fedgp.strategies import FGPR
 
 __all__ = ["personalisation_demo", "convergence_study", "DEMO_THETA"]
@@ -19,7 +20,9 @@ DEMO_THETA = {
 }
 
 
-def personalisation_demo(rounds: int = 60, seed: int = 0, progress: bool | None = None):
+def personalisation_demo(
+    rounds: int = 60, seed: int = 0, progress: bool | None = None
+) -> tuple[pd.DataFrame, FitResult]:
     """sin / −sin (FGPR Fig. 1): per-client RMSE of the personalised GP vs the best global function.
 
     Returns a table (one row per client) and the :class:`~fedgp.FitResult`.
@@ -43,7 +46,7 @@ def personalisation_demo(rounds: int = 60, seed: int = 0, progress: bool | None 
 
 def convergence_study(
     rounds: int = 100, num_clients: int = 20, n: int = 250, seed: int = 0, progress: bool | None = None
-):
+) -> tuple[pd.DataFrame, pd.DataFrame, FitResult]:
     """FGPR on independent GP draws with known θ* (FGPR §4 Example 1, one draw of θ*).
 
     Returns (parameter table: truth, FGPR, centralised MLE; per-round error table; FitResult).

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
@@ -36,6 +37,9 @@ from fedgp.experiments.common import Report, default_engine, fit_study, reproduc
 from fedgp.experiments.metrics import markdown_table, mean_matched_error, nearest_truth_error
 from fedgp.experiments.mixed_regression import linear_spec
 from fedgp.strategies import clustered as C
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
 
 __all__ = [
     "LEARNING_RATES",
@@ -157,7 +161,9 @@ def success_table(rows: pd.DataFrame, by: Sequence[str]) -> pd.DataFrame:
     return out.reset_index()
 
 
-def plot_success(table: pd.DataFrame, x: str, curve: str, ax=None, title: str = "", xscale: str = "log"):
+def plot_success(
+    table: pd.DataFrame, x: str, curve: str, ax=None, title: str = "", xscale: str = "log"
+) -> Axes:
     """Success probability against ``x``, one line per value of ``curve``, with ticks at the values
     of ``x`` that were run, labelled plainly (a log axis's own minor labels, 2×10⁻¹, 3×10⁻¹, ...,
     overlap within a decade)."""

@@ -32,6 +32,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import gpytorch
 import numpy as np
@@ -46,6 +47,9 @@ from fedgp.models import GPSpec, ZeroKernel
 from fedgp.models.linear import linear_model
 from fedgp.strategies import clustered as C
 from fedgp.strategies.clustered.moment_descent import MomentDescentInit, merge_anchors
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
 
 __all__ = [
     "METHODS",
@@ -296,7 +300,7 @@ def curve_summary(curves: pd.DataFrame) -> pd.DataFrame:
     ).reset_index()
 
 
-def plot_setting(summary: pd.DataFrame, setting: str, axes=None):
+def plot_setting(summary: pd.DataFrame, setting: str, axes=None) -> Sequence[Axes] | np.ndarray:
     """The paper's two panels for one setting from :func:`curve_summary`'s table: left, two-phase with
     s ∈ {1, 5, 10} and FedProx; right, two-phase against the baselines. Median over seeds with the
     interquartile band."""

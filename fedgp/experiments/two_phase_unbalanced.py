@@ -28,6 +28,7 @@ import time
 import warnings
 from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
@@ -42,6 +43,9 @@ from fedgp.experiments.mixed_regression import NOISE, WEIGHTS, linear_spec, sepa
 from fedgp.run.stopping import StateChange
 from fedgp.strategies import clustered as C
 from fedgp.strategies.clustered.moment_descent import MomentDescentInit
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
 
 __all__ = [
     "SETTING",
@@ -264,7 +268,7 @@ def summarize(finals: pd.DataFrame) -> pd.DataFrame:
     )
 
 
-def plot_clusters(curves: pd.DataFrame, finals: pd.DataFrame, axes=None):
+def plot_clusters(curves: pd.DataFrame, finals: pd.DataFrame, axes=None) -> Sequence[Axes] | np.ndarray:
     """One panel per cluster: the error per round (median over seeds, interquartile band) of each
     method, on log-log axes, and the converged oracle's median error (dashed)."""
     import matplotlib.pyplot as plt

@@ -59,7 +59,7 @@ class Fig1aMean(gpytorch.means.Mean):
         self.eta = float(eta)
         self.register_parameter("theta", torch.nn.Parameter(torch.tensor([1.5])))
 
-    def forward(self, x):
+    def forward(self, x) -> torch.Tensor:
         return x[..., 1] * (1 - _r(x[..., 0], self.theta[..., :1], self.eta))
 
 

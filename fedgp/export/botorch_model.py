@@ -17,11 +17,15 @@ from the client's few points). Without transforms none is attached: BoTorch's de
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from fedgp.errors import MissingExtraError
+
+if TYPE_CHECKING:
+    from botorch.models import SingleTaskGP
+    from botorch.models.transforms import Standardize
 
 __all__ = ["to_botorch", "fixed_standardize"]
 
@@ -38,7 +42,7 @@ def _botorch():
     return botorch
 
 
-def fixed_standardize(offset: float, scale: float, dtype: torch.dtype):
+def fixed_standardize(offset: float, scale: float, dtype: torch.dtype) -> Standardize:
     """BoTorch's ``Standardize`` (one outcome) with a given mean and sd that training never changes."""
     Standardize = _botorch().models.transforms.Standardize
 
@@ -73,7 +77,7 @@ def _transforms(result, data, dtype):
     return data.X.to(dtype), data.y.to(dtype), inputs, outcome
 
 
-def to_botorch(result, client: Any, trainable: bool = False):
+def to_botorch(result, client: Any, trainable: bool = False) -> SingleTaskGP:
     """One client's personalised model as a BoTorch ``SingleTaskGP``: the learned prior conditioned on the
     client's own points, hyper-parameters frozen, in the data's original units.
 

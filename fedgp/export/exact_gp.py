@@ -18,12 +18,15 @@ predictions are exact at every size, so evaluate larger clients inside
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import gpytorch
 import torch
 
 from fedgp.models.spec import ExactGPModel
+
+if TYPE_CHECKING:
+    from linear_operator.operators import LinearOperator
 
 __all__ = ["to_gpytorch", "OriginalUnitsMean", "OriginalUnitsKernel"]
 
@@ -42,7 +45,7 @@ class OriginalUnitsMean(gpytorch.means.Mean):
         self.register_buffer("x_scale", x_scale)
         self.y_offset, self.y_scale = float(y_offset), float(y_scale)
 
-    def forward(self, x):
+    def forward(self, x) -> torch.Tensor:
         return self.y_offset + self.y_scale * self.base(_affine_inputs(x, self.x_offset, self.x_scale))
 
 
@@ -56,7 +59,7 @@ class OriginalUnitsKernel(gpytorch.kernels.Kernel):
         self.register_buffer("x_scale", x_scale)
         self.variance = float(y_scale) ** 2
 
-    def forward(self, x1, x2, diag=False, **params):
+    def forward(self, x1, x2, diag=False, **params) -> torch.Tensor | LinearOperator:
         out = self.base(
             _affine_inputs(x1, self.x_offset, self.x_scale),
             _affine_inputs(x2, self.x_offset, self.x_scale),

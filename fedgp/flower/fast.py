@@ -50,6 +50,11 @@ import threading
 import time
 import traceback
 import types
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from flwr.supercore.constant import TaskType
+    from flwr.supercore.superexec.executor.types import LaunchResult
 
 __all__ = [
     "main", "supernode", "superexec", "supported", "short_object_pulls", "ForkExecutor", "fedgp_warmup",
@@ -233,7 +238,9 @@ class ForkExecutor:
         self.children: set[int] = set()
         self.done_fd = done_fd
 
-    def get_eligible_capacity(self, supported_task_types, *, insecure=False, root_certificates_path=None):
+    def get_eligible_capacity(
+        self, supported_task_types, *, insecure=False, root_certificates_path=None
+    ) -> tuple[set[TaskType], set[str]]:
         """As Flower's ``SubprocessExecutor``: which task types this executor takes now."""
         return self.fallback.get_eligible_capacity(
             supported_task_types, insecure=insecure, root_certificates_path=root_certificates_path
@@ -241,10 +248,10 @@ class ForkExecutor:
 
     def wait_for_capacity(
         self, task_type=None, *, fab_hash=None, insecure=False, root_certificates_path=None
-    ):
+    ) -> None:
         """No capacity gate (as Flower's SubprocessExecutor)."""
 
-    def launch(self, spec):
+    def launch(self, spec) -> LaunchResult:
         """Fork a ClientApp for ``spec`` (a ClientApp task); other tasks go to Flower's executor."""
         from flwr.supercore.constant import TaskType
         from flwr.supercore.superexec.executor.types import LaunchResult

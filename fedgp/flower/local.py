@@ -188,7 +188,7 @@ class Flower(EngineConfig):
     secure: SecureAggregation | None = None
     name: ClassVar[str] = "flower"
 
-    def build(self, spec, clients, seed=0, keys=None):
+    def build(self, spec, clients, seed=0, keys=None) -> Engine:
         if keys is not None:
             raise InputError("the Flower engine hosts a whole federation, not a shard of one")
         return FlowerEngine(spec, clients, seed, num_nodes=self.num_nodes, node_engine=self.node_engine,

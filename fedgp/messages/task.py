@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
+from typing import Any
 
 import torch
 
@@ -70,6 +71,6 @@ class Task:
         """Shared and personal tensors in one mapping (personal ones have a leading client dimension)."""
         return {**self.shared.tensors, **self.personal.tensors}
 
-    def setting(self, name: str, default=None):
+    def setting(self, name: str, default=None) -> Any:
         """A shared setting, or ``default``."""
         return self.shared.settings.get(name, default)

@@ -80,7 +80,9 @@ class Prediction:
         factor = psd_safe_cholesky(self.covariance(observation_noise))
         return self.mean + z @ factor.transpose(-1, -2)
 
-    def confidence_region(self, level: float = 0.95, observation_noise: bool = False):
+    def confidence_region(
+        self, level: float = 0.95, observation_noise: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Central interval of the Gaussian predictive with probability ``level``."""
         z = math.sqrt(2.0) * torch.special.erfinv(torch.tensor(level, dtype=torch.float64))
         sd = self.variance(observation_noise).sqrt()

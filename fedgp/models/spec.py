@@ -31,7 +31,7 @@ class ZeroKernel(gpytorch.kernels.Kernel):
 
     has_lengthscale = False
 
-    def forward(self, x1, x2, diag=False, last_dim_is_batch=False, **params):
+    def forward(self, x1, x2, diag=False, last_dim_is_batch=False, **params) -> torch.Tensor:
         if diag:
             return torch.zeros(*x1.shape[:-1], dtype=x1.dtype, device=x1.device)
         return torch.zeros(*x1.shape[:-1], x2.shape[-2], dtype=x1.dtype, device=x1.device)
@@ -45,7 +45,7 @@ class ExactGPModel(gpytorch.models.ExactGP):
         self.mean_module = mean_module
         self.covar_module = covar_module
 
-    def forward(self, x):
+    def forward(self, x) -> gpytorch.distributions.MultivariateNormal:
         return gpytorch.distributions.MultivariateNormal(self.mean_module(x), self.covar_module(x))
 
 

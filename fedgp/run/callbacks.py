@@ -37,7 +37,7 @@ from fedgp.messages import Roster, ServerContext
 from fedgp.models.state import HyperState
 from fedgp.run.checkpoint import Checkpoint, fingerprint_mismatches, load_checkpoint, save_checkpoint
 from fedgp.run.evaluation import evaluate_clients, mean_metrics
-from fedgp.run.progress import progress_bar
+from fedgp.run.progress import end_early, progress_bar
 from fedgp.run.stopping import StopRule, state_rows
 from fedgp.strategies.base import Strategy
 from fedgp.transforms import DataTransform
@@ -221,7 +221,7 @@ class Evaluate(Callback):
             return self.every
         return 1 if bool((run.roster.n_test > 0).any()) else 0
 
-    def on_round(self, run, row):
+    def on_round(self, run, row) -> None:
         every = self.interval(run)
         if every and (run.completed % every == 0 or run.done):
             row.update(
@@ -232,7 +232,7 @@ class Evaluate(Callback):
                 )
             )
 
-    def fingerprint(self, run):
+    def fingerprint(self, run) -> dict[str, str]:
         return {"evaluate.every": str(self.interval(run))}
 
 
@@ -241,13 +241,14 @@ class Progress(Callback):
     """The progress display over rounds (:mod:`fedgp.run.progress`): ``show=None`` (default) a tqdm
     bar on a terminal and nothing otherwise; ``True`` the bar on a terminal, else a line on stderr
     every ``every`` rounds (default a tenth of them, for logs); ``False`` nothing. The bar shows the
-    latest ``train_nll``."""
+    latest ``train_nll``; its total is the round budget, and when a stopping rule ends the run
+    early, the rounds run (the bar ends at 100 %)."""
 
     show: bool | None = None
     every: int | None = None
     order: ClassVar[int] = 30
 
-    def on_start(self, run):
+    def on_start(self, run) -> None:
         self._bar = progress_bar(
             progress=self.show,
             desc=type(run.strategy).__name__,
@@ -256,13 +257,15 @@ class Progress(Callback):
             every=self.every,
         )
 
-    def on_round(self, run, row):
+    def on_round(self, run, row) -> None:
         nll = row.get("train_nll")
         if nll is not None and not math.isnan(nll):
             self._bar.set_postfix(train_nll=f"{nll:.4f}", refresh=False)
         self._bar.update(1)
 
-    def on_end(self, run):
+    def on_end(self, run) -> None:
+        if run.done and run.completed < run.rounds:  # stopped early: end at 100 %, not "12/100"
+            end_early(self._bar)
         self._bar.close()
 
 
@@ -297,7 +300,7 @@ class Checkpointing(Callback):
                 "Checkpointing(every=None, resume=False) would neither write nor read a checkpoint"
             )
 
-    def restore(self, run):
+    def restore(self, run) -> None:
         if not self.resume:
             return
         if not Path(self.path).exists():
@@ -313,7 +316,7 @@ class Checkpointing(Callback):
             if callback.checkpoint_key in ckpt.callbacks:
                 callback.load_state(ckpt.callbacks[callback.checkpoint_key])
 
-    def on_round(self, run, row):
+    def on_round(self, run, row) -> None:
         if self.every and (run.completed % self.every == 0 or run.done):
             states = {c.checkpoint_key: c.state() for c in run.callbacks if c.checkpoint_key}
             checkpoint = Checkpoint(

@@ -48,7 +48,9 @@ def fit(
             tensor program, the same results to rounding, much faster for many clients;
             ``"ray"``; ``"flower"``) uses that engine's defaults; a config sets its options, e.g.
             ``fedgp.engines.Batched(device="cuda")`` or ``fedgp.engines.Ray(num_workers=4)``; an
-            :class:`~fedgp.engines.base.Engine` instance is used as it is.
+            :class:`~fedgp.engines.base.Engine` instance is used as it is. An engine built here is
+            closed when the run ends or fails: a Ray that ``fit`` had to start stops (unless
+            ``Ray(keep_alive=True)``); the result still predicts and evaluates.
         seed: master seed; every random draw derives from it, per round and client.
         transforms: ``"auto"`` (default), ``None`` (the data as they are) or
             :class:`fedgp.transforms.Transforms` (``outcome=Standardize(...)``,
@@ -82,7 +84,11 @@ def fit(
     run = Run(
         spec, federation, strategy, rounds, engine=engine, seed=seed, transforms=transforms, faults=faults,
         stop=stop, callbacks=callbacks, privacy=privacy,
-    ).start()  # fmt: skip
-    while not run.done:
-        run.round()
-    return run.finish()
+    )  # fmt: skip
+    try:
+        run.start()
+        while not run.done:
+            run.round()
+        return run.finish()
+    finally:
+        run.close()  # an engine fit built, also when the run fails (a Ray it started stops)

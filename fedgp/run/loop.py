@@ -5,7 +5,7 @@ The round loop lives here, once, for every engine, and never runs client code::
     run = Run(spec, federation, strategy, rounds, engine=..., ...).start()  # hello, transforms, init
     while not run.done:
         run.round()        # configure → exchange (messages out, replies and failures back) → aggregate
-    result = run.finish()  # a FitResult
+    result = run.finish()  # a FitResult; an engine the run built is closed (run.close())
 
 What happens around each round — the stopping rule, evaluation, checkpoints, progress, your own
 code — is a list of :mod:`callbacks <fedgp.run.callbacks>`; a new concern is a new callback, not a
@@ -107,6 +107,7 @@ class Run:
         self.transforms, self.faults, self.rule = Transforms.of(transforms), faults, resolve_stop(stop)
         self.callbacks = self._callbacks(callbacks)
         self.engine = build_engine(engine, spec, None if federation is None else list(federation), seed)
+        self._owns_engine = not isinstance(engine, Engine)  # built here: closed by close()
         if federation is None and getattr(self.engine, "clients", None):
             federation = Federation(list(self.engine.clients))
         self.federation = federation
@@ -199,7 +200,7 @@ class Run:
         self.stop_reason = reason
 
     def finish(self) -> FitResult:
-        """Tell the callbacks, record why the run ended, and return the result."""
+        """Tell the callbacks, record why the run ended, :meth:`close`, and return the result."""
         for callback in self.callbacks:
             callback.on_end(self)
         frame = pd.DataFrame(self.history)
@@ -208,7 +209,7 @@ class Run:
             frame.attrs["privacy"] = self.privacy_summary
         if self.rule is not None or self.stop_reason is not None:
             self._report_stop(frame)
-        return FitResult(
+        result = FitResult(
             self.spec,
             self.strategy,
             self.federation,
@@ -221,6 +222,16 @@ class Run:
             [] if self.attack is None else list(self.attack.ids),
             self.transform,
         )
+        self.close()
+        return result
+
+    def close(self) -> None:
+        """Close the engine if this run built it (from a name or a config): a Ray the run started
+        stops, unless ``fedgp.engines.Ray(keep_alive=True)``. The result still predicts and
+        evaluates through it. An :class:`~fedgp.engines.base.Engine` passed in is its owner's to
+        close. :meth:`finish` calls this, and :func:`fedgp.fit` also when the run fails."""
+        if self._owns_engine:
+            self.engine.close()
 
     # -- what callbacks use ----------------------------------------------------------------------------
     @property

@@ -254,10 +254,10 @@ class PrivacyAccounting(Callback):
         s = run.strategy
         return epsilon_spent(float(s.noise), float(s.rate), int(rounds), float(self.privacy.delta))
 
-    def on_start(self, run):
+    def on_start(self, run) -> None:
         self.privacy.check_federation(len(run.roster.ids))
 
-    def on_round(self, run, row):
+    def on_round(self, run, row) -> None:
         row["epsilon"] = self._spent(run, run.completed)
         budget = self.privacy.epsilon
         if budget is not None and run.completed < run.rounds and self._spent(run, run.completed + 1) > budget:
@@ -270,7 +270,7 @@ class PrivacyAccounting(Callback):
                 stacklevel=2,
             )
 
-    def on_end(self, run):
+    def on_end(self, run) -> None:
         s = run.strategy
         run.privacy_summary = {
             "epsilon": self._spent(run, run.completed), "delta": self.privacy.delta, "noise": s.noise,
@@ -278,5 +278,5 @@ class PrivacyAccounting(Callback):
             "noise_at": s.noise_at,
         }  # fmt: skip
 
-    def fingerprint(self, run):
+    def fingerprint(self, run) -> dict[str, str]:
         return {"privacy": repr(self.privacy)}

@@ -10,6 +10,10 @@ Every long loop in fedgp takes ``progress``:
 
 The lines come from tqdm itself (:class:`LineProgress` is a ``tqdm`` whose display writes a line),
 so the figures in them (count, elapsed, remaining, rate, postfix such as ``train_nll``) are tqdm's.
+
+A loop that ends before its total because it is done (a stopping rule held after round 12 of a
+100-round budget) calls :func:`end_early`: the total becomes the count reached, so the display
+ends at ``12/12``, 100 %, not at ``12/100`` as if it had been cut off.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ from tqdm import tqdm
 
 from fedgp.errors import InputError
 
-__all__ = ["progress_bar", "LineProgress"]
+__all__ = ["progress_bar", "LineProgress", "end_early"]
 
 #: Lines are at least this many seconds apart, so short loops (many quick fits) stay quiet.
 MIN_SECONDS = 1.0
@@ -57,6 +61,7 @@ class LineProgress(tqdm):
             else "{desc}: {n_fmt} [{elapsed}, {rate_fmt}{postfix}]",
         )
         self._printed = None  # the count of the last line written (None: none yet)
+        self._printed_total = None  # the total that line showed
         self._wrote = False
         super().__init__(iterable, *args, **kwargs)
         self._line_t = self.start_t
@@ -65,22 +70,27 @@ class LineProgress(tqdm):
         self.every = every or (max(1, math.ceil(self.total / 10)) if self.total else 1)
         self.min_seconds = MIN_SECONDS if min_seconds is None else min_seconds
         self._printed = self.n  # a resumed loop (initial > 0) does not report its start
+        self._printed_total = self.total
 
     def _line(self) -> None:
         self.fp.write(self.format_meter(**self.format_dict) + "\n")
         self.fp.flush()
-        self._printed, self._line_t, self._wrote = self.n, time.time(), True
+        self._printed, self._printed_total, self._line_t, self._wrote = self.n, self.total, time.time(), True
+
+    def _stale(self) -> bool:
+        """Whether the last line shows another count or total than now (:func:`end_early`)."""
+        return self.n != self._printed or self.total != self._printed_total
 
     def display(self, msg: str | None = None, pos: int | None = None) -> bool:
         if msg is not None or self._printed is None:  # tqdm clearing its bar, or not set up yet
             return True
-        due = self.n != self._printed and (self.n % self.every == 0 or self.n == self.total)
+        due = self._stale() and (self.n % self.every == 0 or self.n == self.total)
         if due and time.time() - self._line_t >= self.min_seconds:
             self._line()
         return True
 
     def close(self) -> None:
-        if not self.disable and self._printed is not None and self.n != self._printed:
+        if not self.disable and self._printed is not None and self._stale():
             if self._wrote or time.time() - self.start_t >= self.min_seconds:
                 self._line()
         # tqdm's close would now clear or finish a bar with "\r" / "\n"; without its status
@@ -105,6 +115,16 @@ def progress_bar(
         return LineProgress(iterable, desc=desc, total=total, initial=initial, every=every, **kwargs)
     disable = None if progress is None else not progress
     return tqdm(iterable, desc=desc, total=total, initial=initial, leave=leave, disable=disable, **kwargs)
+
+
+def end_early(bar: tqdm) -> None:
+    """``bar``'s loop is done before its total (a stopping rule held): make the count reached the
+    total, so that the bar, or :class:`LineProgress`'s last line, ends at 100 %. Call it before
+    ``close``; a disabled bar is left alone."""
+    if bar.disable:
+        return
+    bar.total = bar.n
+    bar.refresh()
 
 
 def _is_terminal(stream: Any) -> bool:

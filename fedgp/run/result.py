@@ -9,9 +9,10 @@ A result read back by :meth:`FitResult.load` holds no client data and predicts f
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
@@ -25,13 +26,19 @@ from fedgp.export.botorch_model import to_botorch
 from fedgp.export.exact_gp import to_gpytorch
 from fedgp.messages import Roster, ServerContext, read_state
 from fedgp.models.posterior import Prediction
-from fedgp.models.spec import GPSpec
+from fedgp.models.spec import ExactGPModel, GPSpec
 from fedgp.models.state import HyperState
+from fedgp.plotting import plot_history
 from fedgp.run.evaluation import evaluate_clients
 from fedgp.run.exchange import personal_exchange
 from fedgp.run.saved import read_result, write_result
 from fedgp.strategies.base import Strategy
 from fedgp.transforms import DataTransform
+
+if TYPE_CHECKING:
+    from botorch.models import SingleTaskGP
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
 
 __all__ = ["FitResult"]
 
@@ -201,6 +208,21 @@ class FitResult:
             self.strategy, self.server_state, self.context, self.engine, self.roster, self.transform
         )
 
+    def plot(self, axes: Sequence[Axes] | None = None, figsize: tuple[float, float] | None = None) -> Figure:
+        """The history against the rounds, one panel each: train NLL; the clients' mean test RMSE and
+        test NLL (± their spread) when clients held test rows; the hyper-parameters (a clustered
+        strategy's per cluster, ``j/name``). Returns the matplotlib ``Figure``.
+
+        It draws on a bare ``Figure`` that pyplot does not manage, and never calls ``plt.show()``: so
+        it opens no window and blocks nothing, works on a headless machine and in threads with any
+        backend, is freed when you drop it, and a notebook shows the returned figure once. Save it with
+        ``fig.savefig("history.png")``. ``axes`` (one per panel, such as another run's
+        ``fig.axes`` to overlay two runs, or ``plt.subplots(n)[1]`` to draw in a pyplot figure) or
+        ``figsize`` otherwise. See :func:`fedgp.plotting.plot_history`."""
+        history = self.history
+        parameters = list(self.strategy.describe(self.server_state)) if len(history) else []
+        return plot_history(history, [c for c in parameters if c in history], axes=axes, figsize=figsize)
+
     # -- leaving the session ------------------------------------------------------------------------
     def save(self, path: str | os.PathLike) -> Path:
         """Write spec, strategy, server state, transforms and history (no client data) to one file;
@@ -219,11 +241,11 @@ class FitResult:
         _, _, position, _ = self._resolve(client)
         return self.federation[position]
 
-    def to_gpytorch(self, client: int | ClientData | Any):
+    def to_gpytorch(self, client: int | ClientData | Any) -> ExactGPModel:
         """``client``'s model as a GPyTorch ``ExactGP`` in eval mode, conditioned on its data."""
         return to_gpytorch(self, client)
 
-    def to_botorch(self, client: int | ClientData | Any, trainable: bool = False):
+    def to_botorch(self, client: int | ClientData | Any, trainable: bool = False) -> SingleTaskGP:
         """``client``'s model as a BoTorch ``SingleTaskGP`` with the learned hyper-parameters fixed,
         or with ``trainable=True`` free for ``fit_gpytorch_mll`` to fine-tune from them (needs the
         ``botorch`` extra)."""

@@ -128,12 +128,12 @@ class StateChange(StopRule):
         new, old = states[-1], states[-1 - self.window]
         return (new - old).norm(dim=1) / old.norm(dim=1).clamp_min(1e-12)
 
-    def statistics(self, states, nll):
+    def statistics(self, states, nll) -> dict[str, float]:
         """``state_change``: the largest row's relative change over the window."""
         enough = len(states) > self.window
         return {"state_change": float(self.change(states).max()) if enough else math.nan}
 
-    def check(self, states, nll):
+    def check(self, states, nll) -> str | None:
         worst = self.statistics(states, nll)["state_change"]
         if not worst < self.tol:  # NaN (too few rounds yet, or a NaN state) never converges
             return None
@@ -192,7 +192,7 @@ class NLLPlateau(StopRule):
         """The state's largest relative change over the last ``patience`` rounds (NaN: too few)."""
         return StateChange(self.state_tol or 1.0, self.patience).statistics(states, ())["state_change"]
 
-    def statistics(self, states, nll):
+    def statistics(self, states, nll) -> dict[str, float]:
         """``nll_rise``: the last window's mean NLL minus the one before's (negative: improving);
         ``nll_rise_bound``: the least rise that counts as rising; ``plateau_state_change``: the
         state's largest relative change over the last ``patience`` rounds (with ``state_tol``)."""
@@ -207,7 +207,7 @@ class NLLPlateau(StopRule):
             out["plateau_state_change"] = self._moved(states)
         return out
 
-    def check(self, states, nll):
+    def check(self, states, nll) -> str | None:
         stats = self.statistics(states, nll)
         rise, bound, p = stats["nll_rise"], stats["nll_rise_bound"], self.patience
         if not math.isfinite(rise) or rise < -self.min_delta:
@@ -225,7 +225,7 @@ class NLLPlateau(StopRule):
             f"by more than min_delta {self.min_delta:g} (change {rise:+.3g}){still}"
         )
 
-    def diverging(self, states, nll):
+    def diverging(self, states, nll) -> str | None:
         """The last window's mean NLL is above the best window's (by more than ``min_delta`` and
         two standard errors) while the state still moves (by ``state_tol``, when given)."""
         finite, p = self._finite(nll), self.patience
@@ -276,18 +276,18 @@ class AnyOf(StopRule):
         """Whether any of the rules reads the training NLL."""
         return any(rule.uses_nll for rule in self.rules)
 
-    def statistics(self, states, nll):
+    def statistics(self, states, nll) -> dict[str, float]:
         """Every rule's statistics (a later rule's of the same name wins)."""
         return {k: v for rule in self.rules for k, v in rule.statistics(states, nll).items()}
 
-    def check(self, states, nll):
+    def check(self, states, nll) -> str | None:
         for rule in self.rules:
             reason = rule.check(states, nll)
             if reason is not None:
                 return reason
         return None
 
-    def diverging(self, states, nll):
+    def diverging(self, states, nll) -> str | None:
         """The first of the rules' reasons to call the run diverging."""
         return next((r for r in (rule.diverging(states, nll) for rule in self.rules) if r), None)
 

@@ -21,6 +21,7 @@ down, not where the summed gradient does. The paper reproductions use :meth:`FGP
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from typing import Self
 
 import numpy as np
 import torch
@@ -129,7 +130,9 @@ class FGPR(Strategy):
                 raise InputTypeError(f"FGPR: {name} must be a fedgp {kind.__name__} or None, got {value!r}")
 
     @classmethod
-    def authors(cls, local_steps: int | None = 5, batch_size: int | None = 32, lr: float = 0.05, **options):
+    def authors(
+        cls, local_steps: int | None = 5, batch_size: int | None = 32, lr: float = 0.05, **options
+    ) -> Self:
         """FGPR as the authors' code runs it, the settings of the paper reproductions: Adam
         re-initialised every round, E = 5 minibatch steps of M = 32 at lr 0.05, the averaging of
         constrained values, no server optimiser (``options`` override or add to these)."""
@@ -182,7 +185,7 @@ class FGPR(Strategy):
 
     def configure_personal(
         self, server: HyperState | ServerState, ctx: ServerContext, positions: torch.Tensor
-    ):
+    ) -> tuple[Record, Record]:
         return Record(state_tensors(self.global_state(server), STATE)), Record()
 
     def global_state(self, server: HyperState | ServerState) -> HyperState:

@@ -29,7 +29,7 @@ import torch
 
 from fedgp.checks import check_settings
 from fedgp.errors import InputError
-from fedgp.messages import Replies, RoundPlan, ServerContext, Task
+from fedgp.messages import Record, Replies, RoundPlan, ServerContext, Task
 from fedgp.models.state import HyperState
 from fedgp.strategies.base import ClientOps, Strategy
 from fedgp.strategies.clustered import (
@@ -45,6 +45,7 @@ from fedgp.strategies.clustered import (
     SpecInit,
 )
 from fedgp.strategies.local import SGD, STRATEGY_LOCAL_SETTINGS, Adam, LocalTraining, make_optimizer
+from fedgp.strategies.surface import AttackSurface
 
 __all__ = ["IFCA", "IFCAState"]
 
@@ -162,10 +163,12 @@ class IFCA(Strategy):
     ) -> tuple[IFCAState, dict[str, float]]:
         return self.model.aggregate(rnd, server, plan, replies, ctx)
 
-    def configure_personal(self, server: IFCAState, ctx: ServerContext, positions: torch.Tensor):
+    def configure_personal(
+        self, server: IFCAState, ctx: ServerContext, positions: torch.Tensor
+    ) -> tuple[Record, Record]:
         return self.model.configure_personal(server, ctx, positions)
 
-    def attack_surface(self, plan, personal, replies, spec):
+    def attack_surface(self, plan, personal, replies, spec) -> AttackSurface | None:
         return self.model.attack_surface(plan, personal, replies, spec)
 
     def global_state(self, server: IFCAState) -> HyperState:

@@ -100,7 +100,7 @@ class Adam(LocalOptimizer):
             "t": {k: torch.zeros_like(v) for k, v in params.items()},
         }
 
-    def update(self, p, g, slots, global_step):
+    def update(self, p, g, slots, global_step) -> tuple[torch.Tensor, dict]:
         b1, b2 = self.betas
         m, v, t = slots["m"], slots["v"], slots["t"]
         new_t = t + 1
@@ -129,7 +129,7 @@ class SGD(LocalOptimizer):
         if self.schedule not in ("inverse_t", "constant"):
             raise InputError(f"schedule must be 'inverse_t' or 'constant', got {self.schedule!r}")
 
-    def update(self, p, g, slots, global_step):
+    def update(self, p, g, slots, global_step) -> tuple[torch.Tensor, dict]:
         if self.schedule == "inverse_t":
             eta = self.lr / global_step.to(p.dtype).clamp_min(1.0)
             eta = eta.reshape(tuple(eta.shape) + (1,) * (p.dim() - eta.dim()))

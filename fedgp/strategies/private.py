@@ -37,6 +37,7 @@ from __future__ import annotations
 import math
 import secrets
 from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 import torch
@@ -144,7 +145,9 @@ class DPFGPR(Strategy):
             participants, weights, shared=shared, replies=state_fields(ctx.spec, UPDATE, summed=True)
         )
 
-    def aggregate(self, rnd: int, server, plan: RoundPlan, replies: Replies, ctx: ServerContext):
+    def aggregate(
+        self, rnd: int, server, plan: RoundPlan, replies: Replies, ctx: ServerContext
+    ) -> tuple[Any, dict[str, Any]]:
         spec, theta = ctx.spec, self.global_state(server)
         raw = spec.to_raw(theta)
         noise = self._noise_generator(ctx.seed, rnd)
@@ -176,7 +179,9 @@ class DPFGPR(Strategy):
             return torch.Generator().manual_seed(int(generator(seed, "dp-noise", rnd).integers(2**63)))
         return torch.Generator().manual_seed(secrets.randbits(63))
 
-    def configure_personal(self, server, ctx: ServerContext, positions: torch.Tensor):
+    def configure_personal(
+        self, server, ctx: ServerContext, positions: torch.Tensor
+    ) -> tuple[Record, Record]:
         return self.inner.configure_personal(server, ctx, positions)
 
     def global_state(self, server) -> HyperState:

@@ -85,10 +85,10 @@ class FedAvgM(ServerOptimizer):
     def __post_init__(self) -> None:
         check_settings(self, lr="positive", momentum="fraction")
 
-    def init(self, raw):
+    def init(self, raw) -> dict[str, Tensors]:
         return {"v": {k: torch.zeros_like(v) for k, v in raw.items()}}
 
-    def update(self, x, delta, slots):
+    def update(self, x, delta, slots) -> tuple[torch.Tensor, Tensors]:
         v = self.momentum * slots["v"] + delta
         return x + self.lr * v, {"v": v}
 
@@ -109,7 +109,7 @@ class FedAdam(ServerOptimizer):
                 f"{type(self).__name__}: betas must be two numbers in [0, 1), got {self.betas!r}"
             )
 
-    def init(self, raw):
+    def init(self, raw) -> dict[str, Tensors]:
         return {
             "m": {k: torch.zeros_like(v) for k, v in raw.items()},
             "v": {k: torch.full_like(v, self.tau**2) for k, v in raw.items()},
@@ -120,7 +120,7 @@ class FedAdam(ServerOptimizer):
         b2 = self.betas[1]
         return b2 * v + (1 - b2) * delta * delta
 
-    def update(self, x, delta, slots):
+    def update(self, x, delta, slots) -> tuple[torch.Tensor, Tensors]:
         m = self.betas[0] * slots["m"] + (1 - self.betas[0]) * delta
         v = self.second_moment(slots["v"], delta)
         return x + self.lr * m / (v.sqrt() + self.tau), {"m": m, "v": v}
@@ -131,7 +131,7 @@ class FedYogi(FedAdam):
     """FedYogi (Reddi et al., 2021, Alg. 2): FedAdam with Yogi's additive second moment,
     ``v ← v − (1 − β₂) Δ² sign(v − Δ²)``, which grows no faster than ``Δ²`` does."""
 
-    def second_moment(self, v, delta):
+    def second_moment(self, v, delta) -> torch.Tensor:
         """Yogi's second moment."""
         square = delta * delta
         return v - (1 - self.betas[1]) * square * torch.sign(v - square)

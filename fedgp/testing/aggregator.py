@@ -99,12 +99,12 @@ class AggregatorContract:
         weights = torch.from_numpy(rng.dirichlet(np.ones(n)))
         return values, weights
 
-    def cases(self):
+    def cases(self) -> list[tuple[int, int]]:
         """Every ``(seed, n)`` the checks run on."""
         return [(seed, n) for n in self.sizes for seed in self.seeds]
 
     # -- the contract -------------------------------------------------------------------------------
-    def test_agrees_with_its_closed_form(self):
+    def test_agrees_with_its_closed_form(self) -> None:
         """On random inputs of every size, the rule equals the subclass's independent closed form."""
         for seed, n in self.cases():
             values, weights = self.inputs(seed, n)
@@ -118,7 +118,7 @@ class AggregatorContract:
                 msg=lambda m, s=seed, n=n: f"seed {s}, n {n}: {m}",
             )
 
-    def test_permutation_invariant(self):
+    def test_permutation_invariant(self) -> None:
         """Reordering the participants (and their weights) does not change the result."""
         if not self.permutation_invariant:
             pytest.skip(self.not_invariant_because or "the rule is not permutation invariant")
@@ -131,7 +131,7 @@ class AggregatorContract:
                 b, a, rtol=1e-12, atol=1e-14, msg=lambda m, s=seed, n=n: f"seed {s}, n {n}: {m}"
             )
 
-    def test_breakdown_bound(self):
+    def test_breakdown_bound(self) -> None:
         """``tolerated(n)`` participants (at random positions) send 10⁶ in every coordinate: the
         result keeps the stated guarantee."""
         for seed, n in self.cases():
@@ -149,7 +149,7 @@ class AggregatorContract:
                 f"seed {seed}: {count} of {n} participants at {CORRUPTED:g} broke the bound: {result}"
             )
 
-    def test_everyone_agreeing_gives_the_agreed_value(self):
+    def test_everyone_agreeing_gives_the_agreed_value(self) -> None:
         """When every participant sends the same value, that value comes back."""
         for seed, n in self.cases():
             agreed = self.agreed_value(np.random.default_rng([seed, n, 3]))
@@ -157,7 +157,7 @@ class AggregatorContract:
             got = self.aggregator.combine(agreed.expand(n, self.dim).clone(), weights)
             torch.testing.assert_close(got, agreed, rtol=1e-12, atol=1e-12)
 
-    def test_config_round_trips(self):
+    def test_config_round_trips(self) -> None:
         """The rule rebuilds equal from its JSON config (what a client or a saved result holds)."""
         text = json.dumps(self.aggregator.to_config(), allow_nan=False)
         rebuilt = from_config(json.loads(text))
@@ -189,7 +189,7 @@ class AggregatorContract:
         )
         return previous, spec.from_raw(raw)
 
-    def test_on_states_agrees_and_keeps_fixed_parameters(self):
+    def test_on_states_agrees_and_keeps_fixed_parameters(self) -> None:
         """The rule on HyperStates: the trained parameters as the closed form gives them (per
         parameter for coordinate-wise rules, on the flattened updates from the previous state for
         the others, in the rule's space), the fixed one exactly the previous state's."""

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pytest
@@ -32,9 +33,18 @@ from fedgp.data import Federation, gp_federation
 from fedgp.engines.base import Engine
 from fedgp.engines.config import EngineConfig, Sequential
 from fedgp.errors import RoundFailedError
-from fedgp.messages import Field, Record, ServerContext, Task, record_to_bytes, state_tensors, task_to_bytes
+from fedgp.messages import (
+    Field,
+    Record,
+    RoundPlan,
+    ServerContext,
+    Task,
+    record_to_bytes,
+    state_tensors,
+    task_to_bytes,
+)
 from fedgp.rng import generator
-from fedgp.run import Faults, fit
+from fedgp.run import Faults, FitResult, fit
 from fedgp.strategies import FGPR, IFCA, FederatedClustering
 from fedgp.strategies import clustered as C
 from fedgp.strategies.fgpr import STATE
@@ -55,7 +65,7 @@ class Saboteur(FGPR):
     victim: int = 2
     how: str = "raise"
 
-    def local_update(self, ops, task):
+    def local_update(self, ops, task) -> dict[str, torch.Tensor]:
         reply = super().local_update(ops, task)
         hit = ops.indices == self.victim
         if not bool(hit.any()):
@@ -80,18 +90,18 @@ class SummingSpy(FGPR):
     """FGPR that also declares a summed field ``secret`` = (n_i, 1) per client, and records what
     ``aggregate`` can see of it."""
 
-    def configure(self, rnd, server, ctx, rng):
+    def configure(self, rnd, server, ctx, rng) -> RoundPlan:
         plan = super().configure(rnd, server, ctx, rng)
         replies = {**plan.replies, "secret": Field((2,), summed=True)}
         return type(plan)(plan.participants, plan.weights, plan.shared, plan.personal, replies)
 
-    def local_update(self, ops, task):
+    def local_update(self, ops, task) -> dict[str, torch.Tensor]:
         reply = super().local_update(ops, task)
         n = ops.sizes.to(torch.float64)
         reply["secret"] = torch.stack([n, torch.ones_like(n)], dim=1)
         return reply
 
-    def aggregate(self, rnd, server, plan, replies, ctx):
+    def aggregate(self, rnd, server, plan, replies, ctx) -> tuple[Any, dict[str, Any]]:
         seen = {"sum": replies.sums["secret"].clone(), "individual": "secret" in replies.individual}
         try:
             replies["secret"]
@@ -126,7 +136,7 @@ class EngineContract:
         """The federation every test runs on: 7 GP clients of unequal sizes, with test splits."""
         return gp_federation(num_clients=7, n=[12, 20, 9, 30, 16, 25, 14], d=2, n_test=6, seed=4)
 
-    def fit(self, data, strategy, engine=None, rounds=3, seed=5, **kwargs):
+    def fit(self, data, strategy, engine=None, rounds=3, seed=5, **kwargs) -> FitResult:
         """A fit of ``strategy`` on ``data`` with the engine under test (or ``engine``)."""
         spec = data.spec
         runner = engine if engine is not None else self.make_engine(spec, data.federation)
@@ -142,7 +152,7 @@ class EngineContract:
         ],
         ids=["fgpr", "ifca_gradient", "soft"],
     )
-    def test_one_round_gives_the_same_replies_as_sequential(self, gp, strategy):
+    def test_one_round_gives_the_same_replies_as_sequential(self, gp, strategy) -> None:
         """One training round: the same clients reply, with the same individual fields and sums as the
         reference engine, to 1e-8."""
         outcomes = []
@@ -165,7 +175,7 @@ class EngineContract:
         "name",
         ["fgpr_partial_sgd", "ifca_model_restarts", "linear_two_phase_orth_power", "clustered_oneshot_train"],
     )
-    def test_final_state_equals_sequential(self, name):
+    def test_final_state_equals_sequential(self, name) -> None:
         """A small run of each strategy family ends at the reference engine's state, to 1e-8."""
         data, spec, strategy, rounds = strategy_zoo()[name]
         results = [
@@ -187,7 +197,7 @@ class EngineContract:
         ],
         ids=["fgpr_krum_bitflip", "fgpr_threshold_gaussian", "fc_groups_ipm"],
     )
-    def test_an_attack_on_a_robust_rule_gives_the_reference_result(self, gp, strategy, attack):
+    def test_an_attack_on_a_robust_rule_gives_the_reference_result(self, gp, strategy, attack) -> None:
         """An attack forged on this engine picks the same attackers and ends at the reference state,
         and it did act (the clean run differs)."""
         runs = [
@@ -201,7 +211,7 @@ class EngineContract:
         assert clean.state.max_relative_difference(ref.state) > 1e-6  # the attack did act
 
     # -- failures ---------------------------------------------------------------------------------
-    def test_simulated_failures_are_reported_and_match_the_reference(self, gp):
+    def test_simulated_failures_are_reported_and_match_the_reference(self, gp) -> None:
         """Simulated failures: the same clients fail in the same rounds as on the reference engine,
         each reported with its reason, and the run ends at the reference state."""
         strategy = FGPR(local_steps=2, batch_size=8)
@@ -227,7 +237,7 @@ class EngineContract:
             ("shape", "has shape (2,), expected (1,)"),
         ],
     )
-    def test_a_failing_client_is_dropped_and_never_changes_the_state(self, gp, how, reason):
+    def test_a_failing_client_is_dropped_and_never_changes_the_state(self, gp, how, reason) -> None:
         """The victim is the last client, so dropping it leaves every other client's random stream
         (keyed by position) alone: the run equals FGPR on the federation without it."""
         victim = len(gp.federation) - 1
@@ -243,7 +253,7 @@ class EngineContract:
         )
         assert result.state.max_relative_difference(alone.state) < 1e-12
 
-    def test_too_few_replies_stop_the_run_with_the_reasons(self, gp):
+    def test_too_few_replies_stop_the_run_with_the_reasons(self, gp) -> None:
         """Below ``min_replies`` the run stops with ``RoundFailedError`` naming the client and why;
         at the threshold it goes on."""
         strategy = Saboteur(local_steps=2, batch_size=8, victim=1)
@@ -252,7 +262,7 @@ class EngineContract:
         assert self.fit(gp, strategy, faults=Faults(min_replies=6)).history["failed"].sum() == 3
 
     # -- what the server may see --------------------------------------------------------------------
-    def test_summed_fields_reach_the_server_only_as_sums(self, gp):
+    def test_summed_fields_reach_the_server_only_as_sums(self, gp) -> None:
         """A summed field reaches ``aggregate`` only as the sum over the clients that replied; the
         engine's outcome holds it only among the sums."""
         SEEN_SUMS.clear()
@@ -270,7 +280,7 @@ class EngineContract:
         outcome = engine.run(Task("train", 0, plan.shared, plan.personal), plan.participants, plan.replies)
         assert "secret" not in outcome.individual and "secret" in outcome.sums
 
-    def test_only_records_cross_the_boundary(self, gp):
+    def test_only_records_cross_the_boundary(self, gp) -> None:
         """Through bytes and back gives the same run bit for bit (everything the clients and the
         server need is in the records); a reply that is not a record fails its client."""
         if self.supports_loopback:
@@ -286,7 +296,7 @@ class EngineContract:
         assert "only tensors travel" in result.failures["reason"][0]
 
     # -- reproducibility ----------------------------------------------------------------------------
-    def test_same_seed_same_result(self, gp):
+    def test_same_seed_same_result(self, gp) -> None:
         """The same seed gives the same state bit for bit; another seed another state."""
         strategy = FGPR(local_steps=2, batch_size=8, clients_per_round=4)
         a, b = self.fit(gp, strategy, seed=8), self.fit(gp, strategy, seed=8)
@@ -298,7 +308,7 @@ class EngineContract:
         )
 
     # -- traffic ---------------------------------------------------------------------------------
-    def test_bytes_per_round_are_the_serialised_messages(self, gp):
+    def test_bytes_per_round_are_the_serialised_messages(self, gp) -> None:
         """FGPR sends every participant one message with the state (and the data transforms) and gets
         one reply back: the history's bytes equal K times the serialised size of each, computed here
         independently."""

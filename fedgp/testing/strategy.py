@@ -155,7 +155,7 @@ class StrategyContract:
         return steps, server, ctx
 
     # -- records only -----------------------------------------------------------------------------
-    def test_config_round_trips(self):
+    def test_config_round_trips(self) -> None:
         """The strategy and its client view rebuild equal from their JSON configs (what a client
         receives), through JSON text and back."""
         for what in (self.strategy, self.strategy.client_view()):
@@ -168,7 +168,7 @@ class StrategyContract:
                 what.to_config(), sort_keys=True
             )
 
-    def test_plans_are_records_and_declared_fields(self, trace):
+    def test_plans_are_records_and_declared_fields(self, trace) -> None:
         """Every plan's shared and personal parts are Records (whose task travels as bytes), every
         declared reply a Field; what a client needs for prediction is records too."""
         steps, server, ctx = trace
@@ -191,13 +191,13 @@ class StrategyContract:
         assert isinstance(shared, Record) and isinstance(personal, Record)
 
     # -- the declared reply table -----------------------------------------------------------------
-    def test_expected_replies_are_well_formed(self):
+    def test_expected_replies_are_well_formed(self) -> None:
         """The subclass declared a non-empty table whose kinds are "individual" or "summed"."""
         assert self.expected_replies, "declare expected_replies: {pattern: 'individual' | 'summed'}"
         for pattern, kind in self.expected_replies.items():
             assert kind in KINDS, f"expected_replies[{pattern!r}] = {kind!r}, not one of {KINDS}"
 
-    def test_declared_replies_match_the_table(self, trace):
+    def test_declared_replies_match_the_table(self, trace) -> None:
         """Every declared field matches a pattern of ``expected_replies``, with its kind; every
         pattern is declared in some round (the table is neither short nor stale)."""
         steps, _, _ = trace
@@ -214,7 +214,7 @@ class StrategyContract:
         stale = set(self.expected_replies) - used
         assert not stale, f"no round of {len(steps)} declared a field matching {sorted(stale)}"
 
-    def test_every_reply_passes_its_declaration(self, trace, problem):
+    def test_every_reply_passes_its_declaration(self, trace, problem) -> None:
         """Each client's reply, computed on its own, passes ``check_reply``; through the sequential
         engine's ``run`` every participant replied, individual fields as rows, summed ones only as
         sums."""
@@ -246,7 +246,7 @@ class StrategyContract:
                     replies[name]
 
     # -- determinism ------------------------------------------------------------------------------
-    def test_same_seed_same_fit(self, problem):
+    def test_same_seed_same_fit(self, problem) -> None:
         """Two fits with the same seed: identical states (bit for bit) and identical histories."""
         spec, federation = problem
         a, b = (
@@ -279,7 +279,7 @@ class StrategyContract:
         assert not torch.equal(changed, client.y)
         return dataclasses.replace(client, y=changed)
 
-    def test_other_clients_targets_never_reach_a_reply(self, trace, problem):
+    def test_other_clients_targets_never_reach_a_reply(self, trace, problem) -> None:
         """All participants in one chunk of the batched engine; one other client's targets changed
         (same id, same size): every other client's reply row is bit for bit the same, while the
         changed client's own reply does change."""
@@ -308,7 +308,7 @@ class StrategyContract:
                     f"round {step.round}: client {clients[position].id!r}'s reply ignores its own targets"
                 )
 
-    def test_a_reply_does_not_depend_on_who_else_takes_part(self, trace, problem):
+    def test_a_reply_does_not_depend_on_who_else_takes_part(self, trace, problem) -> None:
         """Removing a participant from the one-chunk task (or, read the other way, adding it) leaves
         every other participant's reply row the same. A different chunk changes the batched
         programs' shapes (the largest client sets the padding), hence their rounding: rows are

@@ -1,11 +1,16 @@
-"""The Ray engine keeps the engine contract, and survives a worker that dies.
+"""The Ray engine keeps the engine contract, survives a worker that dies, and stops the Ray a fit
+started (unless told to keep it) while its result still predicts.
 
 Ray runs locally with 2 CPUs; it must be installed (``fedgp[ray]``, installed by ``make``): under
-``CI=true`` a missing Ray fails these tests instead of skipping them.
+``CI=true`` a missing Ray fails these tests instead of skipping them. The tests that need a Ray the
+user started come first, those that need none (so the engine starts it) last: each start of Ray costs
+seconds.
 """
 
+import dataclasses
 import os
 
+import pandas as pd
 import pytest
 import torch
 
@@ -20,23 +25,42 @@ else:
 
 
 @pytest.fixture(scope="module", autouse=True)
-def ray_cluster():
-    import ray
-
+def stop_ray_after_the_module():
     from fedgp.engines.ray import shutdown
 
-    if not ray.is_initialized():
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     yield
     shutdown()
 
 
+@pytest.fixture
+def user_ray():
+    """A Ray the user started before fit (``ray.init`` with 2 CPUs), kept between tests."""
+    import ray
+
+    if not ray.is_initialized():
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    return ray
+
+
+@pytest.fixture
+def no_ray():
+    """No Ray running: the engine has to start it (with ``num_cpus=num_workers``, 2 here)."""
+    import ray
+
+    from fedgp.engines.ray import shutdown
+
+    shutdown()
+    yield ray
+    shutdown()
+
+
+@pytest.mark.usefixtures("user_ray")
 class TestRayEngineContract(EngineContract):
     engine = Ray(num_workers=2, shard=Batched(chunk_size=2))
     supports_loopback = False  # every message already crosses as bytes
 
 
-def test_a_dead_worker_fails_its_clients_for_that_round_and_the_run_goes_on():
+def test_a_dead_worker_fails_its_clients_for_that_round_and_the_run_goes_on(user_ray):
     draws = fedgp.data.gp_federation(num_clients=6, n=20, d=1, n_test=5, seed=1)
     from fedgp.engines.ray import RayEngine
 
@@ -66,7 +90,7 @@ def test_a_dead_worker_fails_its_clients_for_that_round_and_the_run_goes_on():
     assert torch.isfinite(result.state["covar_module.outputscale"])
 
 
-def test_more_workers_than_cores_warns_with_the_count(monkeypatch):
+def test_more_workers_than_cores_warns_with_the_count(user_ray, monkeypatch):
     """Each actor runs a whole shard: more actors than cores share them and run slower than one per
     core (measured 62.8 s against 24.3 s for 8 workers on 2 cores); fedgp says so."""
     from fedgp.engines.ray import RayEngine
@@ -75,3 +99,111 @@ def test_more_workers_than_cores_warns_with_the_count(monkeypatch):
     monkeypatch.setattr("os.cpu_count", lambda: 1)
     with pytest.warns(fedgp.errors.FedGPWarning, match=r"num_workers=2\) on a machine with 1 CPUs"):
         RayEngine(draws.spec, draws.federation, num_workers=2)
+
+
+# -- Ray's lifetime ----------------------------------------------------------------------------------------
+# Each start of Ray starts fresh actors; without the compiled step they need not load numba (seconds less).
+FRESH = Ray(num_workers=2, shard=Batched(compiled=False))
+
+
+def _draws():
+    return fedgp.data.gp_federation(num_clients=6, n=20, d=1, n_test=5, seed=3)
+
+
+def _fit(draws, engine, rounds=2, **kwargs):
+    strategy = fedgp.strategies.FGPR(batch_size=8)
+    return fedgp.fit(draws.spec, draws.federation, strategy, engine=engine, rounds=rounds, seed=4, **kwargs)
+
+
+def _assert_predicts_as(result, reference, draws):
+    """Prediction, a client's state and evaluation as the reference result's, to the contract's 1e-8."""
+    X = torch.linspace(-0.5, 1.5, 7, dtype=torch.float64)[:, None]
+    for client in (0, draws.federation.ids[4], draws.federation[5]):
+        for ours, ref in zip(result.predict(X, client, True), reference.predict(X, client, True)):
+            torch.testing.assert_close(ours, ref, rtol=1e-8, atol=1e-12)
+    for name, value in reference.client_state(2).items():
+        torch.testing.assert_close(result.client_state(2)[name], value, rtol=1e-8, atol=1e-12)
+    pd.testing.assert_frame_equal(result.evaluate(), reference.evaluate(), rtol=1e-8)
+
+
+def test_a_ray_the_user_started_stays_up_after_fit(user_ray):
+    draws = _draws()
+    result = _fit(draws, "ray")  # the engine's defaults: one worker per CPU of the running Ray
+    assert user_ray.is_initialized()
+    _assert_predicts_as(result, _fit(draws, "sequential"), draws)
+
+
+def test_a_closed_engine_answers_in_process_and_a_new_run_reloads_its_shards(user_ray):
+    from fedgp.engines.ray import RayEngine
+
+    draws = _draws()
+    engine = RayEngine(draws.spec, draws.federation, num_workers=2)
+    result = _fit(draws, engine)
+    X = torch.linspace(0, 1, 5, dtype=torch.float64)[:, None]
+    on_actors = result.predict(X, 3)
+    engine.close()
+    assert user_ray.is_initialized()  # not this engine's to stop
+    assert engine._loaded == [None, None]  # the shards left the actors
+    for ours, ref in zip(result.predict(X, 3), on_actors):
+        torch.testing.assert_close(ours, ref, rtol=1e-8, atol=1e-12)
+    again = _fit(draws, engine)
+    assert all(actor is not None for actor in engine._loaded)  # back on the actors
+    assert again.state.max_relative_difference(result.state) == 0.0
+    engine.close()
+
+
+def test_a_fit_that_started_ray_stops_it_and_its_result_still_predicts_as_sequential(no_ray):
+    draws = _draws()
+    result = _fit(draws, FRESH)
+    assert not no_ray.is_initialized()
+    reference = _fit(draws, "sequential")
+    assert result.state.max_relative_difference(reference.state) < 1e-8
+    _assert_predicts_as(result, reference, draws)  # answered in this process ...
+    assert not no_ray.is_initialized()  # ... without starting Ray again
+
+
+def test_keep_alive_leaves_the_ray_fit_started_running_for_the_next_fit(no_ray):
+    from fedgp.engines.ray import shutdown
+
+    draws = _draws()
+    first = _fit(draws, dataclasses.replace(FRESH, keep_alive=True), rounds=1)
+    assert no_ray.is_initialized()
+    second = _fit(draws, FRESH, rounds=1)  # Ray was running: this fit leaves it so
+    assert no_ray.is_initialized()
+    assert second.state.max_relative_difference(first.state) == 0.0
+    shutdown()
+    assert not no_ray.is_initialized()
+    _assert_predicts_as(first, _fit(draws, "sequential", rounds=1), draws)
+
+
+def test_an_error_inside_fit_or_in_building_the_engine_still_stops_the_ray_it_started(no_ray, monkeypatch):
+    draws = _draws()
+
+    def fail_in_round_2(run):
+        if run.completed == 2:
+            raise RuntimeError("a callback failed")
+
+    with pytest.raises(RuntimeError, match="a callback failed"):
+        _fit(draws, FRESH, rounds=3, callbacks=[fail_in_round_2])
+    assert not no_ray.is_initialized()
+
+    def no_actor(slot, threads):
+        raise RuntimeError("no actor")
+
+    monkeypatch.setattr("fedgp.engines.ray._actor", no_actor)
+    with pytest.raises(RuntimeError, match="no actor"):
+        _fit(draws, FRESH)  # fails after ray.init, at the first actor
+    assert not no_ray.is_initialized()
+
+
+def test_an_engine_you_build_is_yours_to_close(no_ray):
+    """fit leaves an Engine passed to it running; its close stops the Ray it started."""
+    from fedgp.engines.ray import RayEngine
+
+    draws = _draws()
+    engine = RayEngine(draws.spec, draws.federation, num_workers=2, shard={"compiled": False})
+    result = _fit(draws, engine)
+    assert no_ray.is_initialized()
+    engine.close()
+    assert not no_ray.is_initialized()
+    _assert_predicts_as(result, _fit(draws, "sequential"), draws)

@@ -56,7 +56,7 @@ def table1(
     progress: bool | None = None,
     return_runs: bool = False,
     reuse: pd.DataFrame | None = None,
-):
+) -> pd.DataFrame | tuple[pd.DataFrame, pd.DataFrame]:
     """Table 1: one row per (function, method) with RMSE mean ± std, NLL and 95% coverage.
 
     Repeat ``r`` draws its data and seeds its training with ``seed * 10000 + r``; every method sees
@@ -81,7 +81,7 @@ def hf_sweep(
     progress: bool | None = None,
     return_runs: bool = False,
     reuse: pd.DataFrame | None = None,
-):
+) -> pd.DataFrame | tuple[pd.DataFrame, pd.DataFrame]:
     """RMSE vs HF training size with the paper's LF size (beyond the paper).
 
     The batch size is held at Table 1's value for each function (``SWEEP_BATCH``; a client with

@@ -88,7 +88,7 @@ class ClusterAverage(_MemberStates):
 
     weighted: bool = True
 
-    def combine(self, spec, old, c, model):
+    def combine(self, spec, old, c, model) -> HyperState:
         if len(c.members) == 0:
             return old
         w = self._weights(c, c.sizes if self.weighted else torch.ones(len(c.members), dtype=torch.float64))
@@ -104,7 +104,7 @@ class GlobalWeighted(_MemberStates):
     average change (Lemma 1). For k = 1 it is FedAvg. With an ``aggregator`` (e.g. a robust one)
     the members' states are first combined by it, and the cluster moves ``N_j/N`` of the way there."""
 
-    def combine(self, spec, old, c, model):
+    def combine(self, spec, old, c, model) -> HyperState:
         if len(c.members) == 0:
             return old
         w = self._weights(c, c.sizes / c.total_size)
@@ -135,7 +135,7 @@ class GradientStep(Aggregator):
         if self.normalization not in ("total", "participants", "cluster"):
             raise InputError(f"unknown gradient_normalization {self.normalization!r}")
 
-    def combine(self, spec, old, c, model):
+    def combine(self, spec, old, c, model) -> HyperState:
         if c.member_weight <= 0:
             return old
         denom = {

@@ -52,7 +52,7 @@ class HardAssigner(Assigner):
         if self.criterion not in ("nll", "sse"):
             raise InputError(f"criterion must be 'nll' or 'sse', got {self.criterion!r}")
 
-    def assign(self, ops, candidates, form):
+    def assign(self, ops, candidates, form) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
         """Each client picks the candidate with the lowest NLL (or squared error)."""
         nll = client_nll(ops, candidates, form)
         if self.criterion == "nll":
@@ -79,7 +79,7 @@ class SoftAssigner(Assigner):
         if not self.temperature > 0:
             raise InputError("temperature must be > 0")
 
-    def assign(self, ops, candidates, form):
+    def assign(self, ops, candidates, form) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
         """Responsibilities ∝ exp(−n·NLL / temperature) over the candidates; the argmin as the choice."""
         nll = client_nll(ops, candidates, form)
         sizes = ops.sizes.to(nll.dtype).reshape(-1, *([1] * (nll.dim() - 1)))
@@ -96,6 +96,6 @@ class FixedAssigner(Assigner):
     labels: tuple[int, ...] | None = None
     needs_candidates = False
 
-    def assign(self, ops, candidates, form):
+    def assign(self, ops, candidates, form) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
         """Never called: with fixed labels the server sends each client only its cluster's state."""
         raise InputError("FixedAssigner does not choose: the server sends each client its cluster's state")

@@ -122,7 +122,7 @@ class RandomInit(Initializer):
             raise InputError(f"RandomInit center must be 'spec' or 'zero', got {self.center!r}")
         check_settings(self, scale="nonnegative")
 
-    def start(self, ctx, k, restarts, rng):
+    def start(self, ctx, k, restarts, rng) -> InitDone:
         return InitDone(_perturbed_states(ctx.spec, restarts, k, self.kind, self.scale, self.center, rng))
 
 
@@ -130,7 +130,7 @@ class RandomInit(Initializer):
 class SpecInit(Initializer):
     """Every cluster at the spec's initial state (for k = 1: plain FedAvg/FGPR from the spec)."""
 
-    def start(self, ctx, k, restarts, rng):
+    def start(self, ctx, k, restarts, rng) -> InitDone:
         return InitDone(_perturbed_states(ctx.spec, restarts, k, "spec", 0.0, "spec", rng))
 
 
@@ -140,7 +140,7 @@ class GivenInit(Initializer):
 
     states: HyperState = field(repr=False)
 
-    def start(self, ctx, k, restarts, rng):
+    def start(self, ctx, k, restarts, rng) -> InitDone:
         given = self.states
         states = given if len(given.batch_shape) == 2 else given.expand(1)
         if len(given.batch_shape) == 1 and restarts > 1:
@@ -183,18 +183,18 @@ class OneShotInit(Initializer):
         if self.local == "train" and self.training is None:
             raise InputError("OneShotInit(local='train') needs a LocalTraining")
 
-    def rounds(self, k):
+    def rounds(self, k) -> int:
         """One round: every client sends its local estimate once."""
         return 1
 
-    def start(self, ctx, k, restarts, rng):
+    def start(self, ctx, k, restarts, rng) -> OneShotProgress:
         if restarts != 1:
             raise InputError("one-shot initialisation is deterministic given the data: use restarts=1")
         if self.local == "least_squares":
             linear_model(ctx.spec)  # ValueError early if the mean is not linear
         return OneShotProgress(k)
 
-    def configure(self, progress, ctx, rng, rnd):
+    def configure(self, progress, ctx, rng, rnd) -> RoundPlan:
         """Server: ask every client for its local estimate."""
         everyone, weights = torch.arange(ctx.num_clients), ctx.weights.clone()
         if self.local == "least_squares":
@@ -203,7 +203,7 @@ class OneShotInit(Initializer):
         shared = Record(state_tensors(ctx.spec.initial_state(), "start/"))
         return RoundPlan(everyone, weights, shared=shared, replies=state_fields(ctx.spec, STATE))
 
-    def local_update(self, ops, task, form):
+    def local_update(self, ops, task, form) -> dict[str, torch.Tensor]:
         """Client: its least-squares estimate, or a state trained from the spec's start."""
         if self.local == "least_squares":
             model = linear_model(ops.spec)
@@ -212,7 +212,7 @@ class OneShotInit(Initializer):
         result = ops.train(start.expand(len(ops.indices)), self.training)
         return state_tensors(result.states, STATE)
 
-    def aggregate(self, progress, plan, replies, ctx, rnd):
+    def aggregate(self, progress, plan, replies, ctx, rnd) -> tuple[InitDone, dict[str, Any]]:
         """Server: k-means over the estimates gives the k starting states."""
         spec = ctx.spec
         rng = generator(ctx.seed, "one-shot k-means")

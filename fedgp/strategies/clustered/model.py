@@ -293,7 +293,9 @@ class ClusteredGP(Strategy):
             reference = candidates if self._soft else candidates.gather(replies["choice"])
         return AttackSurface.of_states(spec, STATE, reference, slot_dims=2 if self._soft else 1)
 
-    def configure_personal(self, server: ClusteredState, ctx: ServerContext, positions: torch.Tensor):
+    def configure_personal(
+        self, server: ClusteredState, ctx: ServerContext, positions: torch.Tensor
+    ) -> tuple[Record, Record]:
         """A client with a fixed label gets its cluster's state; others get the k states to choose
         from, and a client with no data (a cold start) the largest cluster: the one holding the
         most training points (labels, else the best restart's latest assignment; ties: lowest index)."""

@@ -38,6 +38,7 @@ from __future__ import annotations
 import math
 import warnings
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import numpy as np
 import torch
@@ -276,7 +277,7 @@ class MomentDescentInit(Initializer):
         return self.subspace_rank or k
 
     # -- server -----------------------------------------------------------------------------------
-    def start(self, ctx, k, restarts, rng):
+    def start(self, ctx, k, restarts, rng) -> MomentDescentProgress:
         if restarts != 1:
             raise InputError("Phase 1 (moment descent) gives one initialisation: use restarts=1")
         model = linear_model(ctx.spec)  # ValueError for a mean that is not linear in its parameters
@@ -323,7 +324,7 @@ class MomentDescentInit(Initializer):
         Q, _ = torch.linalg.qr(torch.from_numpy(g.standard_normal((h, p, self._rank(k)))))
         return Q
 
-    def configure(self, progress, ctx, rng, rnd):
+    def configure(self, progress, ctx, rng, rnd) -> RoundPlan:
         """Server: the next Phase-1 stage's task (moments, orthogonal iteration, anchors, refill)."""
         p = progress.theta.shape[1]
         settings = {"stage": progress.stage}
@@ -358,7 +359,7 @@ class MomentDescentInit(Initializer):
         raise InputError(f"unknown Phase-1 stage {progress.stage!r}")
 
     # -- clients ----------------------------------------------------------------------------------
-    def local_update(self, ops, task, form):
+    def local_update(self, ops, task, form) -> dict[str, torch.Tensor]:
         """Client: its share of the stage's statistics (summed moments, or its own fit for anchors and
         refill)."""
         model = linear_model(ops.spec)
@@ -402,7 +403,9 @@ class MomentDescentInit(Initializer):
         raise InputError(f"unexpected Phase-1 stage {stage!r}")
 
     # -- server aggregation -----------------------------------------------------------------------
-    def aggregate(self, progress, plan, replies, ctx, rnd):
+    def aggregate(
+        self, progress, plan, replies, ctx, rnd
+    ) -> tuple[MomentDescentProgress | InitDone, dict[str, Any]]:
         """Server: combine the stage's replies and move to the next stage."""
         progress = replace(progress, trace=list(progress.trace))  # never mutate a previous server state
         k = progress.k

@@ -83,7 +83,9 @@ def ifca(
     )
 
 
-def oracle(states: HyperState, lr: float = 0.05, local_steps: int = 5, units: str = "squared_loss", **kw):
+def oracle(
+    states: HyperState, lr: float = 0.05, local_steps: int = 5, units: str = "squared_loss", **kw
+) -> ClusteredGP:
     """Oracle iterative clustering: IFCA started at the true cluster states (infeasible; a reference).
     ``weighting`` and the other options as :func:`ifca`'s."""
     return ifca(states.batch_shape[-1], lr, local_steps, units, initializer=GivenInit(states), **kw)

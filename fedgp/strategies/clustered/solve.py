@@ -96,7 +96,7 @@ class GradientDescent(LocalSolver):
         check_units(self.units)
         check_settings(self, lr="positive", steps="count")
 
-    def solve(self, ops, states, form):
+    def solve(self, ops, states, form) -> tuple[HyperState, torch.Tensor | None]:
         """``steps`` gradient steps (closed form for a linear mean, else SGD through the engine)."""
         lrs = step_sizes(self.lr, self.units, form.model, states)
         if form.closed:
@@ -124,7 +124,7 @@ class ProximalSolve(LocalSolver):
         check_units(self.units)
         check_settings(self, lr="positive", inner_steps="count", inner_lr="positive")
 
-    def solve(self, ops, states, form):
+    def solve(self, ops, states, form) -> tuple[HyperState, torch.Tensor | None]:
         """One proximal step (closed form for a linear mean, else inner SGD steps on the proximal
         objective)."""
         lrs = step_sizes(self.lr, self.units, form.model, states)
@@ -147,11 +147,11 @@ class LocalTrainingSolver(LocalSolver):
 
     local: LocalTraining = field(default_factory=LocalTraining)
 
-    def solve(self, ops, states, form):
+    def solve(self, ops, states, form) -> tuple[HyperState, torch.Tensor | None]:
         """The configured local training from each state."""
         return _trained(ops, states, self.local)
 
-    def has_loss(self, closed):
+    def has_loss(self, closed) -> bool:
         return True
 
 
@@ -166,7 +166,7 @@ class GradientSolver(LocalSolver):
     def __post_init__(self) -> None:
         check_settings(self, batch_size="batch_or_none")
 
-    def solve(self, ops, states, form):
+    def solve(self, ops, states, form) -> tuple[HyperState, torch.Tensor | None]:
         """The gradient at each state (as a state-shaped update) for the server's gradient step."""
         if form.closed and self.batch_size is None:
             model = form.model
@@ -176,5 +176,5 @@ class GradientSolver(LocalSolver):
         _, grads = ops.gradient(states, self.batch_size)
         return grads, None
 
-    def has_loss(self, closed):
+    def has_loss(self, closed) -> bool:
         return False

@@ -141,7 +141,9 @@ class PersonalStrategy(Strategy):
         states = HyperState(values, server.states.event_shapes)
         return replace(server, states=states, buffer=buffer, started=started)
 
-    def configure_personal(self, server: PersonalState, ctx: ServerContext, positions: torch.Tensor):
+    def configure_personal(
+        self, server: PersonalState, ctx: ServerContext, positions: torch.Tensor
+    ) -> tuple[Record, Record]:
         """A known client gets its own state; a new one every client's, to pick the best fit, and
         a new client with no data (a cold start) the state of the client with the most training
         points (ties: the first)."""
