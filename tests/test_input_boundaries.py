@@ -88,3 +88,21 @@ def test_tiny_but_measurable_scales_still_fit():
     empty = ClientData(torch.empty(0, 2, dtype=torch.float64), torch.empty(0, dtype=torch.float64), id="new")
     mean, _ = result.predict(torch.rand(2, 2, dtype=torch.float64), client=empty)  # cold start: no rows
     assert bool(torch.isfinite(mean).all())
+
+
+@pytest.mark.parametrize(
+    "argument, value, message",
+    [
+        ("seed", "zero", r"seed must be an int .*got 'zero'"),
+        ("seed", 1.5, r"seed must be an int .*got 1.5"),
+        ("callbacks", 5, r"callbacks must be a list of callbacks, .*got int"),
+        ("federation", "abc", r"federation must be a fedgp.data.Federation, got str"),
+        ("rounds", "10", r"rounds must be an int >= 1, got '10'"),
+    ],
+)
+def test_fit_names_the_argument_of_a_wrong_type(argument, value, message):
+    draws = fedgp.data.gp_federation(num_clients=3, n=20, d=1, seed=0)
+    arguments = dict(spec=draws.spec, federation=draws.federation, rounds=1)
+    arguments[argument] = value
+    with pytest.raises((InputError, InputTypeError), match=message):
+        fedgp.fit(**arguments)

@@ -121,11 +121,20 @@ def exchange(
         listing = "; ".join(f"{cid!r}: {reason}" for cid, reason in list(named.items())[:10])
         more = f" (and {len(named) - 10} more)" if len(named) > 10 else ""
         raise RoundFailedError(
-            f"round {rnd + 1} ({kind}): {replied} of {len(unique)} clients replied, fewer than the "
-            f"{needed} required; the round was not applied. Failed: {listing}{more}",
+            f"{'before round 1' if kind == 'summarise' else f'round {rnd + 1}'} ({kind}): {replied} of "
+            f"{len(unique)} clients replied, fewer than the "
+            f"{needed} required; {_NOT_DONE.get(kind, 'nothing was applied')}. Failed: {listing}{more}",
             named,
         )
     return Exchange(_replies(plan, participants, outcome), len(unique), outcome.bytes_down, outcome.bytes_up)
+
+
+#: What a failed exchange of each kind leaves undone, for its error message.
+_NOT_DONE = {
+    "train": "the round was not applied",
+    "summarise": "the data transforms were not learned",
+    "evaluate": "this round's test metrics were not recorded (its training was applied)",
+}
 
 
 def withhold_small_sums(outcome: Outcome, fields: Mapping[str, Field], min_contributors: int) -> Outcome:

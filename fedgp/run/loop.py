@@ -15,6 +15,7 @@ new branch here. :func:`fedgp.fit` is this loop with its defaults.
 from __future__ import annotations
 
 import math
+import numbers
 import warnings
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -43,7 +44,7 @@ from fedgp.run.fingerprint import run_fingerprint
 from fedgp.run.privacy import ClientDP, PrivacyAccounting
 from fedgp.run.result import FitResult
 from fedgp.run.stopping import StopRule, resolve_stop
-from fedgp.run.summary import learn_transform
+from fedgp.run.summary import check_claimed_sizes, learn_transform
 from fedgp.strategies.base import Strategy
 from fedgp.strategies.fgpr import FGPR
 from fedgp.transforms import Transforms
@@ -90,6 +91,8 @@ class Run:
             )
         if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
             raise InputError(f"rounds must be an int >= 1, got {rounds!r}")
+        if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
+            raise InputTypeError(f"seed must be an int (every random draw derives from it), got {seed!r}")
         if federation is not None and not isinstance(federation, Federation):
             raise InputTypeError(
                 f"federation must be a fedgp.data.Federation, got {type(federation).__name__}"
@@ -120,9 +123,10 @@ class Run:
 
     def _callbacks(self, given: Iterable[Callback | Callable] | None) -> list[Callback]:
         given = () if given is None else given
-        if isinstance(given, (Callback, str)) or callable(given):
+        if isinstance(given, (Callback, str, bytes)) or callable(given) or not isinstance(given, Iterable):
             raise InputTypeError(
-                "callbacks must be a list of callbacks, e.g. callbacks=[fedgp.run.Progress(False)]"
+                "callbacks must be a list of callbacks, e.g. callbacks=[fedgp.run.Progress(False)], "
+                f"got {type(given).__name__}"
             )
         chosen = [as_callback(c) for c in given]
         built_in: list[Callback] = [StateColumns()]
@@ -144,9 +148,13 @@ class Run:
         self.roster = self.engine.start(self.strategy, self.seed)
         for client_id, n in zip(self.roster.ids, self.roster.sizes.tolist()):  # remote clients too
             check_trainable(client_id, n)
-        self.transform = learn_transform(
-            self.engine, self.roster, self.transforms, self.spec, self.faults.min_contributors
-        )
+        self.transform, summary = learn_transform(
+            self.engine, self.roster, self.transforms, self.spec, self.faults.min_contributors,
+            self.faults.min_replies,
+        )  # fmt: skip
+        self.failures.extend({"round": 0, "client": self.roster.ids[p], "reason": f"summarise: {r}"}
+                             for p, r in summary.failures.items())  # fmt: skip
+        self.roster = check_claimed_sizes(self.roster, summary)
         self.context = ServerContext.from_roster(self.spec, self.roster, self.seed)
         self.attack = self.faults.bind(self.strategy, self.spec, self.roster.ids, self.seed)
         self.options = self.faults.task_options(self.attack)
