@@ -70,8 +70,11 @@ def test_the_app_fits_any_width_and_its_saved_model_predicts_as_in_process(tmp_p
         grid, Context(run_id=0, node_id=0, node_config={}, state=RecordDict(), run_config=config)
     )
     assert sorted(p.name for p in out.iterdir()) == [
-        "columns.json", "failures.csv", "history.csv", "model.fedgp", "progress.txt"
+        "columns.json", "failures.csv", "history.csv", "model.fedgp", "progress.txt", "transforms.json"
     ]  # fmt: skip
+    # what fedgp fit writes: the hyper-parameters in the data's units, each feature's lengthscale
+    history = (out / "history.csv").read_text().splitlines()[0]
+    assert "covar_module.base_kernel.lengthscale[x3]" in history
     columns = json.loads((out / "columns.json").read_text())
     assert columns["features"] == ["x1", "x2", "x3"] and columns["owners"] == OWNERS
 
