@@ -23,7 +23,8 @@ lists every run-config key with its default (:data:`RUN_CONFIG`). What each side
 
 The ServerApp first asks the nodes for their data's width and columns (a ``hello``), builds the
 model, runs ``fedgp.fit`` over the grid and writes into ``out-dir`` what ``fedgp fit`` writes:
-``model.fedgp`` (:meth:`FitResult.save`), ``columns.json``, ``history.csv``, ``failures.csv`` and
+``model.fedgp`` (:meth:`FitResult.save`), ``columns.json``, ``history.csv`` and ``transforms.json``
+(:func:`fedgp.layout.write_history`), ``failures.csv`` and
 ``metrics.csv`` (owners with a test split) — so ``fedgp.load``, ``fedgp predict OUT NEW.csv --data
 ...``, ``to_gpytorch`` and ``to_botorch`` use a deployment's model as they use a local one. Each
 round logs one INFO line through Flower's logger (``flwr log <run-id>`` shows it).
