@@ -86,7 +86,10 @@ class InProcessEngine(Engine):
         clients: the clients' data, in registry order.
         seed: master seed for direct use of :meth:`chunks`; :meth:`start` sets it for a run.
         loopback: send every message and every reply through bytes and back (bit-exact; slower).
-        timeout: seconds a chunk may take; a later reply is dropped and its clients fail that round.
+        timeout: seconds a client may take; a later reply is dropped and the client fails that round.
+            A chunk that exceeds it is halved and re-run until each piece fits or is one client, so
+            one slow client fails alone (the check is made when a piece returns: a client that never
+            returns is not cut off in process; Ray and Flower have their own deadlines).
         keys: the clients' keys, the integers their random streams are keyed by (default their
             positions here; an engine hosting a shard of a larger federation passes the global ones).
     """
@@ -253,8 +256,15 @@ class InProcessEngine(Engine):
                 yield from self._isolated(task.rows(piece), clients[piece], failures, fields)
             return
         if self.timeout is not None and elapsed > self.timeout:
-            for pos in clients.tolist():
-                failures[pos] = f"timeout: replied after {elapsed:.3g} s > {self.timeout:g} s"
+            if len(clients) == 1:
+                failures[int(clients[0])] = f"timeout: replied after {elapsed:.3g} s > {self.timeout:g} s"
+                return
+            # Isolate the slow as the failing: a client's update is a pure function of (seed, round,
+            # client), so re-running the halves gives the same replies; only a client that alone
+            # exceeds the timeout fails.
+            half = len(clients) // 2
+            for piece in (torch.arange(half), torch.arange(half, len(clients))):
+                yield from self._isolated(task.rows(piece), clients[piece], failures, fields)
             return
         yield clients, reply
 

@@ -83,8 +83,9 @@ class BatchedEngine(InProcessEngine):
             once at construction (``ClientData`` stays float64 on the CPU), states are moved there per
             chunk and replies come back to the CPU. The compiled step is CPU-only, so on a GPU the
             tensor path runs; the per-client fallback runs on the CPU.
-        loopback, timeout: as for every in-process engine (:class:`~fedgp.engines.base.InProcessEngine`);
-            a timeout applies to a whole chunk, whose clients all fail when it is exceeded.
+        loopback, timeout: as for every in-process engine (:class:`~fedgp.engines.base.InProcessEngine`):
+            a chunk that exceeds the timeout is halved and re-run, so only a client that alone
+            exceeds it fails.
     """
 
     name = "batched"

@@ -78,7 +78,8 @@ class Batched(EngineConfig):
     which documents each option): ``device`` (e.g. ``"cuda"``), ``chunk_size`` (clients per
     program), ``minibatch_dtype``, ``compiled`` / ``fused`` (the compiled paths: ``None`` where they
     apply), ``memory_mb``, ``check`` (compare with GPyTorch at construction), ``loopback``,
-    ``timeout`` (per chunk)."""
+    ``timeout`` (per client: a chunk that exceeds it is halved and re-run until only the slow
+    clients fail)."""
 
     device: str | None = None
     chunk_size: int | None = None
