@@ -22,7 +22,6 @@ import hashlib
 import http.client
 import json
 import os
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Mapping
@@ -32,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from fedgp.errors import DataFileError, DataFileMissing, InputError, UnknownNameError
-from fedgp.files import fsync_folder, open_temporary
+from fedgp.files import fsync_folder, open_temporary, remove_stale_temporaries
 
 __all__ = [
     "FileEntry",
@@ -333,15 +332,11 @@ def _source_url(entry: FileEntry, url: str | None, mirror: str | None) -> str:
 
 
 def _remove_stale_partials(folder: Path, name: str, timeout: float) -> None:
-    """Remove partial downloads of ``name`` left by killed processes. A live download writes at
-    least every ``timeout`` seconds (or times out), so a partial file idle for twice that is dead."""
-    cutoff = time.time() - 2 * max(timeout, 1.0)
-    for stale in folder.glob(f".{name}.*{_PARTIAL}"):
-        try:
-            if stale.stat().st_mtime < cutoff:
-                stale.unlink()
-        except OSError:
-            pass
+    """Remove partial downloads of ``name`` left by killed processes (:func:`fedgp.files.
+    remove_stale_temporaries`): at once when their process is dead (this host), else once idle for
+    twice ``timeout`` (a live download writes at least every ``timeout`` seconds, or times out). A
+    download running in another live process keeps its file; no lock is needed."""
+    remove_stale_temporaries(folder, name, _PARTIAL, 2 * max(timeout, 1.0))
 
 
 def fetch(

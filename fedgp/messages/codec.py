@@ -151,6 +151,41 @@ def _get(ref: Any, tensors: dict[str, torch.Tensor] | None) -> torch.Tensor:
     return tensors[ref]
 
 
+_PLAIN = {
+    "bool": lambda v: isinstance(v, bool),
+    "int": lambda v: isinstance(v, int) and not isinstance(v, bool),
+    "float": lambda v: isinstance(v, (int, float, torch.Tensor, np.ndarray)) and not isinstance(v, bool),
+}
+
+
+def _expected(cls: type, annotation: Any) -> Any:
+    """What a field annotated ``annotation`` must hold: a plain-type check, a class, or ``None`` (not
+    checked: unions, generics, ``Any``)."""
+    name = annotation if isinstance(annotation, str) else getattr(annotation, "__name__", "")
+    if name in _PLAIN:
+        return _PLAIN[name]
+    if not name.isidentifier() or name in ("Any", "object"):
+        return None
+    found = vars(sys.modules.get(cls.__module__, object)).get(name)
+    return found if isinstance(found, type) and found.__module__ != "typing" else None
+
+
+def _check_plain_fields(cls: type, kwargs: dict[str, Any], name: str) -> None:
+    """Refuse a value of the wrong type for a field annotated exactly ``bool``, ``int``, ``float`` or
+    one class (``"false"`` for a boolean is truthy, and a number where a ``HyperState`` belongs
+    would fail only later, far from the file)."""
+    for f in dataclasses.fields(cls):
+        if f.name not in kwargs:
+            continue
+        expected, value = _expected(cls, f.type), kwargs[f.name]
+        if expected is None:
+            continue
+        ok = isinstance(value, expected) if isinstance(expected, type) else expected(value)
+        if not ok:
+            kind = expected.__name__ if isinstance(expected, type) else f.type
+            raise CodecError(f"{name}: field {f.name!r} must be a {kind}, got {value!r:.60}")
+
+
 def decode(value: Any, tensors: dict[str, torch.Tensor] | None = None) -> Any:
     """The tree :func:`encode` wrote, with referenced tensors looked up in ``tensors``."""
     if value is None or isinstance(value, (bool, int, float, str)):
@@ -176,8 +211,10 @@ def decode(value: Any, tensors: dict[str, torch.Tensor] | None = None) -> Any:
         params = value["params"]
         if not isinstance(params, dict):
             raise CodecError(f"{value['type']}: 'params' must be a JSON object")
+        kwargs = {k: decode(v, tensors) for k, v in params.items()}
+        _check_plain_fields(cls, kwargs, value["type"])
         try:
-            return cls(**{k: decode(v, tensors) for k, v in params.items()})
+            return cls(**kwargs)
         except TypeError as err:  # a parameter the class does not take, or one missing
             raise CodecError(f"{value['type']}: {err}") from None
     if "__tuple__" in value:

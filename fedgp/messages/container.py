@@ -12,12 +12,18 @@ bytes in memory.
 
 Files add one line in front (:func:`seal`): ``FEDGP sha256=<digest of the payload>``, checked
 before anything is parsed (:func:`unseal`), so a truncated copy or a flipped byte is refused, not
-misread.
+misread. A SHA-256 detects accidents, not forgery: anyone can recompute it for a crafted payload.
+Given a ``key`` (bytes, or a string taken as UTF-8), the line is ``FEDGP hmac-sha256=<HMAC-SHA256 of
+the payload under the key>`` instead (Python's :mod:`hmac`), which only a holder of the key can
+write: a keyed file read without the key, an unkeyed file read with one, or a wrong key is refused.
+What a payload may then say is bounded by :mod:`fedgp.models.limits`, checked before the header is
+parsed.
 """
 
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
 from collections.abc import Mapping
 from typing import Any
@@ -27,13 +33,15 @@ from safetensors import SafetensorError
 from safetensors.torch import load as _load
 from safetensors.torch import save as _save
 
-from fedgp.errors import FileFormatError
+from fedgp.errors import FileFormatError, InputError, InputTypeError
+from fedgp.models.limits import check_json_depth
 
-__all__ = ["pack", "unpack", "seal", "unseal", "HEADER"]
+__all__ = ["pack", "unpack", "seal", "unseal", "check_key", "HEADER"]
 
 #: The entry holding the JSON header; no other entry may use the name.
 HEADER = "__fedgp__"
 _SEAL = b"FEDGP sha256="
+_KEYED = b"FEDGP hmac-sha256="
 
 
 def pack(format: str, version: int, header: Mapping[str, Any], tensors: Mapping[str, torch.Tensor]) -> bytes:
@@ -64,9 +72,11 @@ def unpack(
     raw = tensors.pop(HEADER, None)
     if raw is None or raw.dtype != torch.uint8 or raw.dim() != 1:
         raise FileFormatError(f"{source} is not a fedgp {format}: it holds no fedgp header")
+    text = raw.numpy().tobytes()
+    check_json_depth(text, f"{source}: the fedgp header")
     try:
-        header = json.loads(raw.numpy().tobytes().decode())
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as err:
+        header = json.loads(text.decode())
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError, ValueError) as err:
         raise FileFormatError(f"{source}: unreadable fedgp header ({err})") from None
     if not isinstance(header, dict):
         raise FileFormatError(f"{source}: the fedgp header is not a JSON object")
@@ -80,18 +90,58 @@ def unpack(
     return header, tensors
 
 
-def seal(payload: bytes) -> bytes:
-    """A file's bytes: the payload behind a line with its SHA-256."""
-    return _SEAL + hashlib.sha256(payload).hexdigest().encode() + b"\n" + payload
+def check_key(key: bytes | str | None) -> bytes | None:
+    """``key`` as bytes (a string is taken as UTF-8), ``None`` for no key; anything else, or an empty
+    key, is the caller's :class:`~fedgp.errors.InputTypeError` / :class:`~fedgp.errors.InputError`."""
+    if key is None:
+        return None
+    if isinstance(key, str):
+        key = key.encode()
+    if not isinstance(key, (bytes, bytearray)):
+        raise InputTypeError(f"key= must be bytes or a string, got {type(key).__name__}")
+    if not key:
+        raise InputError("key= must not be empty (pass key=None for a file without a key)")
+    return bytes(key)
 
 
-def unseal(data: bytes, source: str) -> bytes:
-    """The payload of a sealed file, after checking its SHA-256 (a damaged file is refused)."""
+def seal(payload: bytes, key: bytes | str | None = None) -> bytes:
+    """A file's bytes: the payload behind a line with its SHA-256, or with ``key`` its HMAC-SHA256."""
+    secret = check_key(key)
+    if secret is None:
+        return _SEAL + hashlib.sha256(payload).hexdigest().encode() + b"\n" + payload
+    return _KEYED + hmac.new(secret, payload, hashlib.sha256).hexdigest().encode() + b"\n" + payload
+
+
+def unseal(data: bytes, source: str, key: bytes | str | None = None) -> bytes:
+    """The payload of a sealed file, after checking its SHA-256 (a damaged file is refused) or, for
+    a file written with a key, its HMAC-SHA256 under ``key`` (a file written with another key, or
+    altered by someone without it, is refused; so is a keyed file read without ``key`` and an unkeyed
+    file read with one)."""
+    secret = check_key(key)
     line, newline, payload = bytes(data).partition(b"\n")
-    if not line.startswith(_SEAL) or not newline:
+    keyed = line.startswith(_KEYED)
+    if not (keyed or line.startswith(_SEAL)) or not newline:
         raise FileFormatError(
             f"{source} is not a sealed fedgp file (it does not start with {_SEAL.decode()})"
         )
+    if keyed and secret is None:
+        raise FileFormatError(
+            f"{source} was written with a key (it is sealed with an HMAC-SHA256): pass the same key= "
+            "to read it"
+        )
+    if not keyed and secret is not None:
+        raise FileFormatError(
+            f"{source} was written without a key (it carries a plain sha256), but key= was given: it is not "
+            "authenticated; read it without key= only if you trust where it came from"
+        )
+    if keyed:
+        expected = line[len(_KEYED) :]
+        if not hmac.compare_digest(expected, hmac.new(secret, payload, hashlib.sha256).hexdigest().encode()):
+            raise FileFormatError(
+                f"{source}: its HMAC-SHA256 does not match under this key (a wrong key, or a file altered "
+                "or damaged since it was written)"
+            )
+        return payload
     expected = line[len(_SEAL) :].decode(errors="replace")
     actual = hashlib.sha256(payload).hexdigest()
     if actual != expected:

@@ -15,12 +15,14 @@ refused instead of being saved wrong.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import gpytorch
 import torch
 
 from fedgp.errors import InputError, InputTypeError
+from fedgp.models import limits
 from fedgp.models.means import GaussianBumpMean
 from fedgp.models.spec import GPSpec, ZeroKernel
 
@@ -234,37 +236,94 @@ def _ints(value: Any, where: str) -> tuple[int, ...]:
     return tuple(value)
 
 
-def build_kernel(desc: dict):
-    cls, extra = _lookup(KERNELS, desc.get("class"), "kernel")
+def _node(desc: Any, where: str) -> dict:
+    if not isinstance(desc, dict):
+        got = type(desc).__name__
+        raise InputError(f"saved spec: {where} must be a JSON object naming a class, got {got}")
+    return desc
+
+
+def _batch_shape(desc: dict, where: str, per_element: int = 1) -> torch.Size:
+    """``desc``'s batch shape, within :mod:`fedgp.models.limits` for ``per_element`` numbers each."""
+    batch = limits.shape(desc.get("batch_shape", []), f"{where}.batch_shape")
+    if math.prod(batch) * per_element > limits.MAX_PARAMETER_ELEMENTS:
+        raise InputError(
+            f"saved spec: {where} implies a parameter of {math.prod(batch) * per_element} numbers "
+            f"(batch_shape {list(batch)} x {per_element}); the limit is {limits.MAX_PARAMETER_ELEMENTS}"
+        )
+    return torch.Size(batch)
+
+
+def _kernel_arguments(desc: dict, name: str, where: str) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for arg in KERNELS[name][1]:
+        value = desc.get(arg)
+        if arg == "nu" and (isinstance(value, bool) or value not in (0.5, 1.5, 2.5)):
+            raise InputError(f"saved spec: {where}.nu must be 0.5, 1.5 or 2.5, got {value!r}")
+        out[arg] = limits.integer(value, f"{where}.{arg}", 1, 100) if arg == "power" else value
+    return out
+
+
+def build_kernel(desc: dict, where: str = "spec.kernel") -> gpytorch.kernels.Kernel:
+    """The kernel a description names (``where``: its place, for error messages)."""
+    cls, extra = _lookup(KERNELS, _node(desc, where).get("class"), "kernel")
     name = desc["class"]
     if name in ("AdditiveKernel", "ProductKernel"):
-        return cls(*[build_kernel(k) for k in desc["kernels"]])
-    kwargs: dict[str, Any] = {**_build_extras(desc), **{arg: desc[arg] for arg in extra}}
-    if desc.get("ard_num_dims") is not None:
-        kwargs["ard_num_dims"] = int(desc["ard_num_dims"])
-    kwargs["batch_shape"] = torch.Size(_ints(desc.get("batch_shape", []), "batch_shape"))
+        parts = desc.get("kernels")
+        if not isinstance(parts, list) or not parts:
+            raise InputError(f"saved spec: {where}.kernels must be a non-empty list of kernels")
+        return cls(*[build_kernel(k, f"{where}.kernels[{i}]") for i, k in enumerate(parts)])
+    kwargs: dict[str, Any] = {**_build_extras(desc), **_kernel_arguments(desc, name, where)}
+    ard = desc.get("ard_num_dims")
+    if ard is not None:
+        kwargs["ard_num_dims"] = limits.integer(ard, f"{where}.ard_num_dims", 1, limits.MAX_INPUT_DIMS)
+    kwargs["batch_shape"] = _batch_shape(desc, where, ard or 1)
     if desc.get("active_dims") is not None:
-        kwargs["active_dims"] = _ints(desc["active_dims"], "active_dims")
+        active = desc["active_dims"]
+        if not isinstance(active, list) or not 0 < len(active) <= limits.MAX_INPUT_DIMS:
+            most = limits.MAX_INPUT_DIMS
+            raise InputError(f"saved spec: {where}.active_dims must be a list of 1 to {most} dimensions")
+        where_a = f"{where}.active_dims"
+        kwargs["active_dims"] = tuple(
+            limits.integer(v, f"{where_a}[{i}]", 0, limits.MAX_INPUT_DIMS) for i, v in enumerate(active)
+        )
     if name == "ScaleKernel":
-        return cls(build_kernel(desc["base_kernel"]), **kwargs)
+        return cls(build_kernel(desc.get("base_kernel"), f"{where}.base_kernel"), **kwargs)
     return cls(**kwargs)
 
 
-def build_mean(desc: dict):
-    cls = _lookup(MEANS, desc.get("class"), "mean")
-    batch = torch.Size(_ints(desc.get("batch_shape", []), "batch_shape"))
+def build_mean(desc: dict, where: str = "spec.mean") -> gpytorch.means.Mean:
+    """The mean module a description names (``where``: its place, for error messages)."""
+    cls = _lookup(MEANS, _node(desc, where).get("class"), "mean")
     name = desc["class"]
     if name == "LinearMean":
-        return cls(int(desc["input_size"]), batch_shape=batch, bias=bool(desc["bias"]))
+        size = limits.integer(desc.get("input_size"), f"{where}.input_size", 1, limits.MAX_INPUT_DIMS)
+        bias = limits.boolean(desc.get("bias"), f"{where}.bias")
+        return cls(size, batch_shape=_batch_shape(desc, where, size), bias=bias)
     if name == "GaussianBumpMean":
-        return cls(_number(desc["centres"], "centres"), float(desc["width"]), tuple(batch))
-    return cls(batch_shape=batch, **_build_extras(desc))
+        centres = _number(desc.get("centres"), f"{where}.centres")
+        width = limits.positive(desc.get("width"), f"{where}.width")
+        return cls(centres, width, tuple(_batch_shape(desc, where, max(centres.numel(), 1))))
+    return cls(batch_shape=_batch_shape(desc, where), **_build_extras(desc))
 
 
-def build_likelihood(desc: dict):
-    cls = _lookup(LIKELIHOODS, desc.get("class"), "likelihood")
-    batch = torch.Size(_ints(desc.get("batch_shape", []), "batch_shape"))
-    return cls(batch_shape=batch, **_build_extras(desc))
+def build_likelihood(desc: dict, where: str = "spec.likelihood") -> gpytorch.likelihoods.Likelihood:
+    """The likelihood a description names (``where``: its place, for error messages)."""
+    cls = _lookup(LIKELIHOODS, _node(desc, where).get("class"), "likelihood")
+    return cls(batch_shape=_batch_shape(desc, where), **_build_extras(desc))
+
+
+def _count_modules(desc: Any) -> int:
+    """How many modules (JSON objects naming a ``class``) a description holds, without recursion."""
+    count, stack = 0, [desc]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            count += "class" in node
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)
+    return count
 
 
 _DTYPES = {"float64": torch.float64, "float32": torch.float32}
@@ -274,6 +333,13 @@ def build_spec(desc: dict, initial_values: dict[str, torch.Tensor] | None = None
     """The ``GPSpec`` a description names, with ``initial_values`` (constrained) as its template."""
     if not isinstance(desc, dict) or not {"kernel", "mean", "likelihood"} <= set(desc):
         raise InputError("saved spec must be a mapping with 'kernel', 'mean' and 'likelihood'")
+    modules = _count_modules(desc)
+    if modules > limits.MAX_SPEC_MODULES:
+        most = limits.MAX_SPEC_MODULES
+        raise InputError(f"saved spec names {modules} modules, constraints and priors; the limit is {most}")
+    fixed = desc.get("fixed", [])
+    if not isinstance(fixed, list) or not all(isinstance(f, str) for f in fixed):
+        raise InputError(f"saved spec: spec.fixed must be a list of parameter names, got {fixed!r}")
     dtype = _DTYPES.get(desc.get("dtype", "float64"))
     if dtype is None:
         raise InputError(f"saved spec: dtype must be one of {sorted(_DTYPES)}, got {desc.get('dtype')!r}")
@@ -282,7 +348,7 @@ def build_spec(desc: dict, initial_values: dict[str, torch.Tensor] | None = None
         build_mean(desc["mean"]),
         build_likelihood(desc["likelihood"]),
         initial_values=initial_values,
-        fixed=list(desc.get("fixed", [])),
+        fixed=list(fixed),
         dtype=dtype,
     )
 

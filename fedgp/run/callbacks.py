@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Protocol
 
@@ -34,6 +34,7 @@ import torch
 from fedgp.engines.base import Engine
 from fedgp.errors import CheckpointError, InputError, InputTypeError, MissingFileError
 from fedgp.messages import Roster, ServerContext
+from fedgp.messages.container import check_key
 from fedgp.models.state import HyperState
 from fedgp.run.checkpoint import Checkpoint, fingerprint_mismatches, load_checkpoint, save_checkpoint
 from fedgp.run.evaluation import evaluate_clients, mean_metrics
@@ -284,6 +285,9 @@ class Checkpointing(Callback):
     path: str | os.PathLike
     every: int | None = 1
     resume: bool = False
+    #: Seal the file with an HMAC-SHA256 under this key (bytes or a string), and resume only from a
+    #: file sealed with it. Without a key the file's SHA-256 catches damage, not a crafted file.
+    key: bytes | str | None = field(default=None, repr=False)
     order: ClassVar[int] = 20
 
     def __post_init__(self) -> None:
@@ -299,22 +303,34 @@ class Checkpointing(Callback):
             raise InputError(
                 "Checkpointing(every=None, resume=False) would neither write nor read a checkpoint"
             )
+        check_key(self.key)
 
     def restore(self, run) -> None:
         if not self.resume:
             return
         if not Path(self.path).exists():
             raise MissingFileError(f"Checkpointing(resume=True): no checkpoint at {self.path}")
-        ckpt = load_checkpoint(self.path)
+        ckpt = load_checkpoint(self.path, self.key)
         mismatch = fingerprint_mismatches(ckpt.fingerprint, run.fingerprint())
         if mismatch:
             raise CheckpointError(
                 f"checkpoint {self.path} was written with a different " + "; different ".join(mismatch)
             )
+        if type(ckpt.server_state) is not type(run.server):
+            raise CheckpointError(
+                f"checkpoint {self.path}: server_state is a {type(ckpt.server_state).__name__}, but this "
+                f"run's strategy keeps a {type(run.server).__name__}"
+            )
         run.resume_from(ckpt.completed_rounds, ckpt.server_state, ckpt.history, ckpt.failures)
         for callback in run.callbacks:
             if callback.checkpoint_key in ckpt.callbacks:
-                callback.load_state(ckpt.callbacks[callback.checkpoint_key])
+                try:
+                    callback.load_state(ckpt.callbacks[callback.checkpoint_key])
+                except Exception as err:  # noqa: BLE001 - a crafted state: refuse, naming file and field
+                    raise CheckpointError(
+                        f"checkpoint {self.path}: callbacks[{callback.checkpoint_key!r}] is not a state "
+                        f"{type(callback).__name__} can take back ({type(err).__name__}: {err})"
+                    ) from err
 
     def on_round(self, run, row) -> None:
         if self.every and (run.completed % self.every == 0 or run.done):
@@ -322,4 +338,4 @@ class Checkpointing(Callback):
             checkpoint = Checkpoint(
                 run.completed, run.server, run.history, run.fingerprint(), run.failures, states
             )
-            save_checkpoint(self.path, checkpoint)
+            save_checkpoint(self.path, checkpoint, self.key)

@@ -7,7 +7,9 @@ The RNG "state" is only the master seed, because every random draw is a function
 ``(seed, stream, round, client)`` (see :mod:`fedgp.rng`).
 
 The file is fedgp's one container (:mod:`fedgp.messages.container`, format ``"checkpoint"``)
-sealed with the SHA-256 of its payload, which is checked before anything is parsed; the server
+sealed with the SHA-256 of its payload (with ``key=``, its HMAC-SHA256 under that key: without a key
+the seal detects damage, not forgery), which is checked before anything is parsed; every field is
+checked against :mod:`fedgp.models.limits`; the server
 state is rebuilt by :mod:`fedgp.messages.codec` (plain values, tensors, registered or fedgp's own
 dataclasses; nothing imported). Files are written to a temporary file, fsync'ed, then renamed
 over the destination (:mod:`fedgp.files`), so a killed process leaves the old checkpoint or the
@@ -27,7 +29,8 @@ import torch
 from fedgp.errors import CheckpointError, FileFormatError, MissingFileError
 from fedgp.files import write_atomically
 from fedgp.messages.codec import decode, encode
-from fedgp.messages.container import pack, seal, unpack, unseal
+from fedgp.messages.container import check_key, pack, seal, unpack, unseal
+from fedgp.models import limits
 
 __all__ = ["Checkpoint", "save_checkpoint", "load_checkpoint", "fingerprint_mismatches", "FORMAT_VERSION"]
 
@@ -50,8 +53,9 @@ class Checkpoint:
     callbacks: dict[str, Any] = field(default_factory=dict)
 
 
-def save_checkpoint(path: str | os.PathLike, checkpoint: Checkpoint) -> None:
-    """Write ``checkpoint`` to ``path`` atomically, sealed with the SHA-256 of its payload."""
+def save_checkpoint(path: str | os.PathLike, checkpoint: Checkpoint, key: bytes | str | None = None) -> None:
+    """Write ``checkpoint`` to ``path`` atomically, sealed with the SHA-256 of its payload, or with
+    ``key`` its HMAC-SHA256 under that key."""
     tensors: dict[str, torch.Tensor] = {}
     header = {
         "completed_rounds": int(checkpoint.completed_rounds),
@@ -61,11 +65,13 @@ def save_checkpoint(path: str | os.PathLike, checkpoint: Checkpoint) -> None:
         "callbacks": encode(checkpoint.callbacks, tensors, "callbacks"),
         "fingerprint": {str(k): str(v) for k, v in checkpoint.fingerprint.items()},
     }
-    write_atomically(Path(path), seal(pack(_FORMAT, FORMAT_VERSION, header, tensors)))
+    write_atomically(Path(path), seal(pack(_FORMAT, FORMAT_VERSION, header, tensors), key))
 
 
-def load_checkpoint(path: str | os.PathLike) -> Checkpoint:
-    """Read and verify a checkpoint; :class:`~fedgp.errors.CheckpointError` says what is wrong."""
+def load_checkpoint(path: str | os.PathLike, key: bytes | str | None = None) -> Checkpoint:
+    """Read and verify a checkpoint; :class:`~fedgp.errors.CheckpointError` says what is wrong, naming
+    the file and the field. ``key``: the key it was written with (see :func:`save_checkpoint`)."""
+    check_key(key)
     path = Path(path)
     if not path.exists():
         raise MissingFileError(f"no checkpoint at {path}")
@@ -85,21 +91,38 @@ def load_checkpoint(path: str | os.PathLike) -> Checkpoint:
             "Re-run the fit with this fedgp to write one."
         )
     try:
-        header, tensors = unpack(unseal(data, str(path)), _FORMAT, FORMAT_VERSION, str(path))
-        return Checkpoint(
-            completed_rounds=int(header["completed_rounds"]),
-            server_state=decode(header["server_state"], tensors),
-            history=decode(header["history"], tensors),
-            fingerprint=dict(header["fingerprint"]),
-            failures=decode(header["failures"], tensors),
-            callbacks=decode(header["callbacks"], tensors),
-        )
+        header, tensors = unpack(unseal(data, str(path), key), _FORMAT, FORMAT_VERSION, str(path))
+        return _read(header, tensors)
     except FileFormatError as err:
         raise CheckpointError(str(err) if str(path) in str(err) else f"{path}: {err}") from None
     except Exception as err:  # the checksum passed, so this is a file written by something else
         raise CheckpointError(
-            f"{path}: checksum matches but the contents are not a fedgp checkpoint: {err}"
+            f"{path}: checksum matches but the contents are not a fedgp checkpoint: "
+            f"{type(err).__name__}: {err}"
         ) from err
+
+
+def _read(header: dict[str, Any], tensors: dict[str, torch.Tensor]) -> Checkpoint:
+    """The checkpoint a header and its tensors describe, each field checked (:mod:`fedgp.models.limits`)."""
+    limits.check_tensors(tensors)
+    fingerprint = header.get("fingerprint")
+    if not isinstance(fingerprint, dict) or not all(isinstance(v, str) for v in fingerprint.values()):
+        raise FileFormatError("fingerprint must map field names to strings")
+    out = Checkpoint(
+        completed_rounds=limits.integer(header.get("completed_rounds"), "completed_rounds", 0, 2**62),
+        server_state=decode(header["server_state"], tensors),
+        history=decode(header["history"], tensors),
+        fingerprint=dict(fingerprint),
+        failures=decode(header["failures"], tensors),
+        callbacks=decode(header["callbacks"], tensors),
+    )
+    for name in ("history", "failures"):
+        rows = getattr(out, name)
+        if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
+            raise FileFormatError(f"{name} must be a list of rows (dicts)")
+    if not isinstance(out.callbacks, dict):
+        raise FileFormatError("callbacks must be a dict of callback states")
+    return out
 
 
 def fingerprint_mismatches(saved: dict[str, str], current: dict[str, str]) -> list[str]:

@@ -21,7 +21,7 @@ import torch
 from fedgp.data.client import ClientData, Federation, _as_float_tensor, _check_finite
 from fedgp.engines.base import Engine
 from fedgp.engines.sequential import SequentialEngine
-from fedgp.errors import EngineError, InputError, RoundFailedError, UnknownClientError
+from fedgp.errors import EngineError, FileFormatError, InputError, RoundFailedError, UnknownClientError
 from fedgp.export.botorch_model import to_botorch
 from fedgp.export.exact_gp import to_gpytorch
 from fedgp.messages import Roster, ServerContext, read_state
@@ -224,15 +224,31 @@ class FitResult:
         return plot_history(history, [c for c in parameters if c in history], axes=axes, figsize=figsize)
 
     # -- leaving the session ------------------------------------------------------------------------
-    def save(self, path: str | os.PathLike) -> Path:
+    def save(self, path: str | os.PathLike, *, key: bytes | str | None = None) -> Path:
         """Write spec, strategy, server state, transforms and history (no client data) to one file;
-        :func:`fedgp.load` reads it back without pickle. See :mod:`fedgp.run.saved`."""
-        return write_result(self, path)
+        :func:`fedgp.load` reads it back without pickle. See :mod:`fedgp.run.saved`. ``key`` (bytes or
+        a string) seals the file with an HMAC-SHA256 under it, so that only a holder of the key can
+        write a file that loads: without one, the file's SHA-256 detects damage, not forgery."""
+        return write_result(self, path, key)
 
     @classmethod
-    def load(cls, path: str | os.PathLike) -> FitResult:
-        """The result :meth:`save` wrote (``fedgp.load``): it predicts for any ``ClientData``."""
-        return cls(**read_result(path))
+    def load(cls, path: str | os.PathLike, *, key: bytes | str | None = None) -> FitResult:
+        """The result :meth:`save` wrote (``fedgp.load``): it predicts for any ``ClientData``. ``key``:
+        the key it was saved with (a file saved with a key is refused without it, or with another)."""
+        parts = read_result(path, key)
+        try:
+            result = cls(**parts)
+            state = result.state  # what prediction conditions on: refused here, not at predict
+            if not isinstance(state, HyperState) or sorted(state) != sorted(result.spec.names):
+                names = sorted(result.spec.names)
+                raise FileFormatError(f"{path}: server_state does not hold the spec's parameters {names}")
+            return result
+        except FileFormatError:
+            raise
+        except Exception as err:  # noqa: BLE001 - every part passed its checks; refuse, naming the file
+            raise FileFormatError(
+                f"{path}: its parts do not make a fit result ({type(err).__name__}: {err})"
+            ) from None
 
     def client_data(self, client: int | ClientData | Any) -> ClientData:
         """The ``ClientData`` behind ``client`` (a new ``ClientData`` is returned as it is)."""

@@ -7,7 +7,9 @@ history and failures, the seed, and the data transforms (:mod:`fedgp.transforms`
 input bounds and outcome mean and sd that the state's units refer to).
 
 It is fedgp's one container (:mod:`fedgp.messages.container`, format ``"fit-result"``) sealed
-with the SHA-256 of its payload, which is checked before anything is parsed. Loading reads JSON
+with the SHA-256 of its payload (with ``key=``, its HMAC-SHA256 under that key), which is checked
+before anything is parsed; every field is then checked against :mod:`fedgp.models.limits` before
+anything is built from it. Loading reads JSON
 and tensors only; the spec and strategy are rebuilt from allow-lists and the server state by
 :mod:`fedgp.messages.codec` (registered or fedgp's own dataclasses, nothing imported), so a
 crafted file cannot run code. Results saved by earlier versions (format version 2: a bare
@@ -26,10 +28,11 @@ import pandas as pd
 import torch
 from safetensors import safe_open
 
-from fedgp.errors import FileFormatError, InputTypeError, MissingFileError
+from fedgp.errors import FileFormatError, InputError, InputTypeError, MissingFileError
 from fedgp.files import write_atomically
 from fedgp.messages import Roster, decode, encode, from_config
 from fedgp.messages.container import pack, seal, unpack, unseal
+from fedgp.models import limits
 from fedgp.models.spec_io import build_spec, check_round_trip
 from fedgp.strategies.base import Strategy
 from fedgp.transforms import DataTransform
@@ -56,9 +59,52 @@ def _read_frame(split: Any, name: str) -> pd.DataFrame:
 def _read_transform(record: Any, tensors: dict[str, torch.Tensor]) -> DataTransform:
     if not isinstance(record, dict) or not isinstance(record.get("settings"), dict):
         raise FileFormatError("saved transforms must be a record with 'settings'")
+    settings = dict(record["settings"])
+    for name, value in settings.items():
+        settings[name] = limits.boolean(value, f"transforms.settings[{name!r}]")
     parts = {k: v for k, v in tensors.items() if k.startswith("transform/")}
-    transform = DataTransform.from_parts(parts, record["settings"])
-    return dataclasses.replace(transform, note=str(record.get("note", "")))
+    for name, tensor in parts.items():
+        if not tensor.is_floating_point() or not bool(torch.isfinite(tensor).all()):
+            raise FileFormatError(f"tensor {name!r} must hold finite floating-point numbers")
+        if name.endswith("_scale") and not bool((tensor > 0).all()):
+            raise FileFormatError(f"tensor {name!r} must be positive (a scale), got {tensor.min().item():g}")
+    for axis in ("x", "y"):
+        offset, scale = parts.get(f"transform/{axis}_offset"), parts.get(f"transform/{axis}_scale")
+        if offset is None and scale is None:
+            continue
+        # x: one offset and scale per input; y: one each.
+        ok = offset is not None and scale is not None and offset.shape == scale.shape
+        ok = ok and (offset.dim() == 1 if axis == "x" else offset.dim() <= 1 and offset.numel() == 1)
+        if not ok:
+            names = f"'transform/{axis}_offset' and 'transform/{axis}_scale'"
+            raise FileFormatError(f"tensors {names} do not match (one without the other, or shapes)")
+    transform = DataTransform.from_parts(parts, settings)
+    note = record.get("note", "")
+    if not isinstance(note, str):
+        raise FileFormatError(f"transforms.note must be a string, got {type(note).__name__}")
+    return dataclasses.replace(transform, note=note)
+
+
+def _read_roster(record: Any, tensors: dict[str, torch.Tensor]) -> Roster:
+    ids = record.get("ids") if isinstance(record, dict) else None
+    if not isinstance(ids, list) or len(ids) > limits.MAX_CLIENTS:
+        raise FileFormatError(f"roster.ids must be a list of at most {limits.MAX_CLIENTS} client ids")
+    if not all(isinstance(i, (int, str)) and not isinstance(i, bool) for i in ids):
+        raise FileFormatError("roster.ids must hold ints and strings only")
+    if len(set(ids)) != len(ids):
+        raise FileFormatError("roster.ids repeats a client id")
+    parts = []
+    for name in ("sizes", "n_test", "dims"):
+        tensor = _tensor(tensors, f"roster/{name}")
+        if tensor.dtype not in (torch.int64, torch.int32) or tensor.shape != (len(ids),):
+            raise FileFormatError(
+                f"tensor 'roster/{name}' must hold one integer per client id ({len(ids)}), "
+                f"got {str(tensor.dtype).removeprefix('torch.')} of shape {list(tensor.shape)}"
+            )
+        if len(ids) and int(tensor.min()) < 0:
+            raise FileFormatError(f"tensor 'roster/{name}' holds a negative count")
+        parts.append(tensor)
+    return Roster(list(ids), *parts)
 
 
 def _ids(ids: list) -> list:
@@ -72,8 +118,9 @@ def _ids(ids: list) -> list:
     return out
 
 
-def write_result(result, path: str | os.PathLike) -> Path:
-    """Write ``result`` (a :class:`~fedgp.run.FitResult`) to ``path`` atomically; returns the path."""
+def write_result(result, path: str | os.PathLike, key: bytes | str | None = None) -> Path:
+    """Write ``result`` (a :class:`~fedgp.run.FitResult`) to ``path`` atomically; returns the path.
+    With ``key``, the file is sealed with an HMAC-SHA256 under it (:func:`~fedgp.messages.container.seal`)."""
     spec, roster = result.spec, result.roster
     desc = check_round_trip(spec)
     tensors = {f"spec/initial/{k}": v for k, v in spec.initial_state().items()}
@@ -93,45 +140,61 @@ def write_result(result, path: str | os.PathLike) -> Path:
     for name in ("sizes", "n_test", "dims"):
         tensors[f"roster/{name}"] = getattr(roster, name).detach().cpu().to(torch.long)
     path = Path(path)
-    write_atomically(path, seal(pack(FORMAT, VERSION, header, tensors)))
+    write_atomically(path, seal(pack(FORMAT, VERSION, header, tensors), key))
     return path
 
 
-def read_result(path: str | os.PathLike) -> dict[str, Any]:
-    """The parts of a result written by :func:`write_result`, as ``FitResult``'s keyword arguments."""
+def read_result(path: str | os.PathLike, key: bytes | str | None = None) -> dict[str, Any]:
+    """The parts of a result written by :func:`write_result`, as ``FitResult``'s keyword arguments.
+    ``key``: the key it was written with (a keyed file needs it; an unkeyed one refuses one). Every
+    field is checked against :mod:`fedgp.models.limits` before it is built; anything wrong is a
+    :class:`~fedgp.errors.FileFormatError` naming the file and the field."""
     path = Path(path)
     if not path.exists():
         raise MissingFileError(f"no saved result at {path}")
     data = path.read_bytes()
     if not data.startswith(b"FEDGP "):
         raise FileFormatError(f"{path}: {_older_format(path)}")
-    header, tensors = unpack(unseal(data, str(path)), FORMAT, VERSION, str(path))
+    # Both name the file; a bad key= is the caller's error and is raised as it is.
+    header, tensors = unpack(unseal(data, str(path), key), FORMAT, VERSION, str(path))
     try:
-        initial = {
-            k.removeprefix("spec/initial/"): v for k, v in tensors.items() if k.startswith("spec/initial/")
-        }
-        spec = build_spec(header["spec"], initial)
-        strategy = from_config(header["strategy"])
-        if not isinstance(strategy, Strategy):
-            raise FileFormatError(
-                f"the strategy config describes a {type(strategy).__name__}, not a strategy"
-            )
-        roster = Roster(
-            list(header["roster"]["ids"]),
-            *(_tensor(tensors, f"roster/{n}") for n in ("sizes", "n_test", "dims")),
-        )
-        history, failures = (_read_frame(header[name], name) for name in ("history", "failures"))
-        transform = _read_transform(header.get("transforms"), tensors)
-        server = decode(header["server_state"], tensors)
-        seed, attackers = int(header["seed"]), list(header["attackers"])
-    except FileFormatError as err:
+        parts = _read_parts(header, tensors)
+    except InputError as err:  # FileFormatError, and the spec's refusals
         raise FileFormatError(f"{path}: {err}") from None
     except (KeyError, TypeError, ValueError) as err:
         raise FileFormatError(f"{path}: not a readable fedgp result ({type(err).__name__}: {err})") from None
+    except Exception as err:  # noqa: BLE001 - the seal matched, so a crafted file: refuse, naming it
+        raise FileFormatError(
+            f"{path}: its seal matches but its contents are not a readable fedgp result "
+            f"({type(err).__name__}: {err})"
+        ) from None
+    return parts
+
+
+def _read_parts(header: dict[str, Any], tensors: dict[str, torch.Tensor]) -> dict[str, Any]:
+    limits.check_tensors(tensors)
+    initial = {
+        k.removeprefix("spec/initial/"): v for k, v in tensors.items() if k.startswith("spec/initial/")
+    }
+    spec = build_spec(header["spec"], initial)
+    strategy = from_config(header["strategy"])
+    if not isinstance(strategy, Strategy):
+        raise FileFormatError(f"the strategy config describes a {type(strategy).__name__}, not a strategy")
+    roster = _read_roster(header.get("roster"), tensors)
+    history, failures = (_read_frame(header[name], name) for name in ("history", "failures"))
+    transform = _read_transform(header.get("transforms"), tensors)
     history.attrs["transforms"] = transform.describe()
+    d = None if transform.x_offset is None else transform.x_offset.numel()
+    if d is not None and len(roster) and set(roster.dims.tolist()) != {d}:
+        raise FileFormatError(f"tensor 'transform/x_offset' has {d} inputs; the roster's clients have others")
+    server = decode(header["server_state"], tensors)
+    seed = limits.integer(header.get("seed"), "seed", -(2**63), 2**64 - 1)
+    attackers = header.get("attackers")
+    if not isinstance(attackers, list) or not all(isinstance(a, (int, str)) for a in attackers):
+        raise FileFormatError("attackers must be a list of client ids")
     return dict(
         spec=spec, strategy=strategy, federation=None, server_state=server, history=history, seed=seed,
-        engine=None, roster=roster, failures=failures, attackers=attackers, transform=transform,
+        engine=None, roster=roster, failures=failures, attackers=list(attackers), transform=transform,
     )  # fmt: skip
 
 

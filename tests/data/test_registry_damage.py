@@ -7,6 +7,8 @@ import hashlib
 import http.server
 import os
 import socket
+import subprocess
+import sys
 import threading
 import time
 
@@ -16,6 +18,7 @@ from fedgp.cli import main as cli_main
 from fedgp.data import registry as registry_module
 from fedgp.data.registry import DataRegistry, fetch, locate
 from fedgp.errors import DataFileError
+from fedgp.files import open_temporary
 
 CONTENT = b"1 2 3\n4 5 6\n" * 50
 
@@ -182,15 +185,25 @@ def test_partial_files_of_killed_downloads_are_removed_by_the_next_one(tmp_path,
     (served / "toydir" / "toy.txt").write_bytes(CONTENT)
     folder = tmp_path / "toydir"
     folder.mkdir()
-    stale, live = folder / ".toy.txt.dead1.partial", folder / ".toy.txt.live2.partial"
-    stale.write_bytes(b"half")
-    live.write_bytes(b"half")
-    os.utime(stale, (time.time() - 3600, time.time() - 3600))
+    # An old-style name idle for an hour; a fresh one of a killed process on this host; a fresh one
+    # of a live process (this one): only the last may be a download still running.
+    stale = folder / ".toy.txt.0123456789ab.partial"
+    _, killed = open_temporary(folder, "toy.txt", ".partial")
+    dead_pid = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True)
+    dead_name = killed.name.replace(f"-{os.getpid()}.", f"-{int(dead_pid.stdout)}.")
+    killed = killed.rename(killed.with_name(dead_name))
+    handle, live = open_temporary(folder, "toy.txt", ".partial")
+    handle.close()
+    other = folder / ".toy.txt.bak.0123456789ab.partial"  # another file's partial download
+    for path in (stale, other):
+        path.write_bytes(b"half")
+        os.utime(path, (time.time() - 3600, time.time() - 3600))
     path = fetch(
         toy_registry().entry("toy", "toy.txt"), tmp_path, url=f"{base}/toydir/toy.txt", progress=False
     )
     assert path.read_bytes() == CONTENT
-    assert not stale.exists() and live.exists()  # a partial file written recently may be a live download
+    assert not stale.exists() and not killed.exists()
+    assert live.exists() and other.exists()  # a live download, and another file's
 
 
 def test_a_download_is_fsynced_before_the_rename(tmp_path, http_root, monkeypatch):
