@@ -65,6 +65,7 @@ _SUBMODULES = (
     "checks",
     "cli",
     "clustering",
+    "commands",
     "data",
     "engines",
     "errors",

@@ -1,17 +1,18 @@
 """The ``fedgp`` command line: fit and predict on CSV files, the demo, the paper reproductions.
 
 Every command writes into ``--out``, by default a new folder under the current directory named
-after the command and the time (``fedgp-fit-20261126-154501/``), never ``results/``. A mistake in
-the input (a missing column, a cell that is not a number, an unknown owner, ...) is printed as one
-line naming the file, column, line or owner, with exit status 2; progress goes to stderr (a bar
-on a terminal, a line every tenth of the rounds otherwise) and ``--quiet`` turns it off.
+after the command and the time (``fedgp-fit-20261126-154501/``), never ``results/``; ``fit`` and
+``predict`` refuse, before any work, an ``--out`` that already holds a file they would write (unless
+``--force``), and write each file atomically. A mistake in the input (a missing column, a cell that
+is not a number, an unknown owner, ...), and any other error fedgp raises, is printed as one line
+naming the file, column, line or owner, with exit status 2; progress goes to stderr (a bar on a
+terminal, a line every tenth of the rounds otherwise) and ``--quiet`` turns it off.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import sys
 import warnings
 from collections.abc import Callable
@@ -19,20 +20,17 @@ from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING
 
-from fedgp.errors import CommandError, InputError, MissingExtraError
-from fedgp.layout import (
-    COLUMNS_FILE,
-    COLUMNS_FORMAT,
-    MODEL_FILE,
-    TRANSFORMS_FILE,
-    owner_metrics,
-    write_columns,
-    write_history,
-)
+from fedgp.errors import CommandError, FedGPError
+from fedgp.layout import COLUMNS_FILE, HISTORY_FILE, MODEL_FILE, TRANSFORMS_FILE, write_columns, write_history
 from fedgp.version import __version__
 
 if TYPE_CHECKING:
     pass
+
+#: What ``fedgp fit`` writes into ``--out`` and ``fedgp predict`` into its ``--out``: checked before any
+#: work, and never overwritten without ``--force``.
+FIT_FILES = (MODEL_FILE, HISTORY_FILE, TRANSFORMS_FILE, "metrics.csv", COLUMNS_FILE)
+PREDICT_FILES = ("predictions.csv",)
 
 __all__ = [
     "main",
@@ -78,10 +76,12 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _fit(args: argparse.Namespace) -> int:
+    from fedgp.commands import claim_out, fit_metrics, write_table
     from fedgp.data.table import read_owner_table
     from fedgp.presets import make_spec, make_strategy
     from fedgp.run import Progress, fit
 
+    out = claim_out(_out(args), FIT_FILES, args.force)
     table = read_owner_table(args.data, group=args.group, target=args.target, features=args.features)
     federation = table.federation(args.test_fraction, args.seed)
     try:
@@ -95,9 +95,6 @@ def _fit(args: argparse.Namespace) -> int:
     except ValueError as err:
         raise CommandError(str(err)) from None
     spec = make_spec(args.kernel, args.mean, d=len(table.features), ard=args.ard)
-    out = _out(args)
-    if (out / MODEL_FILE).exists():
-        raise CommandError(f"{out} already holds a model ({MODEL_FILE}); choose another --out or remove it")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         result = fit(
@@ -113,11 +110,10 @@ def _fit(args: argparse.Namespace) -> int:
     for warning in caught:  # fedgp's warnings, one line each (a ConvergenceWarning says what to change)
         if issubclass(warning.category, UserWarning):
             print(f"fedgp fit: warning: {warning.message}", file=sys.stderr)
-    metrics = owner_metrics(result, federation, held_out=bool(args.test_fraction))
+    metrics = fit_metrics(result, federation, bool(args.test_fraction), _progress(args))
     out.mkdir(parents=True, exist_ok=True)
     written = [result.save(out / MODEL_FILE), *write_history(out, result, table.features)]
-    written.append(out / "metrics.csv")
-    metrics.to_csv(written[-1], index=False)
+    written.append(write_table(metrics, out / "metrics.csv"))
     written.append(
         write_columns(out, group=table.group, target=table.target, features=table.features,
                       owners=federation.ids, data=str(args.data), test_fraction=args.test_fraction,
@@ -135,7 +131,8 @@ def _fit(args: argparse.Namespace) -> int:
     print(f"{type(strategy).__name__} on the {result.engine.name} engine: {how}; transforms: {transforms}")
     with _pd().option_context("display.width", 120, "display.max_rows", 20):
         print(f"per-owner metrics ({metrics['split'].iloc[0]}, original units):")
-        print(metrics.drop(columns="split").to_string(index=False, float_format="{:.4g}".format))
+        shown = metrics.drop(columns="split")  # to_string ignores display.max_rows: 10^6 owners, 20 lines
+        print(shown.to_string(index=False, float_format="{:.4g}".format, max_rows=20, min_rows=10))
     for path in written:
         print(f"wrote {path}")
     return 0
@@ -147,42 +144,18 @@ def _pd() -> ModuleType:
     return pd
 
 
-def _read_columns(folder: Path) -> dict:
-    """The column description ``fedgp fit`` wrote beside its model (JSON; checked, nothing run)."""
-    path = folder / COLUMNS_FILE
-    if not folder.is_dir():
-        raise CommandError(f"{folder}: no such folder (give the folder fedgp fit wrote, its --out)")
-    if not path.is_file() or not (folder / MODEL_FILE).is_file():
-        raise CommandError(
-            f"{folder}: not a folder written by fedgp fit (no {COLUMNS_FILE} and {MODEL_FILE})"
-        )
-    try:
-        columns = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise CommandError(f"{path}: not JSON ({err})") from None
-    ok = (
-        isinstance(columns, dict)
-        and columns.get("format") == COLUMNS_FORMAT
-        and isinstance(columns.get("features"), list)
-        and all(isinstance(f, str) for f in columns["features"])
-        and all(isinstance(columns.get(k), str) for k in ("group", "target"))
-    )
-    if not ok:
-        raise CommandError(f"{path}: not a column description written by fedgp fit")
-    return columns
-
-
 def _predict(args: argparse.Namespace) -> int:
     import numpy as np
 
-    from fedgp.data import ClientData
+    from fedgp.commands import claim_out, predict_owners, read_columns, write_table
     from fedgp.data.table import read_owner_table
     from fedgp.run import load
 
     if not 0.0 < args.level < 1.0:
         raise CommandError(f"--level must be in (0, 1), got {args.level}")
+    out = claim_out(_out(args), PREDICT_FILES, args.force)
     folder = Path(args.model)
-    columns = _read_columns(folder)
+    columns = read_columns(folder)
     group = args.group or columns["group"]
     try:
         model = load(folder / MODEL_FILE)
@@ -211,24 +184,8 @@ def _predict(args: argparse.Namespace) -> int:
             f"alone. The model was trained on owners {', '.join(map(repr, model.roster.ids[:10]))}"
             + (", ..." if len(model.roster.ids) > 10 else "")
         )
-    trained = set(model.roster.ids)
-    n, d = len(new.X), len(features)
-    mean, var_y, var_f = np.empty(n), np.empty(n), np.empty(n)
-    for owner, rows in asked.items():
-        if owner in held:
-            client = data.client(owner)
-            if owner not in trained and not args.quiet:
-                print(
-                    f"fedgp predict: owner {owner!r} was not among the model's training owners: "
-                    f"predicted as a new owner from its {client.n} row(s) in {args.data}",
-                    file=sys.stderr,
-                )
-        else:  # --unknown prior: no rows to condition on (a cold start)
-            client = ClientData(np.empty((0, d)), np.empty(0), id=owner)
-        pred = model.posterior(new.X[rows], client)
-        mean[rows] = pred.mean.numpy()
-        var_y[rows] = pred.variance_y.numpy()
-        var_f[rows] = pred.variance_f.numpy()
+    n = len(new.X)
+    mean, var_y, var_f = predict_owners(model, new, data, asked, progress=_progress(args), quiet=args.quiet)
     from scipy.stats import norm
 
     z = float(norm.ppf(0.5 + args.level / 2))
@@ -241,10 +198,8 @@ def _predict(args: argparse.Namespace) -> int:
         sd_f=np.sqrt(var_f),
         conditioned_on=[len(held[o]) if o in held else 0 for o in new.owners],
     )
-    out = _out(args)
     out.mkdir(parents=True, exist_ok=True)
-    path = out / "predictions.csv"
-    frame.to_csv(path, index=False)
+    path = write_table(frame, out / "predictions.csv")
     print(
         f"fedgp predict: {n} row(s) of {len(asked)} owner(s), {len(missing)} of them from the shared "
         "prior alone"
@@ -344,6 +299,14 @@ def _quiet_option(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _force_option(parser: argparse.ArgumentParser, files: tuple[str, ...]) -> None:
+    parser.add_argument(
+        "--force",
+        action="store_true",
+        help=f"overwrite {', '.join(files)} where --out holds them (default: refuse, before any work)",
+    )
+
+
 def _count(minimum: int) -> Callable[[str], int]:
     """An argparse type: an integer >= ``minimum``, refused by argparse (exit status 2) otherwise."""
 
@@ -417,6 +380,7 @@ def _add_fit(sub) -> None:
         help="hold out this share of each owner's rows for metrics",
     )
     fit.add_argument("--out", default=None, help=OUT_HELP.format(command="fit"))
+    _force_option(fit, FIT_FILES)
     _quiet_option(fit)
     fit.set_defaults(func=_fit)
 
@@ -448,6 +412,7 @@ def _add_predict(sub) -> None:
     )
     pred.add_argument("--level", type=float, default=0.95, help="interval probability (default 0.95)")
     pred.add_argument("--out", default=None, help=OUT_HELP.format(command="predict"))
+    _force_option(pred, PREDICT_FILES)
     _quiet_option(pred)
     pred.set_defaults(func=_predict)
 
@@ -587,9 +552,17 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except (CommandError, InputError, MissingExtraError) as err:
-        print(f"fedgp {args.command}: {err}", file=sys.stderr)
+    except FedGPError as err:  # fedgp's own errors: what was refused, and where, on one line
+        print(f"fedgp {args.command}: {_one_line(err)}", file=sys.stderr)
         return INPUT_ERROR
+    except OSError as err:  # a folder or file the command cannot write (permissions, a full disk...)
+        print(f"fedgp {args.command}: {_one_line(err)}", file=sys.stderr)
+        return INPUT_ERROR
+
+
+def _one_line(err: BaseException) -> str:
+    """``err``'s message on one line (a line break becomes "; ")."""
+    return "; ".join(line.strip() for line in str(err).splitlines() if line.strip()) or type(err).__name__
 
 
 if __name__ == "__main__":  # pragma: no cover

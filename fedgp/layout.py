@@ -1,12 +1,16 @@
 """The files of a model folder: what ``fedgp fit --out`` and fedgp's Flower app (``out-dir``)
-write, and what ``fedgp predict`` reads. One place, so that the two writers cannot drift apart."""
+write, and what ``fedgp predict`` reads. One place, so that the two writers cannot drift apart. Each
+file is written atomically (:func:`fedgp.files.write_atomically`): a reader, or a writer killed
+half-way, sees the old file or the new one."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from fedgp.files import write_atomically
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -56,7 +60,7 @@ def write_columns(
                "features": list(features), "owners": [str(o) for o in owners], "data": data,
                "test_fraction": test_fraction, "seed": seed}  # fmt: skip
     path = Path(folder) / COLUMNS_FILE
-    path.write_text(json.dumps(columns, indent=2) + "\n")
+    write_atomically(path, (json.dumps(columns, indent=2) + "\n").encode())
     return path
 
 
@@ -72,7 +76,7 @@ def write_history(folder: Path, result: Any, features: Sequence[str]) -> list[Pa
         result.history, transform, features, [p.name for p in result.spec.params]
     )
     history_path = Path(folder) / HISTORY_FILE
-    history.to_csv(history_path, index=False)
+    write_atomically(history_path, history.to_csv(index=False).encode())
     if transform.y_local:
         outcome: dict[str, Any] = {
             "transform": "standardize",
@@ -93,15 +97,21 @@ def write_history(folder: Path, result: Any, features: Sequence[str]) -> list[Pa
     document = {"format": TRANSFORMS_FORMAT, "version": 1, "outcome": outcome, "inputs": inputs,
                 "note": transform.note, "history_units": units}  # fmt: skip
     transforms_path = Path(folder) / TRANSFORMS_FILE
-    transforms_path.write_text(json.dumps(document, indent=2) + "\n")
+    write_atomically(transforms_path, (json.dumps(document, indent=2) + "\n").encode())
     return [history_path, transforms_path]
 
 
-def owner_metrics(result: Any, federation: Any, held_out: bool) -> pd.DataFrame:
+def owner_metrics(
+    result: Any,
+    federation: Any,
+    held_out: bool,
+    progress: Callable[[Iterable], Iterable] | None = None,
+) -> pd.DataFrame:
     """``metrics.csv`` of a :class:`fedgp.FitResult` trained on a ``Federation``: per-owner RMSE,
     NLL and 95 % coverage in the original units: on each owner's held-out rows
     (``result.evaluate()``) with a test split; else in-sample, each owner's posterior at its own
-    training rows (optimistic: those rows are what it conditions on), and the table says which."""
+    training rows (optimistic: those rows are what it conditions on), and the table says which.
+    ``progress`` wraps the in-sample loop over the owners (e.g. in a progress bar)."""
     import pandas as pd
 
     sizes = dict(zip(federation.ids, federation.sizes.tolist()))
@@ -110,7 +120,7 @@ def owner_metrics(result: Any, federation: Any, held_out: bool) -> pd.DataFrame:
         table.insert(1, "n_train", [sizes[o] for o in table["owner"]])
         return table.assign(split="held-out")
     rows = []
-    for position, client in enumerate(federation):
+    for position, client in enumerate(federation if progress is None else progress(federation)):
         pred = result.posterior(client.X, client=position)
         rows.append(
             {

@@ -483,6 +483,7 @@ def test_progress_lines_without_a_terminal_and_quiet(data_csv, tmp_path, capsys,
     argv = ["fit", str(data_csv), "--target", "y", "--group", "owner", "--rounds", "20", "--stop", "none"]
     assert main([*argv, "--out", str(tmp_path / "a")]) == 0
     lines = capsys.readouterr().err.splitlines()  # pytest's stderr is not a terminal
+    assert re.match(r"in-sample metrics: 3/3 \[", lines.pop())  # then the per-owner metrics' line
     assert [int(re.match(r"FGPR: (\d+)/20 \[", line).group(1)) for line in lines] == [
         2,
         4,
@@ -520,7 +521,7 @@ def test_a_run_stopped_early_ends_its_progress_at_100_percent(data_csv, tmp_path
     captured = capsys.readouterr()
     ran = len(pd.read_csv(tmp_path / "m" / "history.csv"))
     assert 10 <= ran < 100 and f"round {ran}: " in captured.out  # the stop reason is printed
-    lines = captured.err.splitlines()
+    lines = [line for line in captured.err.splitlines() if not line.startswith("in-sample metrics: ")]
     assert lines[0].startswith("FGPR: 10/100 [") and lines[-1].startswith(f"FGPR: {ran}/{ran} [")
     assert "warning" not in captured.err
 
@@ -605,3 +606,164 @@ def test_a_missing_extra_is_one_line_naming_the_install(tmp_path, capsys, monkey
     assert main(["fit", str(path), "--target", "y", "--group", "owner", *ROUNDS, "--quiet"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "pip install 'fedgp-gpytorch[parquet]'" in err[0] and str(path) in err[0]
+
+
+# -- issue 35, item 5: the command line's own boundaries --------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "header, named",
+    [("x1,x2,y,y,owner", r"column 'y' more than once"), ("x1,x1,y,owner", r"column 'x1' more than once")],
+)
+def test_a_repeated_header_is_refused_naming_the_column_and_the_file(tmp_path, capsys, header, named):
+    rows = ["1,2,3,3,a", "2,3,4,4,a", "3,4,5,5,b", "4,5,6,6,b"] if header.count(",") == 4 else [
+        "1,1,3,a", "2,2,4,a", "3,3,5,b", "4,4,6,b"
+    ]  # fmt: skip
+    (tmp_path / "dup.csv").write_text("\n".join([header, *rows]) + "\n")
+    assert fit_cli(tmp_path / "dup.csv", tmp_path / "m") == 2
+    err = capsys.readouterr().err
+    assert re.search(r"dup\.csv: the header names " + named, err) and len(err.splitlines()) == 1, err
+    assert not (tmp_path / "m").exists()
+
+
+@pytest.mark.parametrize("name", ["NA", "None", "null", "nan", "N/A", "-nan", "<NA>"])
+def test_an_owner_named_like_a_missing_value_keeps_its_name(tmp_path, capsys, name):
+    frame = owners_frame()
+    frame["owner"] = frame["owner"].replace({"south": name})
+    frame.to_csv(tmp_path / "data.csv", index=False)
+    assert fit_cli(tmp_path / "data.csv", tmp_path / "m") == 0
+    metrics = pd.read_csv(tmp_path / "m" / "metrics.csv", dtype={"owner": str}, keep_default_na=False)
+    assert list(metrics["owner"]) == ["north", name, "007"]
+    assert json.loads((tmp_path / "m" / "columns.json").read_text())["owners"] == ["north", name, "007"]
+    pd.DataFrame({"x1": [1.0], "x2": [0.0], "owner": [name]}).to_csv(tmp_path / "new.csv", index=False)
+    argv = ["predict", str(tmp_path / "m"), str(tmp_path / "new.csv"), "--data", str(tmp_path / "data.csv")]
+    assert main([*argv, "--out", str(tmp_path / "p"), "--quiet"]) == 0
+    predictions = pd.read_csv(tmp_path / "p" / "predictions.csv", keep_default_na=False)
+    assert list(predictions["owner"]) == [name] and predictions["conditioned_on"].tolist() == [12]
+
+
+def test_an_empty_owner_cell_is_still_refused_but_missing_numbers_still_are_missing(tmp_path, capsys):
+    frame = owners_frame().astype({"owner": object, "x2": object})
+    frame.loc[3, "owner"] = ""
+    frame.to_csv(tmp_path / "a.csv", index=False)
+    assert fit_cli(tmp_path / "a.csv", tmp_path / "m") == 2
+    assert re.search(r"a\.csv: column 'owner', line 5: no owner \(empty cell\)", capsys.readouterr().err)
+    frame = owners_frame().astype({"x2": object})
+    frame.loc[3, "x2"] = "NA"
+    frame.to_csv(tmp_path / "b.csv", index=False)
+    assert fit_cli(tmp_path / "b.csv", tmp_path / "m") == 2
+    assert re.search(r"b\.csv: column 'x2', line 5 \(owner 'north'\): missing value", capsys.readouterr().err)
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--target", "owner", "--group", "owner"], r"--target and --group both name column 'owner'"),
+        (["--target", "y", "--group", "owner", "--features", "x1", "y"], r"'y' cannot be both a feature"),
+        (["--target", "y", "--group", "owner", "--features", "owner"], r"'owner' cannot be both a feature"),
+    ],
+)
+def test_a_column_in_two_roles_is_refused_by_name(data_csv, tmp_path, capsys, argv, message):
+    assert main(["fit", str(data_csv), *argv, *ROUNDS, "--out", str(tmp_path / "m")]) == 2
+    err = capsys.readouterr().err
+    assert re.search(message, err) and len(err.splitlines()) == 1 and "Traceback" not in err, err
+
+
+def _one_line_exit_2(capsys, argv, message) -> None:
+    assert main(argv) == 2
+    captured = capsys.readouterr()
+    assert re.search(message, captured.err), captured.err
+    assert "Traceback" not in captured.err and len(captured.err.strip().splitlines()) == 1, captured.err
+
+
+def test_every_failure_of_the_issue_is_one_line_with_exit_2(data_csv, tmp_path, capsys):
+    """Issue 35's CLI cases: tiny targets, --out naming a file, 1e200 in NEW.csv."""
+    tiny = owners_frame().assign(y=lambda f: f["y"] * 1e-200)
+    tiny.to_csv(tmp_path / "tiny.csv", index=False)
+    fit = ["fit", "--target", "y", "--group", "owner", *ROUNDS, "--quiet", "--out"]
+    _one_line_exit_2(capsys, [*fit, str(tmp_path / "t"), str(tmp_path / "tiny.csv")], r"underflow")
+    (tmp_path / "a-file").write_text("mine")
+    _one_line_exit_2(
+        capsys, [*fit, str(tmp_path / "a-file"), str(data_csv)], r"a-file is a file, not a folder"
+    )
+    assert (tmp_path / "a-file").read_text() == "mine"
+    assert fit_cli(data_csv, tmp_path / "m") == 0
+    pd.DataFrame({"x1": [1e200], "x2": [0.0], "owner": ["north"]}).to_csv(tmp_path / "new.csv", index=False)
+    predict = ["predict", str(tmp_path / "m"), str(tmp_path / "new.csv"), "--data", str(data_csv)]
+    _one_line_exit_2(capsys, [*predict, "--out", str(tmp_path / "p")], r"new\.csv: .*1e\+200")
+    _one_line_exit_2(capsys, [*predict, "--out", str(tmp_path / "a-file")], r"a-file is a file, not a folder")
+
+
+def test_a_fedgp_error_escaping_a_command_is_one_line(data_csv, tmp_path, capsys, monkeypatch):
+    def fail(*args, **kwargs):
+        raise fedgp.errors.RoundFailedError("round 1 failed:\nevery client failed", failures={0: "boom"})
+
+    monkeypatch.setattr(fedgp.run, "fit", fail)
+    out = str(tmp_path / "m")
+    argv = ["fit", str(data_csv), "--target", "y", "--group", "owner", "--quiet", "--out", out]
+    _one_line_exit_2(capsys, argv, r"^fedgp fit: round 1 failed:; every client failed")
+
+
+def test_out_is_never_overwritten_without_force(data_csv, tmp_path, capsys, monkeypatch):
+    out = tmp_path / "m"
+    out.mkdir()
+    (out / "history.csv").write_text("mine\n")
+    (out / "notes.txt").write_text("mine\n")
+    calls = []
+    monkeypatch.setattr(fedgp.run, "fit", lambda *a, **k: calls.append(1))  # refused before any fit
+    fit = ["fit", str(data_csv), "--target", "y", "--group", "owner", "--out", str(out)]
+    _one_line_exit_2(capsys, fit, r"m already holds history\.csv, which this command would overwrite.*force")
+    assert calls == [] and (out / "history.csv").read_text() == "mine\n"
+    monkeypatch.undo()
+    assert fit_cli(data_csv, out, "--force") == 0
+    assert (out / "history.csv").read_text() != "mine\n" and (out / "notes.txt").read_text() == "mine\n"
+    every = r"already holds model\.fedgp, history\.csv, transforms\.json, metrics\.csv, columns\.json"
+    _one_line_exit_2(capsys, fit, every)
+    pd.DataFrame({"x1": [1.0], "x2": [0.0], "owner": ["north"]}).to_csv(tmp_path / "new.csv", index=False)
+    predict = ["predict", str(out), str(tmp_path / "new.csv"), "--data", str(data_csv), "--quiet", "--out"]
+    assert main([*predict, str(tmp_path / "p")]) == 0
+    before = (tmp_path / "p" / "predictions.csv").read_bytes()
+    _one_line_exit_2(capsys, [*predict, str(tmp_path / "p")], r"p already holds predictions\.csv")
+    monkeypatch.setattr(fedgp.files.os, "replace", lambda *a: (_ for _ in ()).throw(OSError("disk full")))
+    _one_line_exit_2(capsys, [*predict, str(tmp_path / "p"), "--force"], r"^fedgp predict: disk full")
+    assert (tmp_path / "p" / "predictions.csv").read_bytes() == before  # atomic: the old file, whole
+    assert sorted(p.name for p in (tmp_path / "p").iterdir()) == ["predictions.csv"]  # no temporary left
+    monkeypatch.undo()
+    assert main([*predict, str(tmp_path / "p"), "--force"]) == 0
+
+
+def test_batched_in_sample_metrics_are_the_owner_by_owner_posteriors(data_csv):
+    from fedgp.commands import fit_metrics
+    from fedgp.layout import owner_metrics
+
+    federation = read_owner_table(data_csv, group="owner", target="y").federation()
+    result = fedgp.fit(make_spec("rbf", "constant", d=2), federation, FGPR(), rounds=3, engine="batched")
+    fast, slow = fit_metrics(result, federation, False, False), owner_metrics(result, federation, False)
+    pd.testing.assert_frame_equal(fast, slow, check_dtype=False, rtol=1e-9)
+
+
+def test_progress_of_the_per_owner_loops(data_csv, tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(fedgp.run.progress, "MIN_SECONDS", 0.0)
+    for engine in ("batched", "sequential"):
+        argv = ["fit", str(data_csv), "--target", "y", "--group", "owner", *ROUNDS, "--engine", engine]
+        assert main([*argv, "--out", str(tmp_path / engine)]) == 0
+        assert re.search(r"^in-sample metrics: 3/3 \[", capsys.readouterr().err, re.M)
+    pd.DataFrame({"x1": [1.0, 2.0], "x2": [0.0, 1.0], "owner": ["north", "south"]}).to_csv(
+        tmp_path / "new.csv", index=False
+    )
+    predict = ["predict", str(tmp_path / "batched"), str(tmp_path / "new.csv"), "--data", str(data_csv)]
+    assert main([*predict, "--out", str(tmp_path / "p")]) == 0
+    assert re.search(r"^predict: 2/2 \[", capsys.readouterr().err, re.M)
+    assert main([*predict, "--out", str(tmp_path / "q"), "--quiet"]) == 0
+    assert capsys.readouterr().err == ""
+
+
+def test_many_owners_print_at_most_twenty_metrics_lines(tmp_path, capsys):
+    rng = np.random.default_rng(1)
+    x = rng.uniform(size=(60, 2))
+    frame = pd.DataFrame({"x1": x[:, 0], "x2": x[:, 1], "y": x.sum(1) + rng.normal(0, 0.1, 60)})
+    frame.assign(owner=[f"o{i // 2}" for i in range(60)]).to_csv(tmp_path / "many.csv", index=False)
+    assert fit_cli(tmp_path / "many.csv", tmp_path / "m") == 0
+    out = capsys.readouterr().out
+    assert "30 owners" in out and " o0 " in out and "o29" in out and " o15 " not in out, out
+    assert len(pd.read_csv(tmp_path / "m" / "metrics.csv")) == 30

@@ -51,6 +51,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "fedgp.testing",
             "fedgp.experiments",
             "fedgp.sklearn",
+            "fedgp.commands",
             "fedgp.cli",
         ),  # fmt: skip
     ),

@@ -10,6 +10,7 @@ owner label for any caller (the scikit-learn estimator too).
 
 from __future__ import annotations
 
+import csv
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -106,7 +107,9 @@ def read_owner_table(
 
     ``features`` default to every column but ``group`` and ``target``. The owner labels are read as
     text (so ``7`` and ``007`` are different owners, and a label is the same in every file), the
-    feature and target columns as numbers. Blank lines are skipped. Raises :class:`TableError`.
+    feature and target columns as numbers; an owner labelled ``NA``, ``None``, ``null``, ``nan`` ...
+    keeps that label (only an empty owner cell is missing). Blank lines are skipped. A column named
+    twice in the header, or ``target`` equal to ``group``, is refused. Raises :class:`TableError`.
     """
     source = str(path)
     path = Path(path)
@@ -118,6 +121,11 @@ def read_owner_table(
     frame, lines = frame.loc[~blank].reset_index(drop=True), lines[~blank]
     columns = [str(c) for c in frame.columns]
     frame.columns = columns
+    if target is not None and target == group:
+        raise TableError(
+            f"{source}: --target and --group both name column {group!r}; the owner column says who holds "
+            "each row and cannot also be the value to predict"
+        )
     roles = {group: "--group", **({target: "--target"} if target is not None else {})}
     wanted = list(features) if features is not None else [c for c in columns if c not in roles]
     if features is not None and len(set(wanted)) != len(wanted):
@@ -147,12 +155,45 @@ def read_owner_table(
 PARQUET = (".parquet", ".pq")
 
 
+#: The cells pandas reads as missing by default ("NA", "None", "null", "nan", "N/A", "", ...): missing
+#: in a feature or target column, but an owner's name in the owner column.
+try:
+    from pandas._libs.parsers import STR_NA_VALUES as _NA_CELLS
+except ImportError:  # pragma: no cover - pandas moved it
+    _NA_CELLS = {"", "#N/A", "#N/A N/A", "#NA", "-1.#IND", "-1.#QNAN", "-NaN", "-nan", "1.#IND",
+                 "1.#QNAN", "<NA>", "N/A", "NA", "NULL", "NaN", "None", "n/a", "nan", "null"}  # fmt: skip
+
+
 def _read_csv(path: Path, group: str) -> pd.DataFrame:
+    header = _csv_header(path)
+    twice = sorted({name for name in header if header.count(name) > 1})
+    if twice:
+        raise TableError(
+            f"{path}: the header names {'column' if len(twice) == 1 else 'columns'} "
+            f"{', '.join(map(repr, twice))} more than once; give every column its own name"
+        )
+    # Only an empty owner cell is missing: an owner called "NA" or "None" keeps its name.
+    na = {name: ([""] if name == group else sorted(_NA_CELLS)) for name in header}
     try:
         # pandas' default float parser reads what to_csv/repr write back exactly (tested).
-        return pd.read_csv(path, dtype={group: str}, skip_blank_lines=False)
+        return pd.read_csv(
+            path, dtype={group: str}, skip_blank_lines=False, keep_default_na=False, na_values=na
+        )
     except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError, OSError) as err:
         raise TableError(f"{path}: cannot be read as a CSV table ({str(err).strip()})") from None
+
+
+def _csv_header(path: Path) -> list[str]:
+    """The column names of the CSV file's header (its first non-blank line) as written, before pandas
+    renames a repeated one (``y``, ``y`` becomes ``y``, ``y.1``)."""
+    try:
+        with open(path, newline="", encoding="utf-8-sig") as handle:
+            for row in csv.reader(handle):
+                if any(cell.strip() for cell in row):
+                    return row
+    except (csv.Error, UnicodeDecodeError, OSError) as err:
+        raise TableError(f"{path}: cannot be read as a CSV table ({str(err).strip()})") from None
+    return []
 
 
 def _read_parquet(path: Path, group: str) -> pd.DataFrame:
@@ -164,6 +205,9 @@ def _read_parquet(path: Path, group: str) -> pd.DataFrame:
         ) from None
     except (OSError, ValueError) as err:
         raise TableError(f"{path}: cannot be read as a Parquet table ({str(err).strip()})") from None
+    twice = sorted({str(c) for c in frame.columns[frame.columns.duplicated()]})
+    if twice:
+        raise TableError(f"{path}: columns {', '.join(map(repr, twice))} appear more than once")
     if group in frame.columns:  # owner labels as text, as the CSV reader reads them
         frame[group] = frame[group].map(lambda v: None if pd.isna(v) else str(v)).astype(object)
     return frame
