@@ -300,9 +300,12 @@ def verify_file(path: Path, entry: FileEntry, where: str = "") -> None:
 def _verify_contents(path: Path, entry: FileEntry, label: str, origin: str) -> None:
     size = path.stat().st_size
     if entry.size is not None and size != entry.size:
-        kind = "truncated" if size < entry.size else "altered (too long)"
+        # The registry knows only the whole file's size and hash, so a short file may be a truncated
+        # copy or another file in its place: say both, not a guess.
+        kind = "a truncated copy or another file" if size < entry.size else "altered or another file"
         raise DataFileError(
-            f"{label} at {path}{origin} is {kind}: {size} bytes, expected {entry.size}. "
+            f"{label} at {path}{origin} is not the registered file ({kind}): {size} bytes, expected "
+            f"{entry.size}. "
             f"Delete it and {_how_to_get(entry, path.parent)[len('To get it: ') :]}",
             path=path,
             reason="size",

@@ -75,8 +75,9 @@ def test_missing_file_error_names_file_place_and_remedy(tmp_path):
 @pytest.mark.parametrize(
     "content, reason, phrase",
     [
-        (CONTENT[:-3], "size", "truncated"),
-        (CONTENT + b"7", "size", "too long"),
+        (CONTENT[:-3], "size", "not the registered file (a truncated copy or another file)"),
+        (b"9 9\n", "size", "not the registered file (a truncated copy or another file)"),  # another, shorter
+        (CONTENT + b"7", "size", "not the registered file (altered or another file)"),
         (b"1 2 3\n4 5 7\n", "checksum", "altered"),
     ],
 )
