@@ -112,7 +112,7 @@ def _fit(args: argparse.Namespace) -> int:
             print(f"fedgp fit: warning: {warning.message}", file=sys.stderr)
     metrics = fit_metrics(result, federation, bool(args.test_fraction), _progress(args))
     out.mkdir(parents=True, exist_ok=True)
-    written = [result.save(out / MODEL_FILE), *write_history(out, result, table.features)]
+    written = [result.save(out / MODEL_FILE, key=_key(args)), *write_history(out, result, table.features)]
     written.append(write_table(metrics, out / "metrics.csv"))
     written.append(
         write_columns(out, group=table.group, target=table.target, features=table.features,
@@ -158,7 +158,7 @@ def _predict(args: argparse.Namespace) -> int:
     columns = read_columns(folder)
     group = args.group or columns["group"]
     try:
-        model = load(folder / MODEL_FILE)
+        model = load(folder / MODEL_FILE, key=_key(args))
     except ValueError as err:
         raise CommandError(str(err)) from None
     features = columns["features"]
@@ -299,6 +299,31 @@ def _quiet_option(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _key_option(parser: argparse.ArgumentParser, what: str) -> None:
+    parser.add_argument(
+        "--key-file",
+        type=Path,
+        default=None,
+        help=f"{what} with HMAC-SHA256 under the key in this file (its bytes, a final newline removed): "
+        "for models that travel; without it a model is sealed by a checksum, which detects damage, "
+        "not forgery",
+    )
+
+
+def _key(args: argparse.Namespace) -> bytes | None:
+    """The key of ``--key-file``, or ``None``."""
+    if args.key_file is None:
+        return None
+    try:
+        key = args.key_file.read_bytes()
+    except OSError as err:
+        raise CommandError(f"--key-file {args.key_file}: cannot be read ({err.strerror})") from None
+    key = key[:-1] if key.endswith(b"\n") else key
+    if not key:
+        raise CommandError(f"--key-file {args.key_file}: the file is empty")
+    return key
+
+
 def _force_option(parser: argparse.ArgumentParser, files: tuple[str, ...]) -> None:
     parser.add_argument(
         "--force",
@@ -381,6 +406,7 @@ def _add_fit(sub) -> None:
     )
     fit.add_argument("--out", default=None, help=OUT_HELP.format(command="fit"))
     _force_option(fit, FIT_FILES)
+    _key_option(fit, f"seal {MODEL_FILE}")
     _quiet_option(fit)
     fit.set_defaults(func=_fit)
 
@@ -413,6 +439,7 @@ def _add_predict(sub) -> None:
     pred.add_argument("--level", type=float, default=0.95, help="interval probability (default 0.95)")
     pred.add_argument("--out", default=None, help=OUT_HELP.format(command="predict"))
     _force_option(pred, PREDICT_FILES)
+    _key_option(pred, f"check {MODEL_FILE}")
     _quiet_option(pred)
     pred.set_defaults(func=_predict)
 

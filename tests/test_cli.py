@@ -767,3 +767,28 @@ def test_many_owners_print_at_most_twenty_metrics_lines(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "30 owners" in out and " o0 " in out and "o29" in out and " o15 " not in out, out
     assert len(pd.read_csv(tmp_path / "m" / "metrics.csv")) == 30
+
+
+def test_a_model_sealed_with_a_key_file_needs_the_same_key(data_csv, tmp_path, capsys):
+    """--key-file seals model.fedgp with HMAC-SHA256; predict without the key, with another, or
+    with an empty key file is one line and exit 2; with the key it predicts as fedgp.load(key=)."""
+    (tmp_path / "key").write_bytes(b"owners' shared secret\n")
+    (tmp_path / "other").write_bytes(b"another secret")
+    (tmp_path / "empty").write_bytes(b"\n")
+    assert fit_cli(data_csv, tmp_path / "m", "--key-file", str(tmp_path / "key")) == 0
+    assert (tmp_path / "m" / "model.fedgp").read_bytes().startswith(b"FEDGP hmac-sha256=")
+    owners_frame().drop(columns="y").iloc[:3].to_csv(tmp_path / "new.csv", index=False)
+    argv = ["predict", str(tmp_path / "m"), str(tmp_path / "new.csv"), "--data", str(data_csv), "--quiet"]
+    capsys.readouterr()
+    for extra, message in (
+        ([], "written with a key"),
+        (["--key-file", str(tmp_path / "other")], "does not match"),
+        (["--key-file", str(tmp_path / "empty")], "the file is empty"),
+        (["--key-file", str(tmp_path / "missing")], "cannot be read"),
+    ):
+        assert main([*argv, *extra, "--out", str(tmp_path / "refused")]) == 2
+        err = capsys.readouterr().err.strip()
+        assert message in err and "\n" not in err and "Traceback" not in err
+    assert main([*argv, "--key-file", str(tmp_path / "key"), "--out", str(tmp_path / "p")]) == 0
+    model = fedgp.load(tmp_path / "m" / "model.fedgp", key=b"owners' shared secret")
+    assert len(pd.read_csv(tmp_path / "p" / "predictions.csv")) == 3 and model.state is not None
