@@ -76,8 +76,9 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _fit(args: argparse.Namespace) -> int:
-    from fedgp.commands import claim_out, fit_metrics, write_table
+    from fedgp.commands import claim_out, fit_metrics
     from fedgp.data.table import read_owner_table
+    from fedgp.layout import write_table
     from fedgp.presets import make_spec, make_strategy
     from fedgp.run import Progress, fit
 
@@ -147,8 +148,9 @@ def _pd() -> ModuleType:
 def _predict(args: argparse.Namespace) -> int:
     import numpy as np
 
-    from fedgp.commands import claim_out, predict_owners, read_columns, write_table
+    from fedgp.commands import claim_out, predict_owners, read_columns
     from fedgp.data.table import read_owner_table
+    from fedgp.layout import write_table
     from fedgp.run import load
 
     if not 0.0 < args.level < 1.0:

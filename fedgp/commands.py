@@ -1,5 +1,6 @@
 """What ``fedgp fit`` and ``fedgp predict`` do besides parsing their arguments: claim the output
-folder (never overwriting a file without ``--force``), write its tables atomically, read a model
+folder (never overwriting a file without ``--force``; the files are written atomically by
+:mod:`fedgp.layout`), read a model
 folder's column description, and compute the per-owner metrics and predictions with progress.
 
 The in-sample metrics of ``fedgp fit`` (no ``--test-fraction``) are every owner's posterior at its own
@@ -21,7 +22,6 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from fedgp.errors import CommandError, InputError
-from fedgp.files import write_atomically
 from fedgp.layout import COLUMNS_FILE, COLUMNS_FORMAT, MODEL_FILE, owner_metrics
 from fedgp.run.progress import progress_bar
 
@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     import numpy as np
     import pandas as pd
 
-__all__ = ["claim_out", "write_table", "read_columns", "fit_metrics", "predict_owners", "OWNERS_PER_STEP"]
+__all__ = ["claim_out", "read_columns", "fit_metrics", "predict_owners", "OWNERS_PER_STEP"]
 
 #: Owners evaluated per step of the batched in-sample metrics (one progress step each).
 OWNERS_PER_STEP = 20_000
@@ -48,13 +48,6 @@ def claim_out(out: Path, names: Sequence[str], force: bool) -> Path:
             "another --out, remove them, or pass --force to overwrite them"
         )
     return out
-
-
-def write_table(frame: pd.DataFrame, path: Path) -> Path:
-    """Write ``frame`` as CSV (no index) to ``path`` atomically: a reader, or a run killed while
-    writing, sees the old file or the new one, never half of it."""
-    write_atomically(Path(path), frame.to_csv(index=False).encode())
-    return Path(path)
 
 
 def read_columns(folder: Path) -> dict:

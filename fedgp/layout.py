@@ -25,6 +25,7 @@ __all__ = [
     "owner_metrics",
     "write_columns",
     "write_history",
+    "write_table",
 ]
 
 #: The saved model (``FitResult.save``'s sealed container, :mod:`fedgp.run.saved`; ``fedgp.load``).
@@ -43,6 +44,17 @@ TRANSFORMS_FILE = "transforms.json"
 TRANSFORMS_FORMAT = "fedgp.cli.transforms"
 
 
+def write_table(frame: pd.DataFrame, path: Path) -> Path:
+    """Write ``frame`` as CSV (no index) to ``path`` atomically; returns ``path``."""
+    write_atomically(Path(path), frame.to_csv(index=False).encode())
+    return Path(path)
+
+
+def _write_json(document: dict, path: Path) -> Path:
+    write_atomically(path, (json.dumps(document, indent=2) + "\n").encode())
+    return path
+
+
 def write_columns(
     folder: Path,
     *,
@@ -59,9 +71,7 @@ def write_columns(
     columns = {"format": COLUMNS_FORMAT, "version": 1, "group": group, "target": target,
                "features": list(features), "owners": [str(o) for o in owners], "data": data,
                "test_fraction": test_fraction, "seed": seed}  # fmt: skip
-    path = Path(folder) / COLUMNS_FILE
-    write_atomically(path, (json.dumps(columns, indent=2) + "\n").encode())
-    return path
+    return _write_json(columns, Path(folder) / COLUMNS_FILE)
 
 
 def write_history(folder: Path, result: Any, features: Sequence[str]) -> list[Path]:
@@ -75,8 +85,7 @@ def write_history(folder: Path, result: Any, features: Sequence[str]) -> list[Pa
     history, units = history_in_data_units(
         result.history, transform, features, [p.name for p in result.spec.params]
     )
-    history_path = Path(folder) / HISTORY_FILE
-    write_atomically(history_path, history.to_csv(index=False).encode())
+    history_path = write_table(history, Path(folder) / HISTORY_FILE)
     if transform.y_local:
         outcome: dict[str, Any] = {
             "transform": "standardize",
@@ -96,9 +105,7 @@ def write_history(folder: Path, result: Any, features: Sequence[str]) -> list[Pa
                   "map": "x' = (x - lower) / (upper - lower), per feature"}  # fmt: skip
     document = {"format": TRANSFORMS_FORMAT, "version": 1, "outcome": outcome, "inputs": inputs,
                 "note": transform.note, "history_units": units}  # fmt: skip
-    transforms_path = Path(folder) / TRANSFORMS_FILE
-    write_atomically(transforms_path, (json.dumps(document, indent=2) + "\n").encode())
-    return [history_path, transforms_path]
+    return [history_path, _write_json(document, Path(folder) / TRANSFORMS_FILE)]
 
 
 def owner_metrics(
