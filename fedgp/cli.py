@@ -113,13 +113,13 @@ def _fit(args: argparse.Namespace) -> int:
             print(f"fedgp fit: warning: {warning.message}", file=sys.stderr)
     metrics = fit_metrics(result, federation, bool(args.test_fraction), _progress(args))
     out.mkdir(parents=True, exist_ok=True)
-    written = [result.save(out / MODEL_FILE, key=_key(args)), *write_history(out, result, table.features)]
-    written.append(write_table(metrics, out / "metrics.csv"))
+    written = [*write_history(out, result, table.features), write_table(metrics, out / "metrics.csv")]
     written.append(
         write_columns(out, group=table.group, target=table.target, features=table.features,
                       owners=federation.ids, data=str(args.data), test_fraction=args.test_fraction,
                       seed=args.seed)
     )  # fmt: skip
+    written.append(result.save(out / MODEL_FILE, key=_key(args)))  # last: its presence means complete
     n_train = int(federation.sizes.sum())
     n_test = int(metrics["n_test"].sum())
     print(

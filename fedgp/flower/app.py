@@ -54,7 +54,7 @@ from fedgp.flower.client import client_app, read_npz_clients
 from fedgp.flower.fast import short_object_pulls
 from fedgp.flower.grid_engine import GridEngine
 from fedgp.flower.secagg import SecureAggregation
-from fedgp.layout import MODEL_FILE, write_columns, write_history
+from fedgp.layout import MODEL_FILE, write_columns, write_history, write_table
 from fedgp.messages import config_json, from_config
 from fedgp.models.spec import GPSpec
 from fedgp.models.spec_io import build_spec
@@ -324,19 +324,19 @@ class RoundLog(Callback):
 
 
 def write_model(result: FitResult, folder: str | Path, columns: Mapping[str, Any]) -> list[Path]:
-    """What ``fedgp fit`` writes: ``model.fedgp``, ``history.csv`` and ``transforms.json``
+    """What ``fedgp fit`` writes: ``history.csv`` and ``transforms.json``
     (:func:`fedgp.layout.write_history`: the hyper-parameters in the data's units), ``failures.csv``,
-    ``columns.json`` (:func:`fedgp.layout.write_columns` of ``columns``) and, when owners hold
-    test rows, ``metrics.csv``. Returns the paths."""
+    ``columns.json`` (:func:`fedgp.layout.write_columns` of ``columns``), when owners hold test rows
+    ``metrics.csv``, and last ``model.fedgp``: once it exists the folder is complete, so a script
+    that waits for it never reads a half-written folder. Returns the paths."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    written = [result.save(folder / MODEL_FILE), *write_history(folder, result, columns["features"])]
-    written.append(folder / "failures.csv")
-    result.failures.to_csv(written[-1], index=False)
+    written = [*write_history(folder, result, columns["features"])]
+    written.append(write_table(result.failures, folder / "failures.csv"))
     written.append(write_columns(folder, **columns))
     if bool((result.roster.n_test > 0).any()):
-        written.append(folder / "metrics.csv")
-        result.evaluate().to_csv(written[-1], index=False)
+        written.append(write_table(result.evaluate(), folder / "metrics.csv"))
+    written.append(result.save(folder / MODEL_FILE))
     return written
 
 

@@ -72,6 +72,9 @@ def test_the_app_fits_any_width_and_its_saved_model_predicts_as_in_process(tmp_p
     assert sorted(p.name for p in out.iterdir()) == [
         "columns.json", "failures.csv", "history.csv", "model.fedgp", "progress.txt", "transforms.json"
     ]  # fmt: skip
+    # model.fedgp last: a script that waits for it never reads a half-written folder
+    written = {p.name: p.stat().st_mtime_ns for p in out.iterdir() if p.name != "progress.txt"}
+    assert max(written.values()) == written["model.fedgp"]
     # what fedgp fit writes: the hyper-parameters in the data's units, each feature's lengthscale
     history = (out / "history.csv").read_text().splitlines()[0]
     assert "covar_module.base_kernel.lengthscale[x3]" in history
