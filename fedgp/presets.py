@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 import gpytorch
+import torch
 
 from fedgp.errors import InputError
 from fedgp.models.spec import GPSpec
@@ -26,11 +27,24 @@ KERNELS = {
     "matern32": lambda ard: gpytorch.kernels.MaternKernel(nu=1.5, ard_num_dims=ard),
     "matern52": lambda ard: gpytorch.kernels.MaternKernel(nu=2.5, ard_num_dims=ard),
 }
-#: Mean names; ``linear`` is a linear mean with a bias (``LinearMean(d)``).
+
+
+def _linear_mean(d: int) -> gpytorch.means.LinearMean:
+    """``LinearMean(d)`` starting at zero weights and bias. GPyTorch draws them from torch's global
+    generator, which torch seeds differently in every process: the same ``fedgp fit --mean linear
+    --seed 0`` would start (and end) elsewhere in each run."""
+    mean = gpytorch.means.LinearMean(d)
+    with torch.no_grad():
+        mean.weights.zero_()
+        mean.bias.zero_()
+    return mean
+
+
+#: Mean names; ``linear`` is a linear mean with a bias (``LinearMean(d)``, starting at zero).
 MEANS = {
     "constant": lambda d: gpytorch.means.ConstantMean(),
     "zero": lambda d: gpytorch.means.ZeroMean(),
-    "linear": lambda d: gpytorch.means.LinearMean(d),
+    "linear": _linear_mean,
 }
 #: Strategy names: FGPR (one shared prior) and IFCA (``num_clusters`` shared priors).
 STRATEGIES = {"fgpr": FGPR, "ifca": IFCA}

@@ -7,6 +7,15 @@ import torch
 torch.set_num_threads(int(os.environ.get("FEDGP_TEST_THREADS", "1")))
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    """torch's global generator at a fixed seed before each test and its fixtures (a module
+    fixture too): torch seeds it differently in every process, and modules that draw their initial
+    values from it (GPyTorch's ``LinearMean``) would otherwise depend on the process and on which
+    tests ran before in it (``make test`` spreads the files over processes)."""
+    torch.manual_seed(0)
+
+
 @pytest.fixture
 def rng():
     import numpy as np

@@ -792,3 +792,14 @@ def test_a_model_sealed_with_a_key_file_needs_the_same_key(data_csv, tmp_path, c
     assert main([*argv, "--key-file", str(tmp_path / "key"), "--out", str(tmp_path / "p")]) == 0
     model = fedgp.load(tmp_path / "m" / "model.fedgp", key=b"owners' shared secret")
     assert len(pd.read_csv(tmp_path / "p" / "predictions.csv")) == 3 and model.state is not None
+
+
+def test_the_linear_mean_starts_at_zero_whatever_torchs_seed():
+    # GPyTorch draws LinearMean's start from torch's generator, seeded differently in every
+    # process: fedgp fit --mean linear --seed 0 must start (and end) at the same place each time.
+    states = []
+    for seed in (1, 2):
+        torch.manual_seed(seed)
+        states.append(dict(make_spec("rbf", "linear", d=3).initial_state().items()))
+    assert torch.equal(states[0]["mean_module.weights"], torch.zeros(3, 1, dtype=torch.float64))
+    assert all(torch.equal(states[0][k], states[1][k]) for k in states[0])
