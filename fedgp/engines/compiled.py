@@ -15,7 +15,8 @@ compute; tests hold the two to 1e-12 and to GPyTorch). :mod:`fedgp.engines.fused
 local round (minibatch draws, parameter transforms, optimiser) per tile on top of it.
 
 Threads: the compiled functions release the GIL and take a range of tiles; :func:`run_tiles` splits
-the tiles over ``torch.get_num_threads()`` Python threads. numba's own thread pools (``parallel=True``)
+the tiles over ``torch.get_num_threads()`` Python threads (never more than the CPUs the process
+may use: :mod:`fedgp.engines.cpus`). numba's own thread pools (``parallel=True``)
 are not used: its OpenMP layer shares the OpenMP runtime with torch and left torch's thread count
 raised after a call (``torch.set_num_threads(1)`` became 2), which made the torch work that followed
 in the same process several times slower (benchmarks/thread_interference.py). Every tile's numbers
@@ -36,6 +37,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import torch
+
+from fedgp.engines.cpus import default_threads
 
 try:  # optional dependency: the tensor path is used without it
     import numba
@@ -345,13 +348,14 @@ def _pool(workers: int) -> ThreadPoolExecutor:
 
 def run_tiles(fn, n_tiles: int, *args, threads: int | None = None, pieces_per_thread: int = 8) -> None:
     """``fn(*args, t0, t1)`` over contiguous pieces of ``range(n_tiles)``, on ``threads`` threads
-    (default ``torch.get_num_threads()``: the pool size the user gave torch bounds ours too).
+    (default :func:`fedgp.engines.cpus.default_threads`: torch's thread count, as the user set it,
+    bounded by the CPUs this process may use).
 
     ``fn`` must be a compiled function that releases the GIL; the calling thread works too. Each
     thread takes the next piece when it is done with one, so a thread slowed down by other
     processes holds the others up by one piece at most. A tile's numbers do not depend on which
     thread runs it, or with which other tiles."""
-    threads = max(1, min(torch.get_num_threads() if threads is None else threads, n_tiles))
+    threads = max(1, min(default_threads() if threads is None else threads, n_tiles))
     with slp_vectorize():
         if threads == 1:
             fn(*args, 0, n_tiles)

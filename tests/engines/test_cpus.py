@@ -1,0 +1,74 @@
+"""The compiled steps' thread count follows the CPUs the process may use (affinity, cgroup quota)."""
+
+import os
+
+import pytest
+import torch
+
+from fedgp.engines import compiled
+from fedgp.engines.cpus import default_threads, usable_cpus
+
+AFFINITY = len(os.sched_getaffinity(0))
+
+
+def cgroup(tmp_path, v2=None, v1=None):
+    if v2 is not None:
+        (tmp_path / "cpu.max").write_text(v2 + "\n")
+    if v1 is not None:
+        (tmp_path / "cpu").mkdir()
+        (tmp_path / "cpu" / "cpu.cfs_quota_us").write_text(f"{v1[0]}\n")
+        (tmp_path / "cpu" / "cpu.cfs_period_us").write_text(f"{v1[1]}\n")
+    return tmp_path
+
+
+@pytest.mark.parametrize(
+    "v2, v1, quota",
+    [
+        ("max 100000", None, None),  # no quota
+        ("50000 100000", None, 1),  # half a CPU: one thread
+        ("150000 100000", None, 2),  # 1.5 CPUs, rounded up
+        ("100000 100000", None, 1),
+        (None, (-1, 100000), None),  # cgroup v1, no quota
+        (None, (100000, 100000), 1),
+        (None, None, None),  # no cgroup files
+        ("garbage", None, None),
+    ],
+)
+def test_the_quota_bounds_the_affinity(tmp_path, v2, v1, quota):
+    expected = AFFINITY if quota is None else min(AFFINITY, quota)
+    assert usable_cpus(cgroup(tmp_path, v2, v1)) == expected
+
+
+def test_pinned_to_one_cpu_one_thread(monkeypatch):
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0})
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        assert usable_cpus() == 1 and default_threads() == 1
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_torch_threads_bound_ours_and_the_tiles_use_them(monkeypatch):
+    threads = torch.get_num_threads()
+    seen = []
+    monkeypatch.setattr(compiled, "default_threads", lambda: 2)
+    monkeypatch.setattr(compiled, "_pool", lambda workers: seen.append(workers) or _Inline())
+    try:
+        torch.set_num_threads(1)
+        assert default_threads() == 1
+        compiled.run_tiles(lambda t0, t1: None, 16)
+        assert seen == [1]  # two threads: the caller and one from the pool
+    finally:
+        torch.set_num_threads(threads)
+
+
+class _Inline:
+    def submit(self, fn):
+        fn()
+        return _Done()
+
+
+class _Done:
+    def result(self):
+        return None
