@@ -33,11 +33,12 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 
 import torch
 
 from fedgp.data.client import ClientData
+from fedgp.engines import cpus
 from fedgp.engines import fused as fused_round
 from fedgp.engines.base import InProcessEngine
 from fedgp.engines.minibatch import draw_minibatches
@@ -45,6 +46,7 @@ from fedgp.engines.per_client import PerClientOps
 from fedgp.engines.sequential import SequentialOps
 from fedgp.engines.tensor_gp import NOISE, BatchedGP, cholesky
 from fedgp.errors import FedGPWarning, InputError, UnsupportedSpec
+from fedgp.messages import Field, Outcome, Task
 from fedgp.models.posterior import Prediction
 from fedgp.models.spec import GPSpec
 from fedgp.models.state import HyperState
@@ -161,6 +163,15 @@ class BatchedEngine(InProcessEngine):
             self.X_mb, self.y_mb = self.X.to(self.minibatch_dtype), self.y.to(self.minibatch_dtype)
         else:
             self.X_mb, self.y_mb = self.X, self.y
+
+    def run(self, task: Task, clients: torch.Tensor, fields: Mapping[str, Field]) -> Outcome:
+        """As every in-process engine; with the compiled step, torch's own operations run on one
+        thread and the compiled tiles on the threads (:func:`fedgp.engines.cpus.torch_on_one_thread`:
+        torch's threads made a fit slower whenever another process was busy)."""
+        if self.gp is None or not self.gp.compiled:
+            return super().run(task, clients, fields)
+        with cpus.torch_on_one_thread():
+            return super().run(task, clients, fields)
 
     def ops(self, clients: torch.Tensor, rnd: int) -> BatchedOps | PerClientOps:
         if self.gp is None:

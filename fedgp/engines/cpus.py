@@ -8,19 +8,31 @@ one thread. ``os.process_cpu_count()`` (Python 3.13) counts the affinity but not
 maintained library reads both for us, so it is done here: the affinity from
 ``os.sched_getaffinity``, the quota from cgroup v2 ``cpu.max`` or v1 ``cpu.cfs_quota_us`` /
 ``cpu.cfs_period_us``, rounded up.
+
+:func:`torch_on_one_thread` is what makes a second thread never hurt (issue 34, measured by
+``benchmarks/threads_under_load.py``): with another process busy beside a batched fit, torch's
+OpenMP threads wait at every operation's barrier for a thread the kernel has descheduled, and a fit
+with 2 torch threads took 1.6-2.1x as long as with 1. The compiled tiles' threads take pieces of
+work from a queue (no barrier but the end of the call), so they keep their threads while torch's
+own small operations around them (states, aggregation, transforms) run on one.
 """
 
 from __future__ import annotations
 
 import math
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from pathlib import Path
 
 import torch
 
-__all__ = ["usable_cpus", "default_threads"]
+__all__ = ["usable_cpus", "default_threads", "torch_on_one_thread"]
 
 _CGROUP = Path("/sys/fs/cgroup")
+#: The compiled tiles' thread count inside :func:`torch_on_one_thread` (per Python thread).
+_TILE_THREADS: ContextVar[int | None] = ContextVar("fedgp_tile_threads", default=None)
 
 
 def _quota(root: Path) -> float | None:
@@ -54,5 +66,22 @@ def usable_cpus(cgroup_root: Path = _CGROUP) -> int:
 def default_threads() -> int:
     """Threads for the compiled steps when the caller names none: torch's thread count (what the
     user set with ``torch.set_num_threads``, or torch's default), never more than
-    :func:`usable_cpus`."""
+    :func:`usable_cpus`; inside :func:`torch_on_one_thread`, the count from before it."""
+    inside = _TILE_THREADS.get()
+    if inside is not None:
+        return inside
     return max(1, min(torch.get_num_threads(), usable_cpus()))
+
+
+@contextmanager
+def torch_on_one_thread() -> Iterator[int]:
+    """torch's own operations on one thread for the block, the compiled tiles on
+    :func:`default_threads` as it was before (yielded). torch's setting is restored after."""
+    tiles, before = default_threads(), torch.get_num_threads()
+    token = _TILE_THREADS.set(tiles)
+    torch.set_num_threads(1)  # OpenMP's setting is the calling thread's: other threads keep theirs
+    try:
+        yield tiles
+    finally:
+        torch.set_num_threads(before)
+        _TILE_THREADS.reset(token)

@@ -72,3 +72,37 @@ class _Inline:
 class _Done:
     def result(self):
         return None
+
+
+def test_inside_a_batched_round_torch_runs_on_one_thread_and_the_tiles_keep_theirs(monkeypatch):
+    import fedgp
+    from fedgp.engines import cpus
+
+    threads = torch.get_num_threads()
+    seen = []
+    run_tiles = compiled.run_tiles
+
+    def spy(fn, n_tiles, *args, threads=None, **kw):
+        seen.append((torch.get_num_threads(), cpus.default_threads()))
+        return run_tiles(fn, n_tiles, *args, threads=threads, **kw)
+
+    monkeypatch.setattr(compiled, "run_tiles", spy)
+    monkeypatch.setattr(cpus, "usable_cpus", lambda cgroup_root=None: 8)
+    try:
+        torch.set_num_threads(2)
+        fed = fedgp.data.gp_federation(num_clients=40, n=30, d=2, seed=0).federation
+        strategy = fedgp.strategies.FGPR.authors(local_steps=2, batch_size=8)
+        fedgp.fit(fedgp.data.gp_spec(2, "rbf"), fed, strategy, engine="batched", rounds=2)
+        # every round's tiles with torch on one thread and 2 tile threads (the engine's check at
+        # construction runs outside a round, with torch's own setting)
+        assert seen.count((1, 2)) >= 2 and set(seen) <= {(1, 2), (2, 2)}
+        assert torch.get_num_threads() == 2  # restored after each round
+
+        # Nested: the inner block keeps the outer count for the tiles and restores one thread.
+        with cpus.torch_on_one_thread() as outer:
+            with cpus.torch_on_one_thread() as inner:
+                assert outer == inner == 2 and torch.get_num_threads() == 1
+            assert torch.get_num_threads() == 1
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(threads)
