@@ -13,7 +13,8 @@ client is printed in microseconds. ``--profile`` adds the top fedgp functions of
 by cumulative time (cProfile) to the printout.
 
 Writes results/benchmarks/fit_fixed_cost.csv (K, rounds_1_s, rounds_3_s, round_s, fixed_s,
-fixed_us_per_client, fedgp).
+fixed_us_per_client, commit: the measured checkout's commit, ``+changes`` when it had uncommitted
+ones); ``--append`` adds the rows to the file's earlier ones (a before/after pair).
 """
 
 from __future__ import annotations
@@ -29,6 +30,15 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # measure this checkout's fedgp (also in the worker processes)
 OUT = ROOT / "results" / "benchmarks" / "fit_fixed_cost.csv"
+
+
+def commit() -> str:
+    """The measured checkout's commit (``+changes`` when the tree differs from it)."""
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+
+    return git("rev-parse", "--short", "HEAD") + ("+changes" if git("status", "--porcelain", "fedgp") else "")
 
 
 def worker(K: int, repeats: int, profile: bool) -> dict:
@@ -86,6 +96,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument("--append", action="store_true", help="keep the rows already in --out")
     parser.add_argument("--worker", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
@@ -100,13 +111,16 @@ def main() -> None:
                               text=True, check=True)  # fmt: skip
         row = json.loads(done.stdout.strip().splitlines()[-1])
         print(row.pop("profile", ""))
-        row["fedgp"] = str(ROOT)
+        row["commit"] = commit()
         rows.append(row)
         print(f"K = {K:>7,}: 1 round {row['rounds_1_s']:.2f} s, 3 rounds {row['rounds_3_s']:.2f} s; "
               f"a round {row['round_s']:.2f} s, fixed {row['fixed_s']:.2f} s "
               f"({row['fixed_us_per_client']:.0f} µs per client)")  # fmt: skip
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    pd.DataFrame(rows).to_csv(args.out, index=False, float_format="%.4g")
+    table = pd.DataFrame(rows)
+    if args.append and args.out.exists():
+        table = pd.concat([pd.read_csv(args.out), table], ignore_index=True)
+    table.to_csv(args.out, index=False, float_format="%.4g")
     print(f"wrote {args.out}")
 
 

@@ -28,7 +28,7 @@ from __future__ import annotations
 import hashlib
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import gpytorch
@@ -154,9 +154,7 @@ class DataTransform:
     def outcome_map(self, y: torch.Tensor) -> tuple[float, float]:
         """``(offset, scale)`` of the outcome transform for a client with training targets ``y``."""
         if self.y_local:
-            offset = float(y.mean()) if len(y) else 0.0
-            scale = float(y.std()) if len(y) > 1 else 1.0
-            return offset, (scale if scale > 0 else 1.0)
+            return (float(y.mean()) if len(y) else 0.0), _own_scale(y)
         if self.y_offset is None:
             return 0.0, 1.0
         return float(self.y_offset), float(self.y_scale)
@@ -169,27 +167,66 @@ class DataTransform:
 
     def apply(self, client: ClientData) -> tuple[ClientData, float, float]:
         """The client's data in transformed units, with its outcome ``(offset, scale)``."""
-        offset, scale = self.outcome_map(client.y)
+        made, offsets, scales = self.apply_all([client])
+        return made[0], float(offsets[0]), float(scales[0])
+
+    def apply_all(self, clients: Sequence[ClientData]) -> tuple[list[ClientData], torch.Tensor, torch.Tensor]:
+        """Every client's data in transformed units, with the outcome offsets and scales ``(K,)``.
+
+        Each field of a block of clients is transformed by one elementwise operation over their
+        rows (so each value has the bits the client alone would compute) and checked once; the
+        results are views into it, not re-validated per client (:meth:`ClientData.derived`)."""
+        if self.y_local:
+            maps = [self.outcome_map(c.y) for c in clients]
+            offsets = torch.tensor([m[0] for m in maps], dtype=torch.float64)
+            scales = torch.tensor([m[1] for m in maps], dtype=torch.float64)
+        else:
+            offset, scale = self.outcome_map(torch.empty(0))
+            offsets = torch.full((len(clients),), offset, dtype=torch.float64)
+            scales = torch.full((len(clients),), scale, dtype=torch.float64)
         if self.is_identity:
-            return client, offset, scale
-        fields = {"X": self.inputs(client.X), "y": (client.y - offset) / scale}
-        if client.noise is not None:  # known per-point noise variances are in y's units squared
-            fields["noise"] = client.noise / (scale * scale)
-        if client.has_test:
-            fields.update(X_test=self.inputs(client.X_test), y_test=(client.y_test - offset) / scale)
-        for name, values in fields.items():
-            self._check_made(client, name, values, scale)
-        return replace(client, **fields), offset, scale
+            return list(clients), offsets, scales
+        made: list[ClientData] = []
+        for start in range(0, len(clients), _BLOCK):
+            block = slice(start, start + _BLOCK)
+            made += self._apply_block(clients[block], offsets[block], scales[block])
+        return made, offsets, scales
+
+    def _apply_block(
+        self, clients: Sequence[ClientData], offsets: torch.Tensor, scales: torch.Tensor
+    ) -> list[ClientData]:
+        fields: list[dict[str, torch.Tensor]] = [{} for _ in clients]
+        names = ("y", "noise", "y_test") if self.x_offset is None else ("X", "y", "noise", "X_test", "y_test")
+        for name in names:
+            holders = [i for i, c in enumerate(clients) if getattr(c, name) is not None]
+            if not holders:
+                continue
+            values = [getattr(clients[i], name) for i in holders]
+            rows = torch.tensor([len(v) for v in values])
+            joined = torch.cat(values)
+            if name.startswith("X"):
+                out = self.inputs(joined)
+            else:
+                scale = scales[holders].repeat_interleave(rows)
+                if name == "noise":  # known per-point noise variances are in y's units squared
+                    out = joined / (scale * scale)
+                else:
+                    out = (joined - offsets[holders].repeat_interleave(rows)) / scale
+            pieces = torch.split(out, rows.tolist())
+            if not _all_in_range(out):
+                for i, piece in zip(holders, pieces):
+                    self._check_made(clients[i], name, piece, float(scales[i]))
+            for i, piece in zip(holders, pieces):
+                fields[i][name] = piece
+        return [client.derived(**changed) for client, changed in zip(clients, fields)]
 
     def _check_made(self, client: ClientData, name: str, values: torch.Tensor, scale: float) -> None:
         """A transformed value the data checks would refuse is the transform's doing, not the
         user's: say so, with the box or scale that made it, before ``ClientData`` blames the data."""
-        if not values.numel():
+        if _all_in_range(values):
             return
         finite = torch.isfinite(values)
         peak = float(values[finite].abs().max()) if bool(finite.any()) else math.inf
-        if bool(finite.all()) and peak < MAX_MAGNITUDE:
-            return
         if name.startswith("X"):
             width = float(self.x_scale.min())
             cause = (
@@ -225,6 +262,21 @@ class DataTransform:
         return out
 
 
+def _own_scale(y: torch.Tensor) -> float:
+    """A client's own sd as the local Standardize uses it (1 where it cannot be estimated)."""
+    scale = float(y.std()) if len(y) > 1 else 1.0
+    return scale if scale > 0 else 1.0
+
+
+#: Clients transformed together: bounds the transient copy of their rows (a few MB at 100 rows).
+_BLOCK = 4096
+
+
+def _all_in_range(values: torch.Tensor) -> bool:
+    """Whether every value is finite and below the data checks' magnitude limit."""
+    return not values.numel() or bool(values.abs().max() < MAX_MAGNITUDE)  # NaN compares False
+
+
 def _fmt(values: Sequence[float]) -> str:
     shown = ", ".join(f"{v:.4g}" for v in values[:6])
     return f"[{shown}{', ...' if len(values) > 6 else ''}]"
@@ -242,20 +294,42 @@ def client_summaries(
     hide_discrete: bool = False,
 ) -> dict[str, torch.Tensor]:
     """A batch of clients' reply to the ``summarise`` task (one row per client, tensors), from their
-    raw data (:func:`fedgp.messages.summary_fields` declares it)."""
+    raw data (:func:`fedgp.messages.summary_fields` declares it).
+
+    Clients of equal size are reduced together, as rows of one stacked tensor: a row's sum, minimum
+    and maximum have the bits of the client's own, so a reply does not depend on which clients
+    share a chunk (one per Flower node, thousands in the batched engine)."""
     if stage == "spread":
-        return {"y_sumsq": torch.stack([((c.y - center) ** 2).sum() for c in clients]).to(torch.float64)}
+        return {"y_sumsq": _per_size(clients, "y", lambda Y: ((Y - center) ** 2).sum(1))}
     out = {
         "count": torch.tensor([float(c.n) for c in clients], dtype=torch.float64),
-        "y_sum": torch.stack([c.y.sum() for c in clients]).to(torch.float64),
+        "y_sum": _per_size(clients, "y", lambda Y: Y.sum(1)),
     }
-    if bounds:
+    if bounds and hide_discrete:
         boxes = [_client_box(c, hide_discrete) for c in clients]
         out["x_min"] = torch.stack([b[0] for b in boxes]).to(torch.float64)
         out["x_max"] = torch.stack([b[1] for b in boxes]).to(torch.float64)
+    elif bounds:
+        lower = _per_size(clients, "X", lambda X: X.amin(1), clients[0].n_features)
+        upper = _per_size(clients, "X", lambda X: X.amax(1), clients[0].n_features)
+        out["x_min"], out["x_max"] = outward_bounds(lower, upper)
     if scales:  # a client's own sd as the local Standardize computes it (1 where it cannot)
-        log_sd = torch.tensor([math.log(DataTransform(y_local=True).outcome_map(c.y)[1]) for c in clients])
+        # One by one: a row of torch.std over a stacked tensor differs from the 1-D std in the last bits.
+        log_sd = torch.tensor([math.log(_own_scale(c.y)) for c in clients])
         out.update(log_sd=log_sd.to(torch.float64), log_sd_sq=(log_sd * log_sd).to(torch.float64))
+    return out
+
+
+def _per_size(clients: Sequence[ClientData], field: str, reduce, *event: int) -> torch.Tensor:
+    """``reduce`` over the stacked ``field`` (``(k, n, d)`` inputs or ``(k, n)`` targets) of each
+    group of clients with ``n`` training points; the rows back in the clients' order."""
+    groups: dict[int, list[int]] = {}
+    for position, client in enumerate(clients):
+        groups.setdefault(client.n, []).append(position)
+    out = torch.empty(len(clients), *event, dtype=torch.float64)
+    for positions in groups.values():
+        stacked = torch.stack([getattr(clients[i], field) for i in positions])
+        out[positions] = reduce(stacked).to(torch.float64)
     return out
 
 

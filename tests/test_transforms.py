@@ -296,3 +296,80 @@ def test_a_subnormal_box_is_finite_and_strictly_outside(values):
     low, high = outward_bounds(x.min().reshape(1), x.max().reshape(1))
     assert bool(torch.isfinite(low).all() and torch.isfinite(high).all())
     assert float(low) < float(x.min()) and float(high) > float(x.max())
+
+
+def _one_by_one(transform: DataTransform, client: ClientData) -> dict[str, torch.Tensor]:
+    """The transform of one client, written out field by field as a client alone would compute it."""
+    offset, scale = transform.outcome_map(client.y)
+    out = {"X": transform.inputs(client.X), "y": (client.y - offset) / scale}
+    if client.noise is not None:
+        out["noise"] = client.noise / (scale * scale)
+    if client.has_test:
+        out.update(X_test=transform.inputs(client.X_test), y_test=(client.y_test - offset) / scale)
+    return out
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    sizes=st.lists(st.integers(2, 7), min_size=1, max_size=8),
+    local=st.booleans(),
+    inputs=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
+def test_a_federation_is_transformed_and_summarised_as_each_client_alone_would_be(sizes, local, inputs, seed):
+    """The batched application and summary (fixed cost per fit) give each client's values bit for bit,
+    whichever clients share the call: mixed sizes, with and without test splits and known noise."""
+    g = torch.Generator().manual_seed(seed)
+    clients = []
+    for i, n in enumerate(sizes):
+        test = {
+            "X_test": torch.randn(3, 2, generator=g, dtype=torch.float64),
+            "y_test": torch.randn(3, generator=g),
+        }
+        noise = torch.rand(n, generator=g, dtype=torch.float64) + 0.1 if i % 3 == 1 else None
+        clients.append(
+            ClientData(
+                torch.randn(n, 2, generator=g, dtype=torch.float64) * 7,
+                100 + 9 * torch.randn(n, generator=g, dtype=torch.float64),
+                id=f"c{i}",
+                noise=noise,
+                **(test if i % 2 else {}),
+            )
+        )
+    outcome = Standardize(local=local)
+    first = client_summaries(clients, "mean", bounds=True, scales=True)
+    for i, client in enumerate(clients):  # the summary of a client among others is its own
+        alone = client_summaries([client], "mean", bounds=True, scales=True)
+        for name, value in first.items():
+            assert torch.equal(value[i], alone[name][0]), name
+    sums = {k: first[k].sum(0) for k in ("count", "y_sum")}
+    spread = client_summaries(clients, "spread", center=float(sums["y_sum"] / sums["count"]))
+    for i, client in enumerate(clients):
+        alone = client_summaries([client], "spread", center=float(sums["y_sum"] / sums["count"]))
+        assert torch.equal(spread["y_sumsq"][i], alone["y_sumsq"][0])
+    sums["y_sumsq"] = spread["y_sumsq"].sum(0)
+    boxes = {k: first[k] for k in ("x_min", "x_max")}
+    t = learn(outcome, Normalize() if inputs else None, sums, boxes, 2)
+    made, offsets, scales = t.apply_all(clients)
+    for client, moved, offset, scale in zip(clients, made, offsets, scales):
+        assert (float(offset), float(scale)) == t.outcome_map(client.y)
+        expected = _one_by_one(t, client)
+        for name in ("X", "y", "noise", "X_test", "y_test"):
+            value = getattr(moved, name)
+            if name in expected:
+                assert torch.equal(value, expected[name]), name
+            else:
+                assert value is None
+        assert moved.id == client.id and moved.metadata == client.metadata
+
+
+def test_a_transformed_value_out_of_range_names_the_client_and_the_transform():
+    near = ClientData([[0.0], [1e-300]], [0.0, 1.0], id="tiny")
+    far = ClientData([[0.0], [1e-300]], [0.0, 1.0], id="far", X_test=[[1.0]], y_test=[0.0])
+    t = DataTransform(
+        x_offset=torch.zeros(1, dtype=torch.float64), x_scale=torch.full((1,), 1e-300, dtype=torch.float64)
+    )
+    with pytest.raises(fedgp.errors.InputError, match=r"client 'far'.*X_test.*the data themselves passed"):
+        t.apply_all([near, far])
+    with pytest.raises(TypeError, match="no data field"):
+        near.derived(id="other")

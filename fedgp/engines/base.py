@@ -150,10 +150,7 @@ class InProcessEngine(Engine):
         key = transform.key()
         if key == self._transform_key:
             return
-        applied = [transform.apply(c) for c in self.raw_clients]
-        self.clients = [a[0] for a in applied]
-        self.outcome_offset = torch.tensor([a[1] for a in applied], dtype=torch.float64)
-        self.outcome_scale = torch.tensor([a[2] for a in applied], dtype=torch.float64)
+        self.clients, self.outcome_offset, self.outcome_scale = transform.apply_all(self.raw_clients)
         self._transform_key = key
         self.data_changed()
 

@@ -225,7 +225,7 @@ def convergence_run(
     trace = StateTrace(every)
     result = fit(spec, federation, strategy, rounds=rounds, seed=seed, transforms=transforms,
                  callbacks=[trace, Evaluate(every=0), Progress(False)])  # fmt: skip
-    clients = [result.transform.apply(c)[0] for c in federation]  # the owners' data as the run saw them
+    clients = result.transform.apply_all(list(federation))[0]  # the owners' data as the run saw them
     theta, optimum = central_optimum(spec, clients, seed=seed)
     gaps = {
         r: (optimum - summed_log_likelihood(spec, state, clients)) / len(clients)
