@@ -35,7 +35,7 @@ import gpytorch
 import numpy as np
 import torch
 
-from fedgp.data.client import MAX_MAGNITUDE, ClientData
+from fedgp.data.client import ClientData, within_limits
 from fedgp.errors import InputError, InputTypeError
 
 __all__ = [
@@ -154,7 +154,8 @@ class DataTransform:
     def outcome_map(self, y: torch.Tensor) -> tuple[float, float]:
         """``(offset, scale)`` of the outcome transform for a client with training targets ``y``."""
         if self.y_local:
-            return (float(y.mean()) if len(y) else 0.0), _own_scale(y)
+            offsets, scales = own_outcome_maps([y])
+            return float(offsets[0]), float(scales[0])
         if self.y_offset is None:
             return 0.0, 1.0
         return float(self.y_offset), float(self.y_scale)
@@ -177,9 +178,7 @@ class DataTransform:
         rows (so each value has the bits the client alone would compute) and checked once; the
         results are views into it, not re-validated per client (:meth:`ClientData.derived`)."""
         if self.y_local:
-            maps = [self.outcome_map(c.y) for c in clients]
-            offsets = torch.tensor([m[0] for m in maps], dtype=torch.float64)
-            scales = torch.tensor([m[1] for m in maps], dtype=torch.float64)
+            offsets, scales = own_outcome_maps([c.y for c in clients])
         else:
             offset, scale = self.outcome_map(torch.empty(0))
             offsets = torch.full((len(clients),), offset, dtype=torch.float64)
@@ -213,7 +212,7 @@ class DataTransform:
                 else:
                     out = (joined - offsets[holders].repeat_interleave(rows)) / scale
             pieces = torch.split(out, rows.tolist())
-            if not _all_in_range(out):
+            if not within_limits(out):
                 for i, piece in zip(holders, pieces):
                     self._check_made(clients[i], name, piece, float(scales[i]))
             for i, piece in zip(holders, pieces):
@@ -223,7 +222,7 @@ class DataTransform:
     def _check_made(self, client: ClientData, name: str, values: torch.Tensor, scale: float) -> None:
         """A transformed value the data checks would refuse is the transform's doing, not the
         user's: say so, with the box or scale that made it, before ``ClientData`` blames the data."""
-        if _all_in_range(values):
+        if within_limits(values):
             return
         finite = torch.isfinite(values)
         peak = float(values[finite].abs().max()) if bool(finite.any()) else math.inf
@@ -262,19 +261,32 @@ class DataTransform:
         return out
 
 
-def _own_scale(y: torch.Tensor) -> float:
-    """A client's own sd as the local Standardize uses it (1 where it cannot be estimated)."""
-    scale = float(y.std()) if len(y) > 1 else 1.0
-    return scale if scale > 0 else 1.0
+def own_outcome_maps(targets: Sequence[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each client's own mean and sd (ddof = 1) of its targets, as ``Standardize(local=True)`` uses
+    them: ``(K,)`` offsets and scales (mean 0 without targets, sd 1 where it cannot be estimated).
+
+    The sd is written as √(Σ(y − ȳ)² / (n − 1)) rather than ``torch.std`` so that clients of equal
+    size, reduced as rows of one stacked tensor, get the bits each would alone (a row's sum and mean
+    are the 1-D ones; ``torch.std``'s row and 1-D algorithms differ in the last bits)."""
+    offsets = torch.zeros(len(targets), dtype=torch.float64)
+    scales = torch.ones(len(targets), dtype=torch.float64)
+    groups: dict[int, list[int]] = {}
+    for position, y in enumerate(targets):
+        groups.setdefault(len(y), []).append(position)
+    for n, positions in groups.items():
+        if n == 0:
+            continue
+        Y = torch.stack([targets[i] for i in positions]).to(torch.float64)
+        mean = Y.mean(1)
+        offsets[positions] = mean
+        if n > 1:
+            sd = (((Y - mean[:, None]) ** 2).sum(1) / (n - 1)).sqrt()
+            scales[positions] = torch.where(sd > 0, sd, torch.ones_like(sd))
+    return offsets, scales
 
 
 #: Clients transformed together: bounds the transient copy of their rows (a few MB at 100 rows).
 _BLOCK = 4096
-
-
-def _all_in_range(values: torch.Tensor) -> bool:
-    """Whether every value is finite and below the data checks' magnitude limit."""
-    return not values.numel() or bool(values.abs().max() < MAX_MAGNITUDE)  # NaN compares False
 
 
 def _fmt(values: Sequence[float]) -> str:
@@ -314,8 +326,7 @@ def client_summaries(
         upper = _per_size(clients, "X", lambda X: X.amax(1), clients[0].n_features)
         out["x_min"], out["x_max"] = outward_bounds(lower, upper)
     if scales:  # a client's own sd as the local Standardize computes it (1 where it cannot)
-        # One by one: a row of torch.std over a stacked tensor differs from the 1-D std in the last bits.
-        log_sd = torch.tensor([math.log(_own_scale(c.y)) for c in clients])
+        log_sd = own_outcome_maps([c.y for c in clients])[1].log()
         out.update(log_sd=log_sd.to(torch.float64), log_sd_sq=(log_sd * log_sd).to(torch.float64))
     return out
 

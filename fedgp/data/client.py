@@ -159,6 +159,19 @@ def _check_shapes(X: torch.Tensor, y: torch.Tensor, client: Any, xname: str, yna
         raise InputError(f"{label}: {xname} has no features")
 
 
+def within_limits(values: torch.Tensor) -> bool:
+    """Whether every value is finite and below :data:`MAX_MAGNITUDE` (one pass; NaN fails)."""
+    return not values.numel() or bool(values.abs().max() < MAX_MAGNITUDE)
+
+
+def _check_not_constant(y: torch.Tensor, client: Any) -> None:
+    if y.shape[0] >= 2 and bool((y == y[0]).all()):
+        raise InputError(
+            f"client {client!r}: y is constant ({float(y[0])!r} at all {y.shape[0]} points); "
+            "its marginal likelihood has no information about the kernel"
+        )
+
+
 def _check_pair(X: torch.Tensor, y: torch.Tensor, client: Any, xname: str, yname: str) -> None:
     _check_shapes(X, y, client, xname, yname)
     _check_finite(X, client, xname)
@@ -181,6 +194,9 @@ def _check_id(client_id: Any, where: str) -> None:
         itself = False
     if not itself:
         raise InputError(f"{where}: id {client_id!r} is not equal to itself (NaN?); use a str or an int")
+
+
+_FIELDS = ("X", "y", "id", "X_test", "y_test", "metadata", "noise")
 
 
 @dataclass(frozen=True, eq=False)
@@ -214,11 +230,7 @@ class ClientData:
         X = _as_float_tensor(self.X, cid, "X")
         y = _as_float_tensor(self.y, cid, "y")
         _check_pair(X, y, cid, "X", "y")
-        if X.shape[0] >= 2 and bool((y == y[0]).all()):
-            raise InputError(
-                f"client {cid!r}: y is constant ({float(y[0])!r} at all {y.shape[0]} points); "
-                "its marginal likelihood has no information about the kernel"
-            )
+        _check_not_constant(y, cid)
         object.__setattr__(self, "X", X)
         object.__setattr__(self, "y", y)
         if (self.X_test is None) != (self.y_test is None):
@@ -262,10 +274,16 @@ class ClientData:
         unknown = set(fields) - {"X", "y", "X_test", "y_test", "noise"}
         if unknown:
             raise TypeError(f"ClientData.derived: no data field(s) {sorted(unknown)}")
-        copy = object.__new__(type(self))
-        for name in ("X", "y", "id", "X_test", "y_test", "metadata", "noise"):
-            object.__setattr__(copy, name, fields[name] if name in fields else getattr(self, name))
-        return copy
+        kept = {name: getattr(self, name) for name in _FIELDS}
+        return type(self)._unchecked(**{**kept, **fields})
+
+    @classmethod
+    def _unchecked(cls, **fields: Any) -> ClientData:
+        """A client holding ``fields`` as given (the callers checked them; absent ones are empty)."""
+        client = object.__new__(cls)
+        for name in _FIELDS:
+            object.__setattr__(client, name, fields.get(name, {} if name == "metadata" else None))
+        return client
 
     @property
     def n(self) -> int:
@@ -302,8 +320,9 @@ class ClientData:
         perm = torch.from_numpy(rng.permutation(self.n))
         test, train = perm[:n_test].sort().values, perm[n_test:].sort().values
         noise = None if self.noise is None else self.noise[train]
-        return replace(
-            self, X=self.X[train], y=self.y[train], X_test=self.X[test], y_test=self.y[test], noise=noise
+        _check_not_constant(self.y[train], self.id)  # the rest are rows of this client's checked data
+        return self.derived(
+            X=self.X[train], y=self.y[train], X_test=self.X[test], y_test=self.y[test], noise=noise
         )
 
     def __repr__(self) -> str:
@@ -452,7 +471,7 @@ class Federation(Sequence[ClientData]):
         if len(ids) != len(parts):
             raise InputError(f"from_partition: {len(parts)} partitions but {len(ids)} ids")
         rows = [_rows(p, X.shape[0], i) for i, p in zip(ids, parts)]
-        return cls(ClientData(X[r], y[r], id=i) for i, r in zip(ids, rows))
+        return cls(_clients_of(X, y, ids, rows))
 
     def __repr__(self) -> str:
         sizes = self.sizes
@@ -460,6 +479,21 @@ class Federation(Sequence[ClientData]):
             f"Federation({len(self)} clients, N={int(sizes.sum())}, d={self.n_features}, "
             f"sizes {int(sizes.min())}..{int(sizes.max())}{', with test splits' if self.has_test else ''})"
         )
+
+
+def _clients_of(X: torch.Tensor, y: torch.Tensor, ids: list, rows: list[torch.Tensor]) -> list[ClientData]:
+    """Each selection of the pooled (float64, shape-checked) arrays as a client, the rows checked once
+    for all clients: one pass instead of one per client (about 0.3 ms each, minutes for 10⁶ owners).
+    Where a check fails, the clients are built one by one so that the error names the first bad one."""
+    chosen = torch.cat(rows) if rows else torch.zeros(0, dtype=torch.long)
+    if not (within_limits(X[chosen]) and within_limits(y[chosen])):
+        for client, part in zip(ids, rows):
+            ClientData(X[part], y[part], id=client)
+    clients = []
+    for client, part in zip(ids, rows):
+        _check_not_constant(y[part], client)
+        clients.append(ClientData._unchecked(X=X[part], y=y[part], id=client))
+    return clients
 
 
 def _rows(selection: Any, n: int, client: Any) -> torch.Tensor:

@@ -66,13 +66,16 @@ class OwnerTable:
 
     def client(self, owner: Any, rows: np.ndarray | None = None) -> ClientData:
         """Owner ``owner``'s rows as a ``ClientData`` (any number of rows: for prediction)."""
-        if self.y is None:
-            raise TableError(f"{self.source}: no target column was read, so it holds no training data")
         rows = self.rows()[owner] if rows is None else rows
         try:
-            return ClientData(self.X[rows], self.y[rows], id=owner)
+            return ClientData(self.X[rows], self._targets()[rows], id=owner)
         except ValueError as err:
             raise TableError(f"{self.source}: {err}") from None
+
+    def _targets(self) -> np.ndarray:
+        if self.y is None:
+            raise TableError(f"{self.source}: no target column was read, so it holds no training data")
+        return self.y
 
     def federation(self, test_fraction: float | None = None, seed: int = 0) -> Federation:
         """One client per owner, for training: each owner needs 2 rows (3 with a test split: 2 to
@@ -91,7 +94,10 @@ class OwnerTable:
                     f"least {need} per owner{held}. Leave its rows out of the training table: the "
                     "fitted model can still predict for it as a new owner (fedgp predict --data)"
                 )
-        fed = Federation(self.client(owner, rows) for owner, rows in groups.items())
+        try:  # the rows are checked once for all owners, not owner by owner (10⁶ owners in seconds)
+            fed = Federation.from_partition(self.X, self._targets(), list(groups.values()), ids=list(groups))
+        except ValueError as err:
+            raise TableError(f"{self.source}: {err}") from None
         return fed if not test_fraction else fed.split(test_fraction, seed)
 
 

@@ -13,6 +13,7 @@ import torch
 from fedgp.attacks.labels import flipped_ops
 from fedgp.errors import InputError, SimulatedFailure
 from fedgp.messages import Task, state_tensors
+from fedgp.models.posterior import prediction_metrics
 from fedgp.rng import client_uniform
 from fedgp.strategies.base import ClientOps, Strategy
 from fedgp.transforms import DataTransform, client_summaries
@@ -67,13 +68,7 @@ def handle(
     if task.kind == "personal":
         return {**state_tensors(states, "state/"), "cluster": cluster}
     if task.kind == "evaluate":
-        predictions = ops.predict(states)
-        rows = {name: [] for name in ("rmse", "nll", "coverage95")}
-        for client, pred in zip(ops.clients, predictions):
-            rows["rmse"].append(pred.rmse(client.y_test))
-            rows["nll"].append(pred.nll(client.y_test))
-            rows["coverage95"].append(pred.coverage(client.y_test))
-        out = {k: torch.tensor(v, dtype=torch.float64) for k, v in rows.items()}
+        out = prediction_metrics(ops.predict(states), [c.y_test for c in ops.clients])
         # In the original units: RMSE scales with sd, the density's log by −log sd; coverage is unchanged.
         out["rmse"] = out["rmse"] * scale
         out["nll"] = out["nll"] + scale.log()

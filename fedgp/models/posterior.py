@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,7 +24,7 @@ from fedgp.models.objective import exact_settings, factorization_guard
 from fedgp.models.spec import ExactGPModel, GPSpec
 from fedgp.models.state import HyperState
 
-__all__ = ["Prediction", "condition", "predict_with_model"]
+__all__ = ["Prediction", "condition", "predict_with_model", "prediction_metrics"]
 
 
 @dataclass(frozen=True)
@@ -90,17 +91,42 @@ class Prediction:
 
     def rmse(self, y: torch.Tensor) -> float:
         """Root mean squared error of the mean against ``y``."""
-        return float(((self.mean - y) ** 2).mean().sqrt())
+        return float(prediction_metrics([self], [y])["rmse"][0])
 
     def nll(self, y: torch.Tensor) -> float:
         """Mean Gaussian negative log predictive density of observations ``y`` (uses variance_y)."""
-        var = self.variance_y
-        return float((0.5 * (math.log(2 * math.pi) + var.log() + (y - self.mean) ** 2 / var)).mean())
+        return float(prediction_metrics([self], [y])["nll"][0])
 
     def coverage(self, y: torch.Tensor, level: float = 0.95) -> float:
         """The fraction of ``y`` inside the predictive ``level`` interval of y."""
-        lo, hi = self.confidence_region(level, observation_noise=True)
-        return float(((y >= lo) & (y <= hi)).to(torch.float64).mean())
+        return float(prediction_metrics([self], [y], level)["coverage95"][0])
+
+
+def prediction_metrics(
+    predictions: Sequence[Prediction], targets: Sequence[torch.Tensor], level: float = 0.95
+) -> dict[str, torch.Tensor]:
+    """RMSE, mean NLL (of y) and coverage of the central ``level`` interval of y (under the key
+    ``coverage95`` whatever the level) of each prediction against its targets: ``(K,)`` each.
+
+    Predictions of equal length are scored as rows of one stacked tensor; a row's mean has the bits
+    of the 1-D mean, so each value is the one-prediction value, at microseconds a client instead of
+    a hundred or more (in-sample metrics of 10⁶ owners)."""
+    z = math.sqrt(2.0) * torch.special.erfinv(torch.tensor(level, dtype=torch.float64))
+    out = {name: torch.empty(len(predictions), dtype=torch.float64) for name in ("rmse", "nll", "coverage95")}
+    groups: dict[int, list[int]] = {}
+    for position, prediction in enumerate(predictions):
+        groups.setdefault(prediction.mean.shape[-1], []).append(position)
+    for positions in groups.values():
+        mean = torch.stack([predictions[i].mean for i in positions])
+        var = torch.stack([predictions[i].variance_y for i in positions])
+        y = torch.stack([torch.as_tensor(targets[i]) for i in positions]).to(mean.device)
+        out["rmse"][positions] = ((mean - y) ** 2).mean(1).sqrt().to(torch.float64)
+        nll = 0.5 * (math.log(2 * math.pi) + var.log() + (y - mean) ** 2 / var)
+        out["nll"][positions] = nll.mean(1).to(torch.float64)
+        sd = var.sqrt()
+        inside = (y >= mean - z * sd) & (y <= mean + z * sd)
+        out["coverage95"][positions] = inside.to(torch.float64).mean(1)
+    return out
 
 
 def predict_with_model(

@@ -76,3 +76,35 @@ def test_federation_from_partition():
     y = X.sum(1)
     fed = Federation.from_partition(X, y, IidPartitioner(4)(40), ids=list("abcd"))
     assert fed.ids == list("abcd") and int(fed.sizes.sum()) == 40
+
+
+def test_from_partition_checks_the_chosen_rows_once_and_names_the_client_that_fails():
+    """The rows of every part are checked in one pass (10⁶ owners), with the errors of the
+    one-by-one path: the first bad client named; a bad row that no part takes is not the data."""
+    import torch
+
+    from fedgp.data import ClientData
+    from fedgp.errors import InputError
+
+    rng = np.random.default_rng(0)
+    X, y = rng.normal(size=(12, 2)), rng.normal(size=12)
+    parts = [np.arange(0, 4), np.arange(4, 8), np.arange(8, 11)]
+    fed = Federation.from_partition(X, y, parts, ids=["a", "b", "c"])
+    for client, rows in zip(fed, parts):
+        alone = ClientData(X[rows], y[rows], id=client.id)
+        assert torch.equal(client.X, alone.X) and torch.equal(client.y, alone.y)
+        assert client.metadata == {} and client.X_test is None and client.noise is None
+    X[11, 0] = np.nan  # a row no part takes
+    assert len(Federation.from_partition(X, y, parts, ids=["a", "b", "c"])) == 3
+    X[5, 1] = np.inf
+    with pytest.raises(
+        InputError, match=r"client 'b': X contains 1 non-finite value\(s\) \(inf\), first at row 1"
+    ):
+        Federation.from_partition(X, y, parts, ids=["a", "b", "c"])
+    y[8:11] = 2.5
+    X[5, 1] = 0.0
+    with pytest.raises(InputError, match=r"client 'c': y is constant"):
+        Federation.from_partition(X, y, parts, ids=["a", "b", "c"])
+    y[:12] = 1e151 * rng.normal(size=12)
+    with pytest.raises(InputError, match=r"client 'a': y has values up to"):
+        Federation.from_partition(X, y, parts, ids=["a", "b", "c"])

@@ -148,3 +148,28 @@ def test_full_covariance_travels_through_bytes(small_fit):
     X = torch.rand(4, 2, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
     pred, ref = wire.posterior(X, 0, full_cov=True), result.posterior(X, 0, full_cov=True)
     assert torch.equal(pred.covariance_f, ref.covariance_f) and pred.covariance_f.shape == (4, 4)
+
+
+def test_metrics_of_many_predictions_are_each_predictions_own():
+    """Scored together (stacked by length), every prediction's RMSE, NLL and coverage are the
+    formulas' values for it alone, bit for bit."""
+    import math
+
+    from fedgp.models.posterior import Prediction, prediction_metrics
+
+    g = torch.Generator().manual_seed(0)
+    predictions, targets = [], []
+    for n in (3, 5, 3, 1, 5, 8):
+        mean = torch.randn(n, generator=g, dtype=torch.float64)
+        var_f = torch.rand(n, generator=g, dtype=torch.float64) + 0.01
+        predictions.append(Prediction(mean, var_f, var_f + 0.1))
+        targets.append(mean + 2 * torch.randn(n, generator=g, dtype=torch.float64))
+    scored = prediction_metrics(predictions, targets)
+    z = math.sqrt(2.0) * torch.special.erfinv(torch.tensor(0.95, dtype=torch.float64))
+    for i, (p, y) in enumerate(zip(predictions, targets)):
+        var = p.variance_y
+        assert float(scored["rmse"][i]) == float(((p.mean - y) ** 2).mean().sqrt()) == p.rmse(y)
+        nll = float((0.5 * (math.log(2 * math.pi) + var.log() + (y - p.mean) ** 2 / var)).mean())
+        assert float(scored["nll"][i]) == nll == p.nll(y)
+        inside = (y >= p.mean - z * var.sqrt()) & (y <= p.mean + z * var.sqrt())
+        assert float(scored["coverage95"][i]) == float(inside.double().mean()) == p.coverage(y)
