@@ -35,6 +35,7 @@ __all__ = [
     "NotFittedError",
     "ClientFailure",
     "SimulatedFailure",
+    "ClientTimeout",
     "RoundFailedError",
     "EngineError",
     "MissingExtraError",
@@ -163,6 +164,11 @@ class ClientFailure(FedGPError, RuntimeError):
 class SimulatedFailure(ClientFailure):
     """A failure drawn by ``Faults(simulate=p)``: raised inside the client's update, so the real
     failure path runs."""
+
+
+class ClientTimeout(ClientFailure):
+    """A task did not return within the engine's ``timeout``: it was cut off while it ran and left
+    to finish on its thread, its reply never read (:mod:`fedgp.engines.deadline`)."""
 
 
 class RoundFailedError(FedGPError, RuntimeError):

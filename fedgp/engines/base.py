@@ -16,7 +16,6 @@ that nothing but records crosses the boundary.
 
 from __future__ import annotations
 
-import time
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping, Sequence
 
@@ -24,6 +23,7 @@ import torch
 
 from fedgp.data.client import ClientData
 from fedgp.engines.client import handle
+from fedgp.engines.deadline import Abandoned, run_within
 from fedgp.errors import ClientFailure, EngineError, FactorizationError, InputError, UnknownClientError
 from fedgp.messages import (
     Field,
@@ -86,10 +86,10 @@ class InProcessEngine(Engine):
         clients: the clients' data, in registry order.
         seed: master seed for direct use of :meth:`chunks`; :meth:`start` sets it for a run.
         loopback: send every message and every reply through bytes and back (bit-exact; slower).
-        timeout: seconds a client may take; a later reply is dropped and the client fails that round.
-            A chunk that exceeds it is halved and re-run until each piece fits or is one client, so
-            one slow client fails alone (the check is made when a piece returns: a client that never
-            returns is not cut off in process; Ray and Flower have their own deadlines).
+        timeout: seconds a client may take: a task runs on a worker thread and is cut off at the
+            timeout while it runs (:mod:`fedgp.engines.deadline`; the engine's first-call compiling
+            does not count). A chunk cut off is halved and re-run until each piece fits or is one
+            client, so one slow or hung client fails alone. Ray and Flower have their own deadlines.
         keys: the clients' keys, the integers their random streams are keyed by (default their
             positions here; an engine hosting a shard of a larger federation passes the global ones).
     """
@@ -229,12 +229,20 @@ class InProcessEngine(Engine):
         the others in ``failures``. A failure that names its clients drops just them; one that does
         not (or a malformed reply of the whole batch) is narrowed down by halving the chunk."""
         try:
-            began = time.perf_counter()
-            units = (self.outcome_offset[clients], self.outcome_scale[clients])
-            reply = Record(handle(self.client_strategy, self.ops(clients, task.round), task, units))
-            elapsed = time.perf_counter() - began
+            reply = self._reply(task, clients)
             if len(clients) > 1 and reply_structure(reply, fields, len(clients)) is not None:
                 raise _Malformed()
+        except Abandoned:
+            if len(clients) == 1:
+                failures[int(clients[0])] = f"timeout: no reply within {self.timeout:g} s; cut off"
+                return
+            # Isolate the slow as the failing: a client's update is a pure function of (seed, round,
+            # client), so re-running the halves gives the same replies; only a client that alone
+            # exceeds the timeout fails.
+            half = len(clients) // 2
+            for piece in (torch.arange(half), torch.arange(half, len(clients))):
+                yield from self._isolated(task.rows(piece), clients[piece], failures, fields)
+            return
         except Exception as err:  # noqa: BLE001 - any client-side exception is that client's failure
             culprits = self._culprits(err, clients)
             if len(clients) == 1:
@@ -252,18 +260,27 @@ class InProcessEngine(Engine):
             for piece in (torch.arange(half), torch.arange(half, len(clients))):
                 yield from self._isolated(task.rows(piece), clients[piece], failures, fields)
             return
-        if self.timeout is not None and elapsed > self.timeout:
-            if len(clients) == 1:
-                failures[int(clients[0])] = f"timeout: replied after {elapsed:.3g} s > {self.timeout:g} s"
-                return
-            # Isolate the slow as the failing: a client's update is a pure function of (seed, round,
-            # client), so re-running the halves gives the same replies; only a client that alone
-            # exceeds the timeout fails.
-            half = len(clients) // 2
-            for piece in (torch.arange(half), torch.arange(half, len(clients))):
-                yield from self._isolated(task.rows(piece), clients[piece], failures, fields)
-            return
         yield clients, reply
+
+    def _reply(self, task: Task, clients: torch.Tensor) -> Record:
+        """The clients' reply; with a timeout, computed on a worker thread that is cut off (and the
+        engine's shared state rebuilt) once the timeout passes (:mod:`fedgp.engines.deadline`)."""
+        units = (self.outcome_offset[clients], self.outcome_scale[clients])
+
+        def work() -> Record:
+            return Record(handle(self.client_strategy, self.ops(clients, task.round), task, units))
+
+        if self.timeout is None:
+            return work()
+        try:
+            return run_within(work, self.timeout)
+        except Abandoned:
+            self.abandoned()
+            raise
+
+    def abandoned(self) -> None:  # noqa: B027 - optional hook
+        """A task was cut off and may still be running: rebuild whatever mutable state (GPyTorch
+        models and modules) tasks share, so that the abandoned work writes only into the old."""
 
     def _culprits(self, err: BaseException, clients: torch.Tensor) -> torch.Tensor | None:
         """The positions an exception names (a proper subset of ``clients``), else ``None``."""

@@ -122,9 +122,7 @@ class BatchedEngine(InProcessEngine):
         self.minibatch_dtype = minibatch_dtype or spec.dtype
         if self.minibatch_dtype not in (torch.float32, torch.float64):
             raise InputError(f"minibatch_dtype must be torch.float32 or torch.float64, got {minibatch_dtype}")
-        self.gp = _batched_gp(spec, compiled, check, clients[0].n_features if clients else 1)
-        if self.gp is not None:
-            self.gp.module.to(self.device)  # the modules' buffers (priors' parameters, active_dims)
+        self.gp = _batched_gp(spec, compiled, check, clients[0].n_features if clients else 1, self.device)
         self.fused = self._fused_layout(fused)
         self.sizes = torch.tensor([c.n for c in clients], dtype=torch.long)
         self.offsets = torch.cumsum(self.sizes, 0) - self.sizes
@@ -172,6 +170,10 @@ class BatchedEngine(InProcessEngine):
             return super().run(task, clients, fields)
         with cpus.torch_on_one_thread():
             return super().run(task, clients, fields)
+
+    def abandoned(self) -> None:
+        """A cut-off task may still use the GPyTorch model and modules: later tasks get new ones."""
+        self.model, self.gp = None, self.gp and BatchedGP(self.spec, self.gp.compiled).to(self.device)
 
     def ops(self, clients: torch.Tensor, rnd: int) -> BatchedOps | PerClientOps:
         if self.gp is None:
@@ -493,13 +495,13 @@ def batched_path_reason(spec: GPSpec, d: int, compiled: bool | None = None) -> s
     return None
 
 
-def _batched_gp(spec: GPSpec, compiled: bool | None, check: bool, d: int) -> BatchedGP | None:
+def _batched_gp(spec: GPSpec, compiled: bool | None, check: bool, d: int, device) -> BatchedGP | None:
     """The tensor path for ``spec``, or ``None`` (with a one-time warning) when it cannot reproduce
     GPyTorch: the engine then evaluates each client with GPyTorch, as the sequential engine does."""
     reason = batched_path_reason(spec, d, compiled) if check else None
     if reason is None:
         try:
-            return BatchedGP(spec, compiled)
+            return BatchedGP(spec, compiled).to(device)
         except UnsupportedSpec as err:
             reason = str(err)
     if compiled:

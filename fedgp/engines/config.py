@@ -59,7 +59,8 @@ class Sequential(EngineConfig):
     """The reference engine: one client at a time, one reusable GPyTorch model.
 
     ``loopback``: every message and every reply through bytes and back (bit-exact; slower).
-    ``timeout``: seconds a client may take; a later reply is dropped as a failure of that round.
+    ``timeout``: seconds a client may take; it is cut off at the timeout, while it runs, and fails
+    that round (:mod:`fedgp.engines.deadline`).
     """
 
     loopback: bool = False

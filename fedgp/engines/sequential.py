@@ -161,6 +161,10 @@ class SequentialEngine(InProcessEngine):
         super().__init__(spec, clients, seed, **options)
         self.model = spec.build()
 
+    def abandoned(self) -> None:
+        """The cut-off task may still write into the shared model: the next clients get a new one."""
+        self.model = self.spec.build()
+
     def ops(self, clients: torch.Tensor, rnd: int) -> SequentialOps:
         if len(clients) != 1:
             raise InputError(f"the sequential engine runs one client at a time, got {len(clients)}")

@@ -152,6 +152,11 @@ class BatchedGP:
         # The compiled minibatch step (fedgp.engines.compiled) by default wherever it applies.
         self.compiled = self.fast is not None and compiled_step.available() and compiled is not False
 
+    def to(self, device: torch.device) -> BatchedGP:
+        """The modules' buffers (priors' parameters, active_dims) moved to ``device``; returns self."""
+        self.module.to(device)
+        return self
+
     def _module_params(self, raw: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         return {p.raw_name: raw[p.name] for p in self.spec.params}
 

@@ -10,6 +10,7 @@ All of it runs under :func:`exact_settings`: Cholesky at every size, never CG/La
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -28,16 +29,42 @@ CHOLESKY_JITTER = 1e-8
 CHOLESKY_MAX_TRIES = 3
 
 
+_SHARED = threading.Lock()
+#: The settings' exit stack while any block is inside :func:`exact_settings`, and how many are.
+_entered: dict[str, Any] = {"stack": None, "blocks": 0}
+
+
 @contextlib.contextmanager
 def exact_settings() -> Iterator[None]:
-    """Exact (Cholesky) linear algebra at every size, with bounded jitter retries."""
-    with (
-        gpytorch.settings.max_cholesky_size(10**9),
-        gpytorch.settings.fast_computations(covar_root_decomposition=False, log_prob=False, solves=False),
-        gpytorch.settings.cholesky_jitter(float_value=1e-6, double_value=CHOLESKY_JITTER),
-        gpytorch.settings.cholesky_max_tries(CHOLESKY_MAX_TRIES),
-    ):
+    """Exact (Cholesky) linear algebra at every size, with bounded jitter retries.
+
+    GPyTorch's settings are process-wide class attributes, and a client task cut off at its timeout
+    (:mod:`fedgp.engines.deadline`) may leave its block while another thread is inside one: plain
+    nesting would then restore GPyTorch's defaults (CG above 800 points) under the other. So the
+    first block in, of any thread, enters the settings and the last one out restores them."""
+    with _SHARED:
+        if _entered["blocks"] == 0:
+            stack = contextlib.ExitStack()
+            stack.enter_context(gpytorch.settings.max_cholesky_size(10**9))
+            stack.enter_context(
+                gpytorch.settings.fast_computations(
+                    covar_root_decomposition=False, log_prob=False, solves=False
+                )
+            )
+            stack.enter_context(
+                gpytorch.settings.cholesky_jitter(float_value=1e-6, double_value=CHOLESKY_JITTER)
+            )
+            stack.enter_context(gpytorch.settings.cholesky_max_tries(CHOLESKY_MAX_TRIES))
+            _entered["stack"] = stack
+        _entered["blocks"] += 1
+    try:
         yield
+    finally:
+        with _SHARED:
+            _entered["blocks"] -= 1
+            if _entered["blocks"] == 0:
+                _entered["stack"].close()
+                _entered["stack"] = None
 
 
 @contextlib.contextmanager
