@@ -21,7 +21,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING
 
 from fedgp.errors import CommandError, FedGPError
-from fedgp.layout import COLUMNS_FILE, HISTORY_FILE, MODEL_FILE, TRANSFORMS_FILE, write_columns, write_history
+from fedgp.layout import COLUMNS_FILE, HISTORY_FILE, MODEL_FILE, TRANSFORMS_FILE
 from fedgp.version import __version__
 
 if TYPE_CHECKING:
@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 
 #: What ``fedgp fit`` writes into ``--out`` and ``fedgp predict`` into its ``--out``: checked before any
 #: work, and never overwritten without ``--force``.
-FIT_FILES = (MODEL_FILE, HISTORY_FILE, TRANSFORMS_FILE, "metrics.csv", COLUMNS_FILE)
+FIT_FILES = (MODEL_FILE, HISTORY_FILE, TRANSFORMS_FILE, "metrics.csv", "failures.csv", COLUMNS_FILE)
 PREDICT_FILES = ("predictions.csv",)
 
 __all__ = [
@@ -78,7 +78,7 @@ def _demo(args: argparse.Namespace) -> int:
 def _fit(args: argparse.Namespace) -> int:
     from fedgp.commands import claim_out, fit_metrics
     from fedgp.data.table import read_owner_table
-    from fedgp.layout import write_table
+    from fedgp.layout import write_model_folder
     from fedgp.presets import make_spec, make_strategy
     from fedgp.run import Progress, fit
 
@@ -112,14 +112,9 @@ def _fit(args: argparse.Namespace) -> int:
         if issubclass(warning.category, UserWarning):
             print(f"fedgp fit: warning: {warning.message}", file=sys.stderr)
     metrics = fit_metrics(result, federation, bool(args.test_fraction), _progress(args))
-    out.mkdir(parents=True, exist_ok=True)
-    written = [*write_history(out, result, table.features), write_table(metrics, out / "metrics.csv")]
-    written.append(
-        write_columns(out, group=table.group, target=table.target, features=table.features,
-                      owners=federation.ids, data=str(args.data), test_fraction=args.test_fraction,
-                      seed=args.seed)
-    )  # fmt: skip
-    written.append(result.save(out / MODEL_FILE, key=_key(args)))  # last: its presence means complete
+    columns = dict(group=table.group, target=table.target, features=table.features, owners=federation.ids,
+                   data=str(args.data), test_fraction=args.test_fraction, seed=args.seed)  # fmt: skip
+    written = write_model_folder(out, result, columns, metrics=metrics, key=_key(args))
     n_train = int(federation.sizes.sum())
     n_test = int(metrics["n_test"].sum())
     print(
@@ -363,7 +358,8 @@ def _add_fit(sub) -> None:
         "lengthscales named by feature, a column left in the model's units says so in its name), "
         f"{TRANSFORMS_FILE} (the transforms' numbers and each history column's units) and metrics.csv "
         "(per owner: RMSE, NLL, 95% coverage on the held-out rows with --test-fraction; without it, "
-        "in-sample on the training rows, which is optimistic, and the table's split column says so). "
+        "in-sample on the training rows, which is optimistic, and the table's split column says so) "
+        "and failures.csv (each client failure of the run: round, owner, reason). "
         "By default the run stops when training has converged (--stop auto), within --rounds.",
     )
     fit.add_argument("data", metavar="DATA.csv", help="the table: features, target and owner columns")

@@ -6,7 +6,7 @@ half-way, sees the old file or the new one."""
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -25,6 +25,7 @@ __all__ = [
     "owner_metrics",
     "write_columns",
     "write_history",
+    "write_model_folder",
     "write_table",
 ]
 
@@ -72,6 +73,30 @@ def write_columns(
                "features": list(features), "owners": [str(o) for o in owners], "data": data,
                "test_fraction": test_fraction, "seed": seed}  # fmt: skip
     return _write_json(columns, Path(folder) / COLUMNS_FILE)
+
+
+def write_model_folder(
+    folder: str | Path,
+    result: Any,
+    columns: Mapping[str, Any],
+    *,
+    metrics: pd.DataFrame | None = None,
+    key: bytes | str | None = None,
+) -> list[Path]:
+    """A model folder as ``fedgp fit`` and fedgp's Flower app write it: ``history.csv`` and
+    ``transforms.json`` (:func:`write_history`), ``failures.csv``, ``metrics.csv`` when given,
+    ``columns.json`` (:func:`write_columns` of ``columns``), and last ``model.fedgp`` (sealed with
+    ``key`` when given): once it exists the folder is complete, so a script that waits for it never
+    reads a half-written folder. Returns the paths."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    written = [*write_history(folder, result, columns["features"])]
+    written.append(write_table(result.failures, folder / "failures.csv"))
+    if metrics is not None:
+        written.append(write_table(metrics, folder / "metrics.csv"))
+    written.append(write_columns(folder, **columns))
+    written.append(result.save(folder / MODEL_FILE, key=key))
+    return written
 
 
 def write_history(folder: Path, result: Any, features: Sequence[str]) -> list[Path]:

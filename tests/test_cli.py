@@ -81,7 +81,9 @@ def test_fit_writes_model_history_metrics_and_columns(data_csv, tmp_path, capsys
         "metrics.csv",
         "columns.json",
         "transforms.json",
+        "failures.csv",
     }
+    assert pd.read_csv(out / "failures.csv").empty  # no client failed
     history = pd.read_csv(out / "history.csv")
     assert len(history) == 3
     assert {  # the hyper-parameters in the data's units, lengthscales named by feature
@@ -717,7 +719,10 @@ def test_out_is_never_overwritten_without_force(data_csv, tmp_path, capsys, monk
     monkeypatch.undo()
     assert fit_cli(data_csv, out, "--force") == 0
     assert (out / "history.csv").read_text() != "mine\n" and (out / "notes.txt").read_text() == "mine\n"
-    every = r"already holds model\.fedgp, history\.csv, transforms\.json, metrics\.csv, columns\.json"
+    every = (
+        r"already holds model\.fedgp, history\.csv, transforms\.json, metrics\.csv, failures\.csv, "
+        r"columns\.json"
+    )
     _one_line_exit_2(capsys, fit, every)
     pd.DataFrame({"x1": [1.0], "x2": [0.0], "owner": ["north"]}).to_csv(tmp_path / "new.csv", index=False)
     predict = ["predict", str(out), str(tmp_path / "new.csv"), "--data", str(data_csv), "--quiet", "--out"]

@@ -54,7 +54,7 @@ from fedgp.flower.client import client_app, read_npz_clients
 from fedgp.flower.fast import short_object_pulls
 from fedgp.flower.grid_engine import GridEngine
 from fedgp.flower.secagg import SecureAggregation
-from fedgp.layout import MODEL_FILE, write_columns, write_history, write_table
+from fedgp.layout import write_model_folder
 from fedgp.messages import config_json, from_config
 from fedgp.models.spec import GPSpec
 from fedgp.models.spec_io import build_spec
@@ -324,20 +324,10 @@ class RoundLog(Callback):
 
 
 def write_model(result: FitResult, folder: str | Path, columns: Mapping[str, Any]) -> list[Path]:
-    """What ``fedgp fit`` writes: ``history.csv`` and ``transforms.json``
-    (:func:`fedgp.layout.write_history`: the hyper-parameters in the data's units), ``failures.csv``,
-    ``columns.json`` (:func:`fedgp.layout.write_columns` of ``columns``), when owners hold test rows
-    ``metrics.csv``, and last ``model.fedgp``: once it exists the folder is complete, so a script
-    that waits for it never reads a half-written folder. Returns the paths."""
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    written = [*write_history(folder, result, columns["features"])]
-    written.append(write_table(result.failures, folder / "failures.csv"))
-    written.append(write_columns(folder, **columns))
-    if bool((result.roster.n_test > 0).any()):
-        written.append(write_table(result.evaluate(), folder / "metrics.csv"))
-    written.append(result.save(folder / MODEL_FILE))
-    return written
+    """What ``fedgp fit`` writes (:func:`fedgp.layout.write_model_folder`, ``model.fedgp`` last),
+    with ``metrics.csv`` when owners hold test rows. Returns the paths."""
+    metrics = result.evaluate() if bool((result.roster.n_test > 0).any()) else None
+    return write_model_folder(folder, result, columns, metrics=metrics)
 
 
 def _discover(grid: Grid, strategy: Strategy, settings: AppSettings) -> tuple[int, list[str]]:
