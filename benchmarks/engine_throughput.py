@@ -60,6 +60,16 @@ def make_federation(K: int, seed: int = 0):
     return fedgp.data.gp_federation(num_clients=K, n=N_PER_CLIENT, d=D, theta=theta, seed=seed).federation
 
 
+def batched_fit(fed, rounds: int, **options):
+    """The benchmarks' FGPR fit (M, E above, lr 0.05) on the batched engine, evaluation off, seed 0;
+    ``options`` are more of ``fedgp.fit``'s (e.g. ``stop=None``)."""
+    import fedgp
+
+    strategy = fedgp.strategies.FGPR.authors(local_steps=E, batch_size=M, lr=0.05)
+    return fedgp.fit(fedgp.data.gp_spec(D, "rbf"), fed, strategy, engine="batched", rounds=rounds, seed=0,
+                     callbacks=[fedgp.run.Evaluate(every=0)], **options)  # fmt: skip
+
+
 def run_loop(fed, rounds: int) -> None:
     """The baseline a GPyTorch user writes by hand (GPyTorch's Simple_GP_Regression tutorial, per client)."""
     import gpytorch

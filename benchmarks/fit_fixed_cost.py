@@ -45,23 +45,13 @@ def worker(K: int, repeats: int, profile: bool) -> dict:
     import torch
 
     torch.set_num_threads(1)
-    import fedgp
 
     sys.path.insert(0, str(ROOT / "benchmarks"))
-    from engine_throughput import D, E, M, make_federation
+    from engine_throughput import batched_fit, make_federation
 
     def fit(fed, rounds: int) -> float:
         start = time.perf_counter()
-        fedgp.fit(
-            fedgp.data.gp_spec(D, "rbf"),
-            fed,
-            fedgp.strategies.FGPR.authors(local_steps=E, batch_size=M, lr=0.05),
-            engine="batched",
-            rounds=rounds,
-            seed=0,
-            stop=None,
-            callbacks=[fedgp.run.Evaluate(every=0)],
-        )
+        batched_fit(fed, rounds, stop=None)
         return time.perf_counter() - start
 
     fit(make_federation(64), 1)  # numba's cache, first calls
