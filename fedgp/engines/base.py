@@ -236,12 +236,7 @@ class InProcessEngine(Engine):
             if len(clients) == 1:
                 failures[int(clients[0])] = f"timeout: no reply within {self.timeout:g} s; cut off"
                 return
-            # Isolate the slow as the failing: a client's update is a pure function of (seed, round,
-            # client), so re-running the halves gives the same replies; only a client that alone
-            # exceeds the timeout fails.
-            half = len(clients) // 2
-            for piece in (torch.arange(half), torch.arange(half, len(clients))):
-                yield from self._isolated(task.rows(piece), clients[piece], failures, fields)
+            yield from self._halves(task, clients, failures, fields)  # the slow as the failing
             return
         except Exception as err:  # noqa: BLE001 - any client-side exception is that client's failure
             culprits = self._culprits(err, clients)
@@ -256,11 +251,16 @@ class InProcessEngine(Engine):
                 if len(rest):
                     yield from self._isolated(task.rows(rest), clients[rest], failures, fields)
                 return
-            half = len(clients) // 2
-            for piece in (torch.arange(half), torch.arange(half, len(clients))):
-                yield from self._isolated(task.rows(piece), clients[piece], failures, fields)
+            yield from self._halves(task, clients, failures, fields)
             return
         yield clients, reply
+
+    def _halves(self, task: Task, clients: torch.Tensor, failures: dict[int, str], fields):
+        """:meth:`_isolated` on each half of ``clients``: a client's update is a pure function of
+        (seed, round, client), so the halves reply as they would have in the whole."""
+        half = len(clients) // 2
+        for piece in (torch.arange(half), torch.arange(half, len(clients))):
+            yield from self._isolated(task.rows(piece), clients[piece], failures, fields)
 
     def _reply(self, task: Task, clients: torch.Tensor) -> Record:
         """The clients' reply; with a timeout, computed on a worker thread that is cut off (and the
