@@ -1,5 +1,6 @@
 """Model layer: GP specs from GPyTorch modules, hyper-parameter states, objective, posterior."""
 
+from fedgp.models.experts import combine_experts
 from fedgp.models.means import GaussianBumpMean
 from fedgp.models.mle import MLEFit, fit_mle, maximize_likelihood, total_nll
 from fedgp.models.multifidelity import AR1, NARGP, mle_with_restarts
@@ -19,6 +20,7 @@ __all__ = [
     "minibatch_nll",
     "Prediction",
     "condition",
+    "combine_experts",
     "fit_mle",
     "maximize_likelihood",
     "MLEFit",

@@ -29,6 +29,7 @@ from fedgp.models.posterior import Prediction
 from fedgp.models.spec import ExactGPModel, GPSpec
 from fedgp.models.state import HyperState
 from fedgp.plotting import plot_history
+from fedgp.run.combined import check_experts, combined_posterior
 from fedgp.run.evaluation import evaluate_clients
 from fedgp.run.exchange import personal_exchange
 from fedgp.run.saved import read_result, write_result
@@ -158,20 +159,46 @@ class FitResult:
         replies = self._ask("personal", client)
         return read_state(replies.individual, self.spec, "state/").index(0)
 
-    def posterior(self, X: Any, client: int | ClientData | Any, full_cov: bool = False) -> Prediction:
+    def posterior(
+        self,
+        X: Any,
+        client: int | ClientData | Any = None,
+        full_cov: bool = False,
+        combine: str | None = None,
+    ) -> Prediction:
         """Predictive distribution at ``X`` for ``client`` (an index, an id, or a new ``ClientData``),
         conditioning its personal state on that client's training data only. ``full_cov`` adds the
-        joint covariance of f at ``X`` (for ``Prediction.sample`` and ``to_distribution``)."""
-        d = self._dims(client)
+        joint covariance of f at ``X`` (for ``Prediction.sample`` and ``to_distribution``).
+
+        ``combine`` (with no ``client``): one global prediction, for points no client owns, from every
+        training client's own posterior at ``X`` — ``"rbcm"``, ``"bcm"``, ``"gpoe"`` or ``"poe"``
+        (Deisenroth & Ng 2015; :mod:`fedgp.models.experts`). Only the clients' predictive means and
+        variances at ``X`` leave them (:mod:`fedgp.run.combined`)."""
+        if (client is None) == (combine is None):
+            raise InputError(
+                "posterior/predict: pass client=... (that client's personalised prediction) or "
+                "combine='rbcm' (or 'bcm', 'gpoe', 'poe': one prediction combined from every client's), "
+                f"not {'both' if combine is not None else 'neither'}"
+            )
+        if combine is not None and full_cov:
+            raise InputError("full_cov=True is per client: a combined prediction has marginal variances only")
+        if combine is not None:
+            check_experts(self)
+        d = self._dims(client if client is not None else 0)
         name = client.id if isinstance(client, ClientData) else client
+        if combine is not None:
+            name = "(combined prediction)"
         # A copy (pandas and read-only arrays included), checked for dtype and NaN/inf as data are.
         X = _as_float_tensor(X, name, "X")
         if X.dim() != 2 or X.shape[1] != d:
+            whose = f"client {name!r}, whose model takes" if client is not None else "the model, which takes"
             raise InputError(
-                f"X must have shape (n, {d}) for client {name!r}, whose model takes {d} input features; "
+                f"X must have shape (n, {d}) for {whose} {d} input features; "
                 f"got {tuple(X.shape)}" + ("; for one feature use X[:, None]" if X.dim() == 1 else "")
             )
         _check_finite(X, name, "X")
+        if combine is not None:
+            return combined_posterior(self, X, combine)
         replies = self._ask("predict", client, {"X": X}, X.shape[0], full_cov)
         covariance = replies["covariance_f"][0] if full_cov else None
         return Prediction(replies["mean"][0], replies["variance_f"][0], replies["variance_y"][0], covariance)
@@ -190,10 +217,15 @@ class FitResult:
         return int(self.roster.dims[self._resolve(client)[2]])
 
     def predict(
-        self, X: Any, client: int | ClientData | Any, observation_noise: bool = False
+        self,
+        X: Any,
+        client: int | ClientData | Any = None,
+        observation_noise: bool = False,
+        combine: str | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(mean, variance)`` at ``X`` for ``client``; variance of f, or of y with observation_noise."""
-        pred = self.posterior(X, client)
+        """``(mean, variance)`` at ``X`` for ``client``, or combined from every client's with ``combine``
+        (see :meth:`posterior`); variance of f, or of y with observation_noise."""
+        pred = self.posterior(X, client, combine=combine)
         return pred.mean, pred.variance(observation_noise)
 
     def evaluate(self) -> pd.DataFrame:
