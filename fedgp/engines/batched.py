@@ -47,7 +47,8 @@ from fedgp.engines.sequential import SequentialOps
 from fedgp.engines.tensor_gp import NOISE, BatchedGP, cholesky
 from fedgp.errors import FedGPWarning, InputError, UnsupportedSpec
 from fedgp.messages import Field, Outcome, Task
-from fedgp.models.posterior import Prediction
+from fedgp.models import large
+from fedgp.models.posterior import Prediction, condition_client
 from fedgp.models.spec import GPSpec
 from fedgp.models.state import HyperState
 from fedgp.strategies.base import TrainResult
@@ -429,9 +430,8 @@ class BatchedOps:
     def predict(
         self, states: HyperState, X_new: torch.Tensor | None = None, full_cov: bool = False
     ) -> list[Prediction]:
-        """Personalised posteriors of all clients of the chunk at once (batch ``(B,)`` states);
-        at each client's test inputs, or at shared inputs ``X_new`` (with ``full_cov``, also the
-        joint covariance of f there)."""
+        """Personalised posteriors of the chunk's clients (``(B,)`` states) at their test inputs or ``X_new``,
+        together; a large client alone, in one n×n matrix (:mod:`fedgp.models.large`)."""
         flat, extra, per_client = self._rows(states)
         if extra:
             raise InputError(f"predict needs one state per client, got extra batch {tuple(extra)}")
@@ -439,14 +439,17 @@ class BatchedOps:
         out: list[Prediction | None] = [None] * len(self.rows)
         for group in self.engine.size_groups(self.rows, 1, test=X_new is None):
             clients = self.rows[group]
+            held = [self.engine.clients[i] for i in clients.tolist()]
+            missing = [c.id for c in held if X_new is None and c.X_test is None]
+            if missing:
+                raise InputError(f"client {missing[0]!r} has no test split and no inputs were given")
+            if int(self.engine.sizes[clients].max()) > large.LARGE_CLIENT_ROWS:  # one n×n matrix at a time
+                for pos, c in zip(group.tolist(), held):
+                    out[pos] = condition_client(self.spec, flat.index(pos), c, X_new, full_cov)
+                continue
             X, y, mask = self.engine.padded(clients)
             if X_new is None:
-                missing = [
-                    self.engine.ids[i] for i in clients.tolist() if self.engine.clients[i].X_test is None
-                ]
-                if missing:
-                    raise InputError(f"client {missing[0]!r} has no test split and no inputs were given")
-                tests = [self.engine.clients[i].X_test.to(X.dtype) for i in clients.tolist()]
+                tests = [c.X_test.to(X.dtype) for c in held]
                 lengths = torch.tensor([len(t) for t in tests])
                 Xs = torch.nn.utils.rnn.pad_sequence(tests, batch_first=True).to(X.device)
             else:
@@ -455,8 +458,7 @@ class BatchedOps:
             sub = {k: v[group.to(X.device)] for k, v in raw.items()}
             with torch.no_grad():
                 mean, var_f, noise, cov = self._posterior(sub, X, y, mask, Xs, self._ids(clients), full_cov)
-                mean, var_f, noise = (t.cpu() for t in (mean, var_f, noise))
-                cov = None if cov is None else cov.cpu()
+            mean, var_f, noise, cov = (None if t is None else t.cpu() for t in (mean, var_f, noise, cov))
             for j, pos in enumerate(group.tolist()):
                 n = int(lengths[j])
                 joint = None if cov is None else cov[j, :n, :n].clone()

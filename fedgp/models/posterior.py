@@ -12,7 +12,7 @@ import math
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import gpytorch
 import torch
@@ -20,11 +20,15 @@ from linear_operator.operators import DiagLinearOperator
 from linear_operator.utils.cholesky import psd_safe_cholesky
 
 from fedgp.errors import InputError
+from fedgp.models import large
 from fedgp.models.objective import exact_settings, factorization_guard
 from fedgp.models.spec import ExactGPModel, GPSpec
 from fedgp.models.state import HyperState
 
-__all__ = ["Prediction", "condition", "predict_with_model", "prediction_metrics"]
+if TYPE_CHECKING:
+    from fedgp.data.client import ClientData
+
+__all__ = ["Prediction", "condition", "condition_client", "predict_with_model", "prediction_metrics"]
 
 
 @dataclass(frozen=True)
@@ -141,7 +145,12 @@ def predict_with_model(
     with ``full_cov`` also the joint covariance of f at ``X_new``.
 
     With no training points (a cold-start client) this is the prior predictive, GPyTorch's
-    ``prior_mode``: the mean function, and the prior variance (plus the noise for ``variance_y``)."""
+    ``prior_mode``: the mean function, and the prior variance (plus the noise for ``variance_y``).
+    Above :data:`~fedgp.models.large.LARGE_CLIENT_ROWS` rows (float64, CPU) the same posterior is
+    computed in the memory of one n×n matrix (:mod:`fedgp.models.large`)."""
+    if X_train.shape[0] > large.LARGE_CLIENT_ROWS and X_train.dtype == torch.float64 and not X_train.is_cuda:
+        with exact_settings(), factorization_guard(client, "posterior"):
+            return Prediction(*large.large_posterior(model, X_train, y_train, X_new, client, full_cov))
     model.set_train_data(X_train, y_train, strict=False)
     model.eval()
     with (
@@ -169,13 +178,30 @@ def condition(
     X_new: torch.Tensor,
     client: Any = None,
     full_cov: bool = False,
+    noise: torch.Tensor | None = None,
 ) -> Prediction:
-    """Condition the prior given by ``(spec, state)`` on ``(X_train, y_train)``; predict at ``X_new``."""
+    """Condition the prior given by ``(spec, state)`` on ``(X_train, y_train)``; predict at ``X_new``.
+    ``noise``: the training points' known noise variances, for a ``FixedNoiseGaussianLikelihood``."""
     if state.batch_shape:
         raise InputError(f"condition needs one state, got batch shape {tuple(state.batch_shape)}")
     model = spec.build()
     spec.load(model, state)
+    if noise is not None:
+        model.likelihood.noise = noise
     dtype = spec.dtype
     return predict_with_model(
         model, X_train.to(dtype), y_train.to(dtype), torch.as_tensor(X_new, dtype=dtype), client, full_cov
     )
+
+
+def condition_client(
+    spec: GPSpec,
+    state: HyperState,
+    client: ClientData,
+    X_new: torch.Tensor | None = None,
+    full_cov: bool = False,
+) -> Prediction:
+    """:func:`condition` on ``client``'s own training data (and known noise), at ``X_new`` or at its
+    test inputs."""
+    at = client.X_test if X_new is None else X_new
+    return condition(spec, state, client.X, client.y, at, client.id, full_cov, spec.client_noise(client))

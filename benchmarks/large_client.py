@@ -1,0 +1,118 @@
+"""Personalised prediction for a client with many rows: time and peak memory (issue 31, item 1).
+
+    .venv/bin/python benchmarks/large_client.py                       # n = 10⁴, 3·10⁴, 10⁵ (≈ 10 min)
+    .venv/bin/python benchmarks/large_client.py --sizes 10000 --paths large   # a quick look
+
+The case of the issue: one client of n rows (d = 5) among four of 200, FGPR (defaults) for 3 rounds,
+then ``result.predict`` of 200 new points for the large client. Each (n, path) runs in a fresh
+process, so its peak RSS is its own: ``large`` is fedgp's default above
+``fedgp.models.large.LARGE_CLIENT_ROWS`` rows (the exact posterior in one n×n matrix), ``gpytorch``
+the exact GPyTorch prediction every client took before (the threshold raised out of reach). Where
+both ran, the largest differences of their means and variances are reported. A size whose n×n
+matrix does not fit the machine's free memory is refused by the large path: the row says so.
+
+Writes results/benchmarks/large_client.csv (n, path, predict_s, peak_rss_gb, rss_before_gb,
+max_abs_mean_diff, max_rel_var_diff, note).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+OUT = ROOT / "results" / "benchmarks" / "large_client.csv"
+
+
+def worker(n: int, path: str, save: str) -> None:
+    """One measurement, in this (fresh) process: prints a JSON line."""
+    import torch
+
+    import fedgp
+    from fedgp.data import ClientData, Federation
+    from fedgp.models import large
+
+    torch.manual_seed(0)
+    rng = np.random.default_rng(0)
+
+    def draw(rows):
+        X = rng.uniform(size=(rows, 5))
+        return X, np.sin(3 * X).sum(1) + 0.1 * rng.standard_normal(rows)
+
+    clients = [ClientData(*draw(n), id="large")] + [ClientData(*draw(200), id=f"small{k}") for k in range(4)]
+    result = fedgp.fit(fedgp.data.gp_spec(5), Federation(clients), fedgp.strategies.FGPR(), rounds=3, seed=0)
+    X_new = rng.uniform(size=(200, 5))
+    if path == "gpytorch":
+        large.LARGE_CLIENT_ROWS = 10**12
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+    start = time.perf_counter()
+    try:
+        mean, variance = result.predict(X_new, "large")
+        note = ""
+    except Exception as err:  # noqa: BLE001 - the refusal is the measurement
+        mean = variance = None
+        note = f"{type(err).__name__}: {err}"
+    seconds = time.perf_counter() - start
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+    if mean is not None:
+        np.save(save, np.stack([mean.numpy(), variance.numpy()]))
+    print(json.dumps({"predict_s": seconds, "peak_rss_gb": peak, "rss_before_gb": before, "note": note}))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--sizes", type=int, nargs="+", default=[10_000, 30_000, 100_000])
+    parser.add_argument("--paths", nargs="+", default=["large", "gpytorch"])
+    parser.add_argument("--gpytorch-max", type=int, default=30_000, help="largest n run on the GPyTorch path")
+    args = parser.parse_args()
+    rows = []
+    with tempfile.TemporaryDirectory() as folder:
+        for n in args.sizes:
+            saved = {}
+            for path in args.paths:
+                if path == "gpytorch" and n > args.gpytorch_max:
+                    continue
+                save = str(Path(folder) / f"{n}_{path}.npy")
+                cmd = [sys.executable, __file__, "--worker", str(n), path, save]
+                done = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, check=True)
+                row = {"n": n, "path": path, **json.loads(done.stdout.strip().splitlines()[-1])}
+                if Path(save).exists():
+                    saved[path] = np.load(save)
+                rows.append(row)
+                print(row, flush=True)
+            if len(saved) == 2:
+                a, b = saved["large"], saved["gpytorch"]
+                for row in rows[-2:]:
+                    row["max_abs_mean_diff"] = float(np.abs(a[0] - b[0]).max())
+                    row["max_rel_var_diff"] = float((np.abs(a[1] - b[1]) / b[1]).max())
+    frame = pd.DataFrame(rows)
+    columns = [
+        "n",
+        "path",
+        "predict_s",
+        "peak_rss_gb",
+        "rss_before_gb",
+        "max_abs_mean_diff",
+        "max_rel_var_diff",
+    ]
+    frame = frame.reindex(columns=[*columns, "note"])
+    frame.to_csv(OUT, index=False, float_format="%.4g")
+    print(frame.to_string(index=False))
+    print(f"wrote {OUT}")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "--worker":
+        worker(int(sys.argv[2]), sys.argv[3], sys.argv[4])
+    else:
+        main()

@@ -1,0 +1,138 @@
+"""The exact posterior of a client with many rows, in the memory of one n×n matrix.
+
+GPyTorch's exact prediction (:func:`fedgp.models.posterior.predict_with_model`) holds several n×n
+matrices at once (the kernel, its noisy copy, the Cholesky factor and their temporaries): 20.7 GB
+of peak memory at n = 30,000. Above :data:`LARGE_CLIENT_ROWS` training rows a client's posterior is
+computed here instead, and it is the same exact Cholesky posterior, equal to GPyTorch's to
+round-off (tests: 1e-9 relative): the noisy training covariance is written block by block into one
+n×n float64 buffer and factorised in place by LAPACK's ``dpotrf`` through SciPy (torch's
+``cholesky`` allocates a second n×n output), with GPyTorch's jitter retries; the test points go
+through in blocks. Peak memory is n²·8 bytes plus O(n · :data:`BLOCK`) (7.2 GB at n = 30,000);
+time is the factor's n³/3 multiply-adds plus n² per test point.
+
+This bounds memory, not the cubic time, and an n×n matrix must fit: above what the machine has
+free the client fails with a message that says so (n = 10⁵ needs 80 GB). Iterative solvers (CG,
+LOVE) or a sparse variational model are the way past that; they are not here yet.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import gpytorch
+import numpy as np
+import scipy.linalg
+import torch
+from linear_operator.operators import DiagLinearOperator
+from linear_operator.utils.errors import NotPSDError
+from threadpoolctl import threadpool_limits
+
+from fedgp.errors import InputError
+from fedgp.models.objective import CHOLESKY_JITTER, CHOLESKY_MAX_TRIES
+
+__all__ = ["LARGE_CLIENT_ROWS", "BLOCK", "large_posterior", "matrix_bytes"]
+
+#: Training rows above which a client's posterior is computed by :func:`large_posterior`.
+LARGE_CLIENT_ROWS = 4096
+#: Rows of the kernel (training rows, test points) evaluated at a time.
+BLOCK = 1024
+
+
+def matrix_bytes(n: int) -> int:
+    """The memory of one n×n float64 matrix: what :func:`large_posterior` needs beyond O(n)."""
+    return 8 * n * n
+
+
+def _available_bytes() -> int | None:
+    try:
+        import psutil
+    except ImportError:
+        return None
+    return int(psutil.virtual_memory().available)
+
+
+def one_blas_thread() -> threadpool_limits:
+    """SciPy's OpenBLAS on one thread. Its multithreaded ``dpotrf`` crashed the process (SIGSEGV) at
+    n = 30,000 on a 2-core machine (OpenBLAS 0.3.30 as SciPy bundles it; the same class of fault as
+    OpenMathLib/OpenBLAS#1413 and #2821, in the threaded SYRK of the factor) and ran with one."""
+    return threadpool_limits(limits=1, user_api="blas")
+
+
+def _noisy_covariance(model, X: torch.Tensor, out: np.ndarray, jitter: float) -> None:
+    """K(X, X) + the likelihood's noise (+ ``jitter``) on the diagonal, written into ``out`` by blocks
+    of rows (``out`` is C-ordered and symmetric, so its memory is also its own Fortran-ordered view)."""
+    n = X.shape[0]
+    dest = torch.from_numpy(out)
+    for start in range(0, n, BLOCK):
+        dest[start : start + BLOCK] = model.covar_module(X[start : start + BLOCK], X).to_dense()
+    noise = model.likelihood.noise_covar(X, shape=torch.Size([n])).diagonal()
+    dest.diagonal().add_(noise.expand(n) + jitter)
+
+
+def _factor_in_place(model, X: torch.Tensor, client) -> np.ndarray:
+    """The Cholesky factor of the noisy covariance, in one n×n buffer: returned as the upper factor U
+    (Fortran order, UᵀU = K + σ²I), which is the lower factor L = Uᵀ of the C-ordered buffer."""
+    n = X.shape[0]
+    need, free = matrix_bytes(n), _available_bytes()
+    if free is not None and need > 0.9 * free:
+        raise InputError(
+            f"client {client!r}: its exact posterior over {n:,} training rows needs one {n}×{n} matrix, "
+            f"{need / 2**30:.1f} GiB, and this machine has {free / 2**30:.1f} GiB free; predict on a "
+            "machine with more memory, or with a subset of the client's rows"
+        )
+    buffer = np.empty((n, n), dtype=np.float64)
+    jitter = 0.0
+    for attempt in range(CHOLESKY_MAX_TRIES + 1):
+        _noisy_covariance(model, X, buffer, jitter)
+        with one_blas_thread():
+            upper, info = scipy.linalg.lapack.dpotrf(buffer.T, lower=0, clean=0, overwrite_a=1)
+        if info == 0 and np.isfinite(np.diagonal(upper)).all():
+            assert np.shares_memory(upper, buffer)  # factorised in place, as the memory bound assumes
+            return upper
+        jitter = CHOLESKY_JITTER * 10**attempt
+    raise NotPSDError(f"{n}×{n} covariance not positive definite (dpotrf info {info})")
+
+
+def large_posterior(
+    model: gpytorch.models.ExactGP,
+    X: torch.Tensor,
+    y: torch.Tensor,
+    X_new: torch.Tensor,
+    client=None,
+    full_cov: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """``(mean, variance of f, variance of y, joint covariance of f or None)`` at ``X_new`` of the
+    exact posterior of ``model`` (hyper-parameters loaded, float64) given ``(X, y)``.
+
+    A factorisation that fails after the jitter retries raises GPyTorch's ``NotPSDError`` (the caller's
+    :func:`~fedgp.models.objective.factorization_guard` names the client)."""
+    with torch.no_grad():
+        upper = _factor_in_place(model, X, client)
+        residual = (y - model.mean_module(X)).numpy()
+        with one_blas_thread():
+            z = scipy.linalg.solve_triangular(upper, residual, trans="T", check_finite=False)
+            alpha = torch.from_numpy(scipy.linalg.solve_triangular(upper, z, check_finite=False))
+        means, variances, whitened = [], [], []
+        floor = gpytorch.settings.min_variance.value(torch.float64)  # GPyTorch's floor on a variance
+        for start in range(0, X_new.shape[0], BLOCK):
+            Xb = X_new[start : start + BLOCK]
+            cross = model.covar_module(X, Xb).to_dense()  # (n, b)
+            means.append(model.mean_module(Xb) + cross.T @ alpha)
+            # V = L⁻¹ K(X, Xb): the posterior covariance is K(Xb, Xb) − VᵀV
+            with one_blas_thread():
+                V = scipy.linalg.solve_triangular(upper, cross.numpy(), trans="T", check_finite=False)
+            V = torch.from_numpy(V)
+            prior = model.covar_module(Xb, diag=True)
+            variances.append((prior - V.pow(2).sum(0)).clamp_min(floor))
+            if full_cov:
+                whitened.append(V)
+        mean, variance_f = torch.cat(means), torch.cat(variances)
+        covariance = None
+        if full_cov:
+            V = torch.cat(whitened, dim=1)
+            covariance = model.covar_module(X_new).to_dense() - V.T @ V
+        latent = gpytorch.distributions.MultivariateNormal(mean, DiagLinearOperator(variance_f))
+        with warnings.catch_warnings():  # known noise: none at new points, as predict_with_model
+            warnings.simplefilter("ignore", gpytorch.utils.warnings.GPInputWarning)
+            variance_y = model.likelihood(latent, X_new).variance
+    return mean, variance_f, variance_y, covariance
