@@ -42,13 +42,13 @@ from fedgp.engines import cpus
 from fedgp.engines import fused as fused_round
 from fedgp.engines.base import InProcessEngine
 from fedgp.engines.minibatch import draw_minibatches
-from fedgp.engines.per_client import PerClientOps
+from fedgp.engines.per_client import PerClientOps, predict_alone
 from fedgp.engines.sequential import SequentialOps
 from fedgp.engines.tensor_gp import NOISE, BatchedGP, cholesky
 from fedgp.errors import FedGPWarning, InputError, UnsupportedSpec
 from fedgp.messages import Field, Outcome, Task
 from fedgp.models import large
-from fedgp.models.posterior import Prediction, condition_client
+from fedgp.models.posterior import Prediction
 from fedgp.models.spec import GPSpec
 from fedgp.models.state import HyperState
 from fedgp.strategies.base import TrainResult
@@ -444,8 +444,8 @@ class BatchedOps:
             if missing:
                 raise InputError(f"client {missing[0]!r} has no test split and no inputs were given")
             if int(self.engine.sizes[clients].max()) > large.LARGE_CLIENT_ROWS:  # one n×n matrix at a time
-                for pos, c in zip(group.tolist(), held):
-                    out[pos] = condition_client(self.spec, flat.index(pos), c, X_new, full_cov)
+                for pos, prediction in predict_alone(self.spec, flat, group.tolist(), held, X_new, full_cov):
+                    out[pos] = prediction
                 continue
             X, y, mask = self.engine.padded(clients)
             if X_new is None:

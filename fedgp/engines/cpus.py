@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["usable_cpus", "default_threads", "torch_on_one_thread"]
+__all__ = ["usable_cpus", "default_threads", "torch_on_one_thread", "torch_on_tile_threads"]
 
 _CGROUP = Path("/sys/fs/cgroup")
 #: The compiled tiles' thread count inside :func:`torch_on_one_thread` (per Python thread).
@@ -85,3 +85,16 @@ def torch_on_one_thread() -> Iterator[int]:
     finally:
         torch.set_num_threads(before)
         _TILE_THREADS.reset(token)
+
+
+@contextmanager
+def torch_on_tile_threads() -> Iterator[None]:
+    """Inside :func:`torch_on_one_thread`, torch's operations back on the tiles' threads for a block
+    that is one large BLAS-bound computation and nothing else (a large client's posterior,
+    :mod:`fedgp.models.large`); outside it, :func:`default_threads`. Restored after."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(default_threads())
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)

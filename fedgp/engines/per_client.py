@@ -9,14 +9,15 @@ from collections.abc import Sequence
 import torch
 
 from fedgp.data.client import ClientData
+from fedgp.engines.cpus import torch_on_tile_threads
 from fedgp.engines.sequential import SequentialOps
-from fedgp.models.posterior import Prediction
+from fedgp.models.posterior import Prediction, condition_client
 from fedgp.models.spec import GPSpec
 from fedgp.models.state import HyperState
 from fedgp.strategies.base import TrainResult
 from fedgp.strategies.local import LocalTraining
 
-__all__ = ["PerClientOps"]
+__all__ = ["PerClientOps", "predict_alone"]
 
 
 class PerClientOps:
@@ -63,3 +64,22 @@ class PerClientOps:
     ) -> list[Prediction]:
         """Personalised predictions, client by client with GPyTorch (the fallback path)."""
         return [p for ops, s in self._each(states) for p in ops.predict(s, X_new, full_cov)]
+
+
+def predict_alone(
+    spec: GPSpec,
+    states: HyperState,
+    positions: Sequence[int],
+    clients: Sequence[ClientData],
+    X_new: torch.Tensor | None,
+    full_cov: bool,
+) -> list[tuple[int, Prediction]]:
+    """``(position, posterior)`` of each client by itself (at ``X_new`` or its test inputs), conditioning
+    ``states.index(position)`` on its data (:func:`~fedgp.models.posterior.condition_client`), with torch
+    on every thread the engine may use: what the batched engine does with a large client, whose
+    posterior is one BLAS-bound computation (:mod:`fedgp.models.large`)."""
+    with torch_on_tile_threads():
+        return [
+            (p, condition_client(spec, states.index(p), c, X_new, full_cov))
+            for p, c in zip(positions, clients)
+        ]

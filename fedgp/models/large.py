@@ -5,7 +5,7 @@ matrices at once (the kernel, its noisy copy, the Cholesky factor and their temp
 of peak memory at n = 30,000. Above :data:`LARGE_CLIENT_ROWS` training rows a client's posterior is
 computed here instead, and it is the same exact Cholesky posterior, equal to GPyTorch's to
 round-off (tests: 1e-9 relative): the noisy training covariance is written block by block into one
-n×n float64 buffer and factorised in place by LAPACK's ``dpotrf`` through SciPy (torch's
+n×n float64 buffer and factorised in place by a blocked Cholesky on torch's BLAS (torch's
 ``cholesky`` allocates a second n×n output), with GPyTorch's jitter retries; the test points go
 through in blocks. Peak memory is n²·8 bytes plus O(n · :data:`BLOCK`) (7.2 GB at n = 30,000);
 time is the factor's n³/3 multiply-adds plus n² per test point.
@@ -44,29 +44,65 @@ def matrix_bytes(n: int) -> int:
 
 
 def _available_bytes() -> int | None:
+    """The memory the machine has free (psutil, else Linux's ``MemAvailable``), or ``None``."""
     try:
         import psutil
+
+        return int(psutil.virtual_memory().available)
     except ImportError:
-        return None
-    return int(psutil.virtual_memory().available)
+        pass
+    try:
+        with open("/proc/meminfo") as info:
+            for line in info:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
 
 
 def one_blas_thread() -> threadpool_limits:
-    """SciPy's OpenBLAS on one thread. Its multithreaded ``dpotrf`` crashed the process (SIGSEGV) at
-    n = 30,000 on a 2-core machine (OpenBLAS 0.3.30 as SciPy bundles it; the same class of fault as
-    OpenMathLib/OpenBLAS#1413 and #2821, in the threaded SYRK of the factor) and ran with one."""
+    """SciPy's OpenBLAS on one thread, for the triangular solves. Its multithreaded ``dpotrf`` crashed
+    the process (SIGSEGV) at n = 30,000 on a 2-core machine (OpenBLAS 0.3.30 as SciPy bundles it; the
+    class of fault of OpenMathLib/OpenBLAS#1413 and #2821, in the threaded SYRK), which is why the factor
+    itself is torch's; its other routines run on one thread as a precaution (they cost O(n²) a column)."""
     return threadpool_limits(limits=1, user_api="blas")
 
 
-def _noisy_covariance(model, X: torch.Tensor, out: np.ndarray, jitter: float) -> None:
+def _noisy_covariance(model, X: torch.Tensor, out: torch.Tensor, jitter: float) -> None:
     """K(X, X) + the likelihood's noise (+ ``jitter``) on the diagonal, written into ``out`` by blocks
-    of rows (``out`` is C-ordered and symmetric, so its memory is also its own Fortran-ordered view)."""
+    of rows."""
     n = X.shape[0]
-    dest = torch.from_numpy(out)
     for start in range(0, n, BLOCK):
-        dest[start : start + BLOCK] = model.covar_module(X[start : start + BLOCK], X).to_dense()
+        out[start : start + BLOCK] = model.covar_module(X[start : start + BLOCK], X).to_dense()
     noise = model.likelihood.noise_covar(X, shape=torch.Size([n])).diagonal()
-    dest.diagonal().add_(noise.expand(n) + jitter)
+    out.diagonal().add_(noise.expand(n) + jitter)
+
+
+def _cholesky_in_place(A: torch.Tensor) -> int:
+    """Overwrite the lower triangle of the symmetric ``A`` with its Cholesky factor L; 0 on success,
+    else the (1-based) row where a pivot was not positive.
+
+    Right-looking and blocked: factor a diagonal block, solve the panel below it, subtract the panel's
+    outer product from the lower triangle of the trailing matrix block by block (``addmm_`` on views
+    of ``A``, so torch's BLAS writes in place). Written here because LAPACK's in-place ``potrf`` is
+    not reachable from torch (``torch.linalg.cholesky`` allocates its output) and SciPy's threaded
+    one crashed (:func:`one_blas_thread`); the extra memory is one panel, n × :data:`BLOCK`."""
+    n = A.shape[0]
+    for k in range(0, n, BLOCK):
+        e = min(k + BLOCK, n)
+        L, info = torch.linalg.cholesky_ex(A[k:e, k:e])
+        if info != 0 or not bool(torch.isfinite(L.diagonal()).all()):
+            return k + max(int(info), 1)
+        A[k:e, k:e] = L
+        if e == n:
+            break
+        panel = torch.linalg.solve_triangular(L, A[e:, k:e].T, upper=False).T
+        A[e:, k:e] = panel
+        for j in range(e, n, BLOCK):
+            je = min(j + BLOCK, n)
+            A[j:je, e:je].addmm_(panel[j - e : je - e], panel[: je - e].T, alpha=-1.0)
+    return 0
 
 
 def _factor_in_place(model, X: torch.Tensor, client) -> np.ndarray:
@@ -80,17 +116,17 @@ def _factor_in_place(model, X: torch.Tensor, client) -> np.ndarray:
             f"{need / 2**30:.1f} GiB, and this machine has {free / 2**30:.1f} GiB free; predict on a "
             "machine with more memory, or with a subset of the client's rows"
         )
-    buffer = np.empty((n, n), dtype=np.float64)
+    buffer = torch.empty(n, n, dtype=torch.float64)
     jitter = 0.0
     for attempt in range(CHOLESKY_MAX_TRIES + 1):
         _noisy_covariance(model, X, buffer, jitter)
-        with one_blas_thread():
-            upper, info = scipy.linalg.lapack.dpotrf(buffer.T, lower=0, clean=0, overwrite_a=1)
-        if info == 0 and np.isfinite(np.diagonal(upper)).all():
-            assert np.shares_memory(upper, buffer)  # factorised in place, as the memory bound assumes
-            return upper
+        row = _cholesky_in_place(buffer)
+        if row == 0:
+            return buffer.numpy().T
         jitter = CHOLESKY_JITTER * 10**attempt
-    raise NotPSDError(f"{n}×{n} covariance not positive definite (dpotrf info {info})")
+    raise NotPSDError(
+        f"{n}×{n} covariance not positive definite (pivot {row} after {CHOLESKY_MAX_TRIES} jitters)"
+    )
 
 
 def large_posterior(

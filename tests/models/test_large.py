@@ -1,7 +1,6 @@
 """The posterior of a large client in one n×n matrix: GPyTorch's exact posterior, to round-off."""
 
 import gpytorch
-import numpy as np
 import pytest
 import torch
 
@@ -80,8 +79,7 @@ def test_a_large_client_in_a_federation_predicts_as_gpytorch_does(small_threshol
         torch.testing.assert_close(a.variance_y, b.variance_y, rtol=1e-9, atol=1e-11)
 
 
-def test_the_factor_is_made_in_the_one_buffer_with_jitter_when_needed(small_threshold):
-    """Repeated inputs with almost no noise: singular without jitter, factorised after a retry."""
+def test_repeated_inputs_with_almost_no_noise_are_factorised(small_threshold):
     spec = spec_of("rbf")
     state = spec.state({"likelihood.noise_covar.noise": 1e-4})
     X, y, Xs = data(200)
@@ -90,9 +88,25 @@ def test_the_factor_is_made_in_the_one_buffer_with_jitter_when_needed(small_thre
     spec.load(model, state)
     pred = large.large_posterior(model, X, y, Xs)
     assert all(bool(torch.isfinite(t).all()) for t in pred[:3])
-    buffer = np.ones((3, 3))
-    large._noisy_covariance(model, X[:3], buffer, 0.0)
-    assert np.allclose(buffer, buffer.T)
+
+
+@pytest.mark.parametrize("n", [1, 127, 128, 129, 300, 517])
+def test_the_blocked_factor_in_place_is_the_cholesky_factor(monkeypatch, n):
+    monkeypatch.setattr(large, "BLOCK", 128)
+    g = torch.Generator().manual_seed(n)
+    B = torch.randn(n, n + 3, generator=g, dtype=torch.float64)
+    A = B @ B.T + 0.1 * torch.eye(n, dtype=torch.float64)
+    want = torch.linalg.cholesky(A)
+    buffer = A.clone()
+    assert large._cholesky_in_place(buffer) == 0
+    torch.testing.assert_close(buffer.tril(), want, rtol=1e-10, atol=1e-10)
+
+
+def test_a_matrix_that_is_not_positive_definite_is_reported_at_its_block(monkeypatch):
+    monkeypatch.setattr(large, "BLOCK", 128)
+    A = torch.eye(300, dtype=torch.float64)
+    A[200, 200] = -1.0
+    assert 129 <= large._cholesky_in_place(A) <= 256
 
 
 def test_a_matrix_the_machine_cannot_hold_is_refused_naming_the_client_and_the_memory(
@@ -105,15 +119,41 @@ def test_a_matrix_the_machine_cannot_hold_is_refused_naming_the_client_and_the_m
 
 
 def test_a_covariance_that_stays_singular_names_the_client(small_threshold, monkeypatch):
-    """LAPACK reporting a non-positive pivot every time: the retries run out, and the client is named."""
+    """A factor failing every time: the jitter retries run out, and the client is named."""
     tries = []
 
-    def failing(a, **options):
+    def failing(A):
         tries.append(1)
-        return a, 7
+        return 7
 
-    monkeypatch.setattr(large.scipy.linalg.lapack, "dpotrf", failing)
+    monkeypatch.setattr(large, "_cholesky_in_place", failing)
     spec = spec_of("rbf")
-    with pytest.raises(FactorizationError, match="client 'big'.*dpotrf info 7"):
+    with pytest.raises(FactorizationError, match="client 'big'.*pivot 7"):
         condition(spec, spec.initial_state(), *data(400), "big")
     assert len(tries) == 1 + fedgp.models.objective.CHOLESKY_MAX_TRIES
+
+
+def test_the_batched_engine_gives_a_large_clients_factor_its_threads(small_threshold, monkeypatch):
+    """The batched engine keeps torch on one thread during a task (the compiled tiles take the
+    threads); a large client's factor is one BLAS-bound computation and gets them back."""
+    from fedgp.engines import cpus
+
+    seen, factor = [], large._cholesky_in_place
+
+    def recording(A):
+        seen.append(torch.get_num_threads())
+        return factor(A)
+
+    monkeypatch.setattr(large, "_cholesky_in_place", recording)
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        X, y, Xs = data(400)
+        clients = [ClientData(X, y, id="big"), ClientData(*data(30, seed=9)[:2], id="small")]
+        result = fedgp.fit(
+            spec_of("rbf"), Federation(clients), fedgp.strategies.FGPR(), rounds=1, engine="batched"
+        )
+        result.posterior(Xs, "big")
+    finally:
+        torch.set_num_threads(before)
+    assert seen == [min(2, cpus.usable_cpus())]
