@@ -5,12 +5,15 @@ Each conditions its personal state on its own data and replies its predictive me
 at ``X`` (the ``predict`` reply's individual fields: nothing else leaves it), and the server
 combines them with a rule of :mod:`fedgp.models.experts`. The prior that BCM and rBCM divide out is
 computed on the server from the state it holds, in the same units as the replies.
+
+``result`` below is a :class:`~fedgp.run.FitResult`, which calls these (not imported here, so that
+the two modules depend one way).
 """
 
 from __future__ import annotations
 
 import warnings
-from typing import TYPE_CHECKING
+from typing import Any
 
 import torch
 
@@ -20,13 +23,10 @@ from fedgp.models.objective import exact_settings
 from fedgp.models.posterior import Prediction
 from fedgp.run.exchange import personal_exchange
 
-if TYPE_CHECKING:
-    from fedgp.run.result import FitResult
-
 __all__ = ["check_experts", "combined_posterior", "shared_prior"]
 
 
-def shared_prior(result: FitResult, X: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def shared_prior(result: Any, X: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The prior mean and variance of f at ``X`` in the data's units, under the one state and outcome
     transform every client shares; refuses (naming why) where the clients do not share them."""
     state = result.state
@@ -53,7 +53,7 @@ def shared_prior(result: FitResult, X: torch.Tensor) -> tuple[torch.Tensor, torc
     return offset + scale * mean, scale * scale * variance
 
 
-def check_experts(result: FitResult) -> None:
+def check_experts(result: Any) -> None:
     """Refuse a result without clients to ask (one read back by ``fedgp.load``)."""
     if result.engine is None:
         raise InputError(
@@ -62,7 +62,7 @@ def check_experts(result: FitResult) -> None:
         )
 
 
-def combined_posterior(result: FitResult, X: torch.Tensor, rule: str) -> Prediction:
+def combined_posterior(result: Any, X: torch.Tensor, rule: str) -> Prediction:
     """The ``rule`` combination of every training client's posterior at ``X`` (checked inputs).
 
     A client that fails to reply is left out, with a ``FedGPWarning`` naming it and the reason. The
