@@ -22,7 +22,9 @@ Choices where scikit-learn has no convention:
 * An owner at ``predict`` that was not seen at ``fit`` has no training rows: with
   ``unknown_groups="prior"`` (default) it gets the cold-start prediction fedgp gives a new client
   without data (the learned prior predictive; for clustered strategies, the cluster with the most
-  training points); with ``"error"`` it is a ``ValueError`` naming it.
+  training points); with ``"rbcm"``, ``"bcm"``, ``"gpoe"`` or ``"poe"`` it gets every fitted owner's
+  posterior combined by that rule (``FitResult.posterior(X, combine=...)``); with ``"error"`` it is a
+  ``ValueError`` naming it.
 * ``predict(..., return_std=True)`` returns the standard deviation of a new observation
   (the latent function's variance plus the learned noise), as scikit-learn's
   ``GaussianProcessRegressor`` does with a ``WhiteKernel``; the latent one is
@@ -44,6 +46,7 @@ from sklearn.utils.validation import check_consistent_length, check_is_fitted, v
 from fedgp.data.client import MIN_TRAINING_POINTS, ClientData, Federation
 from fedgp.data.table import rows_by_owner
 from fedgp.errors import FedGPWarning, InputError
+from fedgp.models.experts import RULES
 from fedgp.presets import make_spec, make_strategy
 from fedgp.run import Progress, fit
 
@@ -77,7 +80,7 @@ class FederatedGPRegressor(RegressorMixin, BaseEstimator):
         predictions are in the original units either way.
     faults : fedgp.run.Faults or None, default None
         ``fedgp.fit``'s failure tolerance and simulated faults.
-    unknown_groups : {"prior", "error"}, default "prior"
+    unknown_groups : {"prior", "rbcm", "bcm", "gpoe", "poe", "error"}, default "prior"
         What ``predict`` does for an owner not seen at ``fit`` (see the module docstring).
     callbacks : tuple, default ()
         ``fedgp.fit``'s callbacks; without a ``fedgp.run.Progress`` among them, none is shown.
@@ -169,8 +172,11 @@ class FederatedGPRegressor(RegressorMixin, BaseEstimator):
         standard deviation of a new observation."""
         check_is_fitted(self)
         X = validate_data(self, X, dtype=np.float64, reset=False)
-        if self.unknown_groups not in ("prior", "error"):
-            raise InputError(f"unknown_groups must be 'prior' or 'error', got {self.unknown_groups!r}")
+        if self.unknown_groups not in ("prior", "error", *RULES):
+            raise InputError(
+                f"unknown_groups must be 'prior', 'error' or a combine rule ({', '.join(RULES)}), "
+                f"got {self.unknown_groups!r}"
+            )
         if groups is None:
             if len(self.groups_) != 1:
                 raise InputError(
@@ -183,15 +189,17 @@ class FederatedGPRegressor(RegressorMixin, BaseEstimator):
         mean, std = np.empty(len(X)), np.empty(len(X))
         for owner, rows in _owners(groups).items():
             if owner in known:
-                client = known[owner]
+                pred = self.result_.posterior(X[rows], known[owner])
             elif self.unknown_groups == "prior":  # a new owner without data: fedgp's cold start
-                client = ClientData(np.empty((0, X.shape[1])), np.empty(0), id=owner)
+                cold = ClientData(np.empty((0, X.shape[1])), np.empty(0), id=owner)
+                pred = self.result_.posterior(X[rows], cold)
+            elif self.unknown_groups in RULES:  # every fitted owner's posterior, combined
+                pred = self.result_.posterior(X[rows], combine=self.unknown_groups)
             else:
                 raise InputError(
                     f"groups: owner {owner!r} was not seen in fit (owners: "
                     f"{', '.join(map(repr, self.groups_[:10]))}{', ...' if len(self.groups_) > 10 else ''})"
                 )
-            pred = self.result_.posterior(X[rows], client)
             mean[rows] = pred.mean.numpy()
             std[rows] = pred.variance_y.sqrt().numpy()
         return (mean, std) if return_std else mean

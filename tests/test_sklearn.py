@@ -94,6 +94,19 @@ def test_an_unknown_owner_gets_the_prior_or_an_error():
         est.set_params(unknown_groups="error").predict(x, groups=["a", "newcomer"])
 
 
+def test_an_unknown_owner_can_get_every_owners_posterior_combined():
+    X, y, groups = owners()
+    est = FederatedGPRegressor(rounds=5, unknown_groups="rbcm").fit(X, y, groups=groups)
+    x = np.array([[1.0, 1.0], [4.0, 0.5], [2.0, 2.0]])
+    mean, std = est.predict(x, groups=["a", "newcomer", "newcomer"], return_std=True)
+    combined = est.result_.posterior(x[1:], combine="rbcm")
+    np.testing.assert_allclose(mean[1:], combined.mean.numpy(), rtol=1e-12)
+    np.testing.assert_allclose(std[1:], combined.variance_y.sqrt().numpy(), rtol=1e-12)
+    np.testing.assert_allclose(mean[0], est.result_.posterior(x[:1], 0).mean.numpy(), rtol=1e-12)
+    with pytest.raises(ValueError, match="unknown_groups must be 'prior', 'error' or a combine rule"):
+        est.set_params(unknown_groups="nearest").predict(x, groups=["a", "a", "a"])
+
+
 def test_without_groups_all_rows_are_one_owner():
     X, y, _ = owners()
     est = FederatedGPRegressor(rounds=4).fit(X, y)
