@@ -16,6 +16,7 @@ that nothing but records crosses the boundary.
 
 from __future__ import annotations
 
+import contextlib
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping, Sequence
 
@@ -62,6 +63,11 @@ class Engine(ABC):
     def run(self, task: Task, clients: torch.Tensor, fields: Mapping[str, Field]) -> Outcome:
         """Deliver ``task`` to ``clients`` (ascending positions; personal rows aligned with them) and
         collect their replies, checked against ``fields``."""
+
+    def threads(self) -> contextlib.AbstractContextManager:
+        """The thread setting this engine's tasks run under, and ``fit`` its whole loop
+        (:mod:`fedgp.engines.cpus`); none of its own by default."""
+        return contextlib.nullcontext()
 
     def close(self) -> None:  # noqa: B027 - optional hook: in-process engines hold nothing to release
         """Release workers, processes or connections (nothing for in-process engines). ``fit`` closes
@@ -177,6 +183,10 @@ class InProcessEngine(Engine):
         return Roster(list(self.ids), out.individual["n"], out.individual["n_test"], out.individual["d"])
 
     def run(self, task: Task, clients: torch.Tensor, fields: Mapping[str, Field]) -> Outcome:
+        with self.threads():
+            return self._run(task, clients, fields)
+
+    def _run(self, task: Task, clients: torch.Tensor, fields: Mapping[str, Field]) -> Outcome:
         if self.client_strategy is None:
             raise EngineError(f"{type(self).__name__}.start(strategy, seed) must come first")
         clients = torch.as_tensor(clients, dtype=torch.long)

@@ -31,9 +31,10 @@ engine's numbers, without the speed-up.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import warnings
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 
 import torch
 
@@ -46,7 +47,6 @@ from fedgp.engines.per_client import PerClientOps, predict_alone
 from fedgp.engines.sequential import SequentialOps
 from fedgp.engines.tensor_gp import NOISE, BatchedGP, cholesky
 from fedgp.errors import FedGPWarning, InputError, UnsupportedSpec
-from fedgp.messages import Field, Outcome, Task
 from fedgp.models import large
 from fedgp.models.posterior import Prediction
 from fedgp.models.spec import GPSpec
@@ -163,14 +163,12 @@ class BatchedEngine(InProcessEngine):
         else:
             self.X_mb, self.y_mb = self.X, self.y
 
-    def run(self, task: Task, clients: torch.Tensor, fields: Mapping[str, Field]) -> Outcome:
-        """As every in-process engine; with the compiled step, torch's own operations run on one
-        thread and the compiled tiles on the threads (:func:`fedgp.engines.cpus.torch_on_one_thread`:
-        torch's threads made a fit slower whenever another process was busy)."""
-        if self.gp is None or not self.gp.compiled:
-            return super().run(task, clients, fields)
-        with cpus.torch_on_one_thread():
-            return super().run(task, clients, fields)
+    def threads(self) -> contextlib.AbstractContextManager:
+        """With the compiled step, torch's own operations on one thread and the compiled tiles on the
+        threads (:func:`fedgp.engines.cpus.torch_on_one_thread`): torch's threads made a fit slower
+        whenever another process was busy."""
+        compiled = self.gp is not None and self.gp.compiled
+        return cpus.torch_on_one_thread() if compiled else contextlib.nullcontext()
 
     def abandoned(self) -> None:
         """A cut-off task may still use the GPyTorch model and modules: later tasks get new ones."""

@@ -33,12 +33,13 @@ from __future__ import annotations
 import contextlib
 import math
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import torch
 
-from fedgp.engines import deadline
+from fedgp.engines import cpus, deadline
 from fedgp.engines.cpus import default_threads
 
 try:  # optional dependency: the tensor path is used without it
@@ -358,7 +359,7 @@ def run_tiles(fn, n_tiles: int, *args, threads: int | None = None, pieces_per_th
     thread takes the next piece when it is done with one, so a thread slowed down by other
     processes holds the others up by one piece at most. A tile's numbers do not depend on which
     thread runs it, or with which other tiles."""
-    threads = max(1, min(default_threads() if threads is None else threads, n_tiles))
+    threads = max(1, min(cpus.contention.threads(default_threads()) if threads is None else threads, n_tiles))
     # A first call with these types compiles: the engine's time, not the clients' (fedgp.engines.deadline).
     key = (fn, *(getattr(a, "dtype", None) for a in args))
     with slp_vectorize(), contextlib.nullcontext() if key in _RAN else deadline.not_counted():
@@ -374,12 +375,15 @@ def _run_tiles(fn, n_tiles: int, args: tuple, threads: int, pieces_per_thread: i
     bounds = [n_tiles * i // count for i in range(count + 1)]
     queue = iter(range(count))
     lock = threading.Lock()
+    spent = []  # (CPU time, wall time) of each thread: how much of the call it ran (cpus.Contention)
 
     def work():
+        cpu, wall = time.thread_time(), time.perf_counter()
         while True:
             with lock:
                 i = next(queue, None)
             if i is None:
+                spent.append((time.thread_time() - cpu, time.perf_counter() - wall))
                 return
             fn(*args, bounds[i], bounds[i + 1])
 
@@ -387,6 +391,9 @@ def _run_tiles(fn, n_tiles: int, args: tuple, threads: int, pieces_per_thread: i
     work()
     for future in futures:
         future.result()
+    wall = sum(w for _, w in spent)
+    if wall > 0:
+        cpus.contention.record(threads, sum(c for c, _ in spent) / wall)
 
 
 class _PrecomputedNLL(torch.autograd.Function):

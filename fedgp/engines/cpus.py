@@ -15,12 +15,21 @@ OpenMP threads wait at every operation's barrier for a thread the kernel has des
 with 2 torch threads took 1.6-2.1x as long as with 1. The compiled tiles' threads take pieces of
 work from a queue (no barrier but the end of the call), so they keep their threads while torch's
 own small operations around them (states, aggregation, transforms) run on one.
+
+:class:`Contention` covers what the CPU count cannot see: other processes busy on the CPUs this
+process may use. Each call of the tiles measures how much of their wall time its threads got a CPU;
+below :data:`CONTENDED` the next calls run on as many threads as got a CPU's worth, and a call at the
+full count probes again after 4, 8, 16 ... calls (back to the full count when it is not contended).
+``fit`` runs its whole loop under the engine's setting (:meth:`fedgp.engines.base.Engine.threads`).
+With one busy process beside a 5-round K = 1,000 fit on 2 CPUs, 2 threads were 0.65-0.74x as fast as
+1 without either, 0.93x with both (``benchmarks/threads_under_load.py --clients 1000``).
 """
 
 from __future__ import annotations
 
 import math
 import os
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -28,7 +37,15 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["usable_cpus", "default_threads", "torch_on_one_thread", "torch_on_tile_threads"]
+__all__ = [
+    "usable_cpus",
+    "default_threads",
+    "torch_on_one_thread",
+    "torch_on_tile_threads",
+    "Contention",
+    "CONTENDED",
+    "contention",
+]
 
 _CGROUP = Path("/sys/fs/cgroup")
 #: The compiled tiles' thread count inside :func:`torch_on_one_thread` (per Python thread).
@@ -98,3 +115,52 @@ def torch_on_tile_threads() -> Iterator[None]:
         yield
     finally:
         torch.set_num_threads(before)
+
+
+#: The share of their wall time the tiles' threads must get a CPU for, or the call counts as contended.
+CONTENDED = 0.8
+#: Calls at the lower count after the first contended call (then twice as many after each contended
+#: probe, up to :data:`MAX_PROBE_WAIT`): a contended probe costs a call at the slower count.
+FIRST_PROBE_WAIT = 4
+#: The longest wait, in calls, between two probes of the full thread count while contended.
+MAX_PROBE_WAIT = 64
+
+
+class Contention:
+    """Threads for the next call of the compiled tiles, from what the last calls measured.
+
+    :meth:`record` takes a call's thread count and the share of its threads' wall time they ran on
+    a CPU (their CPU time over their wall time); :meth:`threads` turns the count a caller wants into
+    the count to use. Results never depend on the count (a tile's numbers do not), only the time."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self.limit: int | None = None  # None: not contended
+        self.wait = 0  # calls at ``limit`` before the next probe of the full count
+        self.backoff = FIRST_PROBE_WAIT
+
+    def threads(self, want: int) -> int:
+        """``want``, or fewer while other processes hold the CPUs (a probe at ``want`` now and then)."""
+        with self._lock:
+            if self.limit is None or want <= self.limit:
+                return want
+            if self.wait <= 0:
+                return want  # a probe
+            self.wait -= 1
+            return self.limit
+
+    def record(self, threads: int, share: float) -> None:
+        """What a call on ``threads`` threads measured (``share``: CPU time / wall time of its threads)."""
+        if threads <= 1:
+            return
+        with self._lock:
+            if share >= CONTENDED:
+                self.limit, self.wait, self.backoff = None, 0, FIRST_PROBE_WAIT
+                return
+            self.limit = max(1, int(threads * share))
+            self.wait = self.backoff
+            self.backoff = min(2 * self.backoff, MAX_PROBE_WAIT)
+
+
+#: This process's record (the compiled tiles consult and update it).
+contention = Contention()

@@ -86,9 +86,10 @@ def fit(
         stop=stop, callbacks=callbacks, privacy=privacy,
     )  # fmt: skip
     try:
-        run.start()
-        while not run.done:
-            run.round()
-        return run.finish()
+        with run.engine.threads():  # the batched engine: torch on one thread for the whole loop
+            run.start()
+            while not run.done:
+                run.round()
+            return run.finish()
     finally:
         run.close()  # an engine fit built, also when the run fails (a Ray it started stops)

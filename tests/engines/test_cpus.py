@@ -1,6 +1,7 @@
 """The compiled steps' thread count follows the CPUs the process may use (affinity, cgroup quota)."""
 
 import os
+import threading
 
 import pytest
 import torch
@@ -106,3 +107,47 @@ def test_inside_a_batched_round_torch_runs_on_one_thread_and_the_tiles_keep_thei
         assert torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(threads)
+
+
+def test_contention_backs_off_to_the_threads_that_got_a_cpu_and_probes_again():
+    from fedgp.engines.cpus import CONTENDED, FIRST_PROBE_WAIT, MAX_PROBE_WAIT, Contention
+
+    assert FIRST_PROBE_WAIT == 4  # the waits below
+
+    c = Contention()
+    assert c.threads(2) == 2
+    c.record(2, 0.95)  # two threads, each on a CPU nearly all the time: keep them
+    assert c.threads(2) == 2
+    c.record(1, 0.1)  # a one-thread call says nothing about the CPUs
+    assert c.threads(2) == 2
+    c.record(2, 0.6)  # one busy process beside: 1.2 CPUs' worth for 2 threads
+    assert [c.threads(2) for _ in range(6)] == [1, 1, 1, 1, 2, 2]  # 4 calls at 1, then a probe at 2
+    c.record(2, 0.6)  # the probe is contended too: wait twice as long
+    assert [c.threads(2) for _ in range(9)] == [1] * 8 + [2]
+    for _ in range(20):
+        c.record(2, 0.5)
+    assert c.backoff == MAX_PROBE_WAIT
+    c.record(2, CONTENDED)  # the other process left
+    assert c.threads(2) == 2 and c.limit is None and c.backoff == FIRST_PROBE_WAIT
+    c.record(8, 0.5)  # 8 threads with 4 CPUs' worth
+    assert c.threads(8) == 4 and c.threads(3) == 3  # a caller wanting fewer gets what it wants
+
+
+def test_the_tiles_run_on_the_threads_contention_allows_and_report_what_they_got(monkeypatch):
+    from fedgp.engines import cpus
+
+    recorded, calls = [], []
+    monkeypatch.setattr(cpus.contention, "threads", lambda want: 1 if len(calls) == 0 else want)
+    monkeypatch.setattr(cpus.contention, "record", lambda threads, share: recorded.append((threads, share)))
+
+    def fn(out, t0, t1):
+        calls.append(threading.get_ident())
+        out[t0:t1] += 1
+
+    import numpy as np
+
+    out = np.zeros(40)
+    compiled.run_tiles(fn, 40, out, threads=None)  # limited to 1 thread: nothing to record
+    compiled.run_tiles(fn, 40, out, threads=2)
+    assert (out == 2).all()
+    assert len(recorded) == 1 and recorded[0][0] == 2 and 0.0 <= recorded[0][1] <= 1.5
