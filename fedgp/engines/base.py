@@ -64,7 +64,7 @@ class Engine(ABC):
         """Deliver ``task`` to ``clients`` (ascending positions; personal rows aligned with them) and
         collect their replies, checked against ``fields``."""
 
-    def threads(self) -> contextlib.AbstractContextManager:
+    def thread_setting(self) -> contextlib.AbstractContextManager:
         """The thread setting this engine's tasks run under, and ``fit`` its whole loop
         (:mod:`fedgp.engines.cpus`); none of its own by default."""
         return contextlib.nullcontext()
@@ -183,7 +183,7 @@ class InProcessEngine(Engine):
         return Roster(list(self.ids), out.individual["n"], out.individual["n_test"], out.individual["d"])
 
     def run(self, task: Task, clients: torch.Tensor, fields: Mapping[str, Field]) -> Outcome:
-        with self.threads():
+        with self.thread_setting():
             return self._run(task, clients, fields)
 
     def _run(self, task: Task, clients: torch.Tensor, fields: Mapping[str, Field]) -> Outcome:

@@ -163,7 +163,7 @@ class BatchedEngine(InProcessEngine):
         else:
             self.X_mb, self.y_mb = self.X, self.y
 
-    def threads(self) -> contextlib.AbstractContextManager:
+    def thread_setting(self) -> contextlib.AbstractContextManager:
         """With the compiled step, torch's own operations on one thread and the compiled tiles on the
         threads (:func:`fedgp.engines.cpus.torch_on_one_thread`): torch's threads made a fit slower
         whenever another process was busy."""

@@ -20,7 +20,7 @@ own small operations around them (states, aggregation, transforms) run on one.
 process may use. Each call of the tiles measures how much of their wall time its threads got a CPU;
 below :data:`CONTENDED` the next calls run on as many threads as got a CPU's worth, and a call at the
 full count probes again after 4, 8, 16 ... calls (back to the full count when it is not contended).
-``fit`` runs its whole loop under the engine's setting (:meth:`fedgp.engines.base.Engine.threads`).
+``fit`` runs its whole loop under the engine's setting (:meth:`fedgp.engines.base.Engine.thread_setting`).
 With one busy process beside a 5-round K = 1,000 fit on 2 CPUs, 2 threads were 0.74x as fast as 1
 without either, 0.93x with both (``benchmarks/threads_under_load.py --clients 1000``, single runs).
 """

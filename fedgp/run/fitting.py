@@ -86,7 +86,7 @@ def fit(
         stop=stop, callbacks=callbacks, privacy=privacy,
     )  # fmt: skip
     try:
-        with run.engine.threads():  # the batched engine: torch on one thread for the whole loop
+        with run.engine.thread_setting():  # the batched engine: torch on one thread for the whole loop
             run.start()
             while not run.done:
                 run.round()
