@@ -41,7 +41,7 @@ if TYPE_CHECKING:  # what static tools (type checkers, IDEs, the API docs) see
         transforms,
     )
     from fedgp.errors import *  # noqa: F403
-    from fedgp.models import GPSpec, HyperState
+    from fedgp.models import GPSpec, HyperState, VariationalGPSpec
     from fedgp.run import FitResult, fit, load
 
 #: The objects at the top level, and where each is defined: ``name -> (module, attribute)``.
@@ -50,6 +50,7 @@ _OBJECTS = {
     "FitResult": ("fedgp.run", "FitResult"),
     "load": ("fedgp.run", "load"),
     "GPSpec": ("fedgp.models", "GPSpec"),
+    "VariationalGPSpec": ("fedgp.models", "VariationalGPSpec"),
     "HyperState": ("fedgp.models", "HyperState"),
     **{name: ("fedgp.errors", name) for name in _ERRORS},
 }
@@ -96,6 +97,7 @@ __all__ = [
     "FitResult",
     "load",
     "GPSpec",
+    "VariationalGPSpec",
     "HyperState",
     "DISTRIBUTION",
     "__version__",

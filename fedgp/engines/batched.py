@@ -487,6 +487,8 @@ class BatchedOps:
 def batched_path_reason(spec: GPSpec, d: int, compiled: bool | None = None) -> str | None:
     """Why the tensor path cannot reproduce GPyTorch for ``spec`` on ``d``-feature data, or ``None``
     when it can (checked on a small random case: :func:`check_against_gpytorch`)."""
+    if spec.variational:
+        return "a sparse variational GP (VariationalGPSpec) runs client by client with GPyTorch"
     try:
         BatchedGP(spec, compiled)
         check_against_gpytorch(spec, compiled=compiled, d=d)
@@ -498,7 +500,7 @@ def batched_path_reason(spec: GPSpec, d: int, compiled: bool | None = None) -> s
 def _batched_gp(spec: GPSpec, compiled: bool | None, check: bool, d: int, device) -> BatchedGP | None:
     """The tensor path for ``spec``, or ``None`` (with a one-time warning) when it cannot reproduce
     GPyTorch: the engine then evaluates each client with GPyTorch, as the sequential engine does."""
-    reason = batched_path_reason(spec, d, compiled) if check else None
+    reason = batched_path_reason(spec, d, compiled) if check or spec.variational else None
     if reason is None:
         try:
             return BatchedGP(spec, compiled).to(device)

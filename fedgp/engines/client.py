@@ -68,8 +68,13 @@ def handle(
     if task.kind == "personal":
         return {**state_tensors(states, "state/"), "cluster": cluster}
     if task.kind == "evaluate":
-        out = prediction_metrics(ops.predict(states), [c.y_test for c in ops.clients])
+        targets = [c.y_test for c in ops.clients]
+        if ops.spec.variational:
+            out = ops.spec.test_metrics(ops.predict(states), targets, states)
+        else:
+            out = prediction_metrics(ops.predict(states), targets)
         # In the original units: RMSE scales with sd, the density's log by −log sd; coverage is unchanged.
+        # (A non-Gaussian likelihood's targets are never transformed: its scale is 1.)
         out["rmse"] = out["rmse"] * scale
         out["nll"] = out["nll"] + scale.log()
         out["n_test"] = torch.tensor([len(c.y_test) for c in ops.clients], dtype=torch.long)
@@ -88,6 +93,8 @@ def handle(
             "variance_f": torch.stack([p.variance_f for p in predictions]).to(torch.float64) * square,
             "variance_y": torch.stack([p.variance_y for p in predictions]).to(torch.float64) * square,
         }
+        if predictions and predictions[0].latent_mean is not None:  # a non-Gaussian likelihood's
+            out["mean_f"] = torch.stack([p.latent_mean for p in predictions]).to(torch.float64)
         if full_cov:
             covariance = torch.stack([p.covariance_f for p in predictions]).to(torch.float64)
             out["covariance_f"] = covariance * square.unsqueeze(-1)

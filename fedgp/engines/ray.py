@@ -225,7 +225,8 @@ class RayEngine(Engine):
     ) -> None:
         ray = _ray()
         options = dict(shard or {})
-        check_against_gpytorch(spec, compiled=options.get("compiled"))  # once, before Ray; actors skip it
+        if not spec.variational:  # (a variational spec runs client by client: nothing to check)
+            check_against_gpytorch(spec, compiled=options.get("compiled"))  # once, before Ray; actors skip it
         self.keep_alive = keep_alive
         local_cpus = None if address else (num_workers or os.cpu_count())
         self._init = dict(address=address, num_cpus=local_cpus, include_dashboard=False, log_to_driver=False)

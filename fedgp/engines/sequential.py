@@ -58,9 +58,22 @@ class SequentialOps:
         X, y, noise = (self.X, self.y, self.noise) if idx is None else self._points(idx)
         self.spec.load_raw(self.model, raw)
         with factorization_guard(self.client.id, what):
-            loss = minibatch_nll(self.model, X, y, self.spec.prior_weight, noise)
+            loss = self._loss(X, y, noise)
         grads = torch.autograd.grad(loss, self._params) if self._params else ()
         return loss.detach(), {p.name: g for p, g in zip(self._trainable, grads)}
+
+    def _loss(self, X: torch.Tensor, y: torch.Tensor, noise: torch.Tensor | None) -> torch.Tensor:
+        """The local per-point loss on ``(X, y)``: the exact NLL, or a variational spec's negative ELBO
+        (with the client's q(u) as :meth:`_personalise` fitted it)."""
+        if self.spec.variational:
+            return self.spec.minibatch_loss(self.model, X, y, self.client.n)
+        return minibatch_nll(self.model, X, y, self.spec.prior_weight, noise)
+
+    def _personalise(self, what: str) -> None:
+        """A variational spec's client fits its own q(u) to all its rows under the loaded θ."""
+        if self.spec.variational:
+            with factorization_guard(self.client.id, what):
+                self.spec.fit_personal(self.model, self.X, self.y)
 
     def _points(self, idx: torch.Tensor):
         return self.X[idx], self.y[idx], None if self.noise is None else self.noise[idx]
@@ -80,8 +93,10 @@ class SequentialOps:
         with torch.no_grad():
             for e in range(len(out)):
                 self.spec.load(self.model, flat.index(e))
+                with torch.enable_grad():
+                    self._personalise("local NLL")
                 with factorization_guard(self.client.id, "local NLL"):
-                    out[e] = minibatch_nll(self.model, self.X, self.y, self.spec.prior_weight, self.noise)
+                    out[e] = self._loss(self.X, self.y, self.noise)
         return out.reshape(1, *extra)
 
     def gradient(self, states: HyperState, batch_size: int | None = None) -> tuple[torch.Tensor, HyperState]:
@@ -94,6 +109,8 @@ class SequentialOps:
         losses, grads = [], []
         for e in range(flat.batch_shape[0]):
             raw = self.spec.to_raw(flat.index(e))
+            self.spec.load_raw(self.model, raw)
+            self._personalise("gradient")
             loss, g = self._loss_and_grad(dict(raw), idx, "gradient")
             losses.append(loss)
             grads.append(
@@ -117,6 +134,7 @@ class SequentialOps:
             start = {p.name: raw_all[p.name] for p in self._trainable}
             raw, opt_state, total = dict(start), local.optimizer.init(start), 0.0
             self.spec.load_raw(self.model, raw_all)  # fixed parameters stay as loaded
+            self._personalise("local q(u)")  # held during the steps (see fedgp.models.variational)
             for s in range(steps):
                 loss, grads = self._loss_and_grad(raw, idx[s], f"local step {s}")
                 if local.prox_mu:
@@ -141,6 +159,10 @@ class SequentialOps:
             raise InputError(f"client {self.client.id!r} has no test split and no inputs were given")
         self.spec.load(self.model, states.index(0))
         X_new = torch.as_tensor(X_new).to(self.spec.dtype)
+        if self.spec.variational:
+            with torch.enable_grad():
+                self._personalise("personal q(u)")
+            return [self.spec.predictive(self.model, X_new, full_cov)]
         if self.noise is not None:  # the likelihood holds the training points' known noise
             self.model.likelihood.noise = self.noise
         return [predict_with_model(self.model, self.X, self.y, X_new, self.client.id, full_cov)]

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from fedgp.errors import MissingExtraError
+from fedgp.errors import InputTypeError, MissingExtraError
 
 if TYPE_CHECKING:
     from botorch.models import SingleTaskGP
@@ -102,6 +102,10 @@ def to_botorch(result, client: Any, trainable: bool = False) -> SingleTaskGP:
     botorch = _botorch()
     data = result.client_data(client)
     spec = result.spec
+    if spec.variational:
+        raise InputTypeError(
+            "to_botorch: exports a client's exact GP posterior; this result's model is a VariationalGPSpec"
+        )
     gp = spec.build()
     spec.load(gp, result.client_state(client))
     X, y, inputs, outcome = _transforms(result, data, spec.dtype)

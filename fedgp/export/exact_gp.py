@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 import gpytorch
 import torch
 
+from fedgp.errors import InputTypeError
 from fedgp.models.spec import ExactGPModel
 
 if TYPE_CHECKING:
@@ -98,6 +99,10 @@ def to_gpytorch(result, client: Any) -> ExactGPModel:
     """
     data = result.client_data(client)
     spec = result.spec
+    if spec.variational:
+        raise InputTypeError(
+            "to_gpytorch: exports a client's exact GP posterior; this result's model is a VariationalGPSpec"
+        )
     model = spec.build()
     spec.load(model, result.client_state(client))
     transform = getattr(result, "transform", None)

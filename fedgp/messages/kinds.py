@@ -38,9 +38,13 @@ def reply_fields(
     if kind == "summarise":
         raise InputError("summarise replies depend on the data's width and the stage: use summary_fields")
     if kind == "evaluate":
-        fields = dict(EVALUATE_FIELDS)
+        # The spec's own metrics (EVALUATE_FIELDS' for a Gaussian likelihood), the size and the cluster.
+        metrics = {name: Field() for name in spec.metric_names}
+        fields = {**metrics, "n_test": EVALUATE_FIELDS["n_test"], "cluster": EVALUATE_FIELDS["cluster"]}
     elif kind == "predict":
         fields = {"mean": Field((points,)), "variance_f": Field((points,)), "variance_y": Field((points,))}
+        if spec.variational and not spec.conjugate:  # mean is E[y]; the latent f's mean travels too
+            fields["mean_f"] = Field((points,))
         if full_cov:
             fields["covariance_f"] = Field((points, points))
     elif kind == "personal":

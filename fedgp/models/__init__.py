@@ -8,9 +8,12 @@ from fedgp.models.objective import exact_settings, minibatch_nll
 from fedgp.models.posterior import Prediction, condition
 from fedgp.models.spec import ExactGPModel, GPSpec, ParamInfo, ZeroKernel
 from fedgp.models.state import HyperState
+from fedgp.models.variational import SparseVariationalGP, VariationalGPSpec
 
 __all__ = [
     "GPSpec",
+    "VariationalGPSpec",
+    "SparseVariationalGP",
     "ParamInfo",
     "ZeroKernel",
     "GaussianBumpMean",

@@ -37,13 +37,19 @@ class Prediction:
 
     ``covariance_f`` is the joint ``(points, points)`` covariance of f, present when it was asked
     for (``FitResult.posterior(X, client, full_cov=True)``); the noise is independent per point,
-    so the joint covariance of y adds ``variance_y - variance_f`` to its diagonal.
+    so the joint covariance of y adds ``variance_y - variance_f`` to its diagonal. Under a
+    non-Gaussian likelihood the predictive of y is not Gaussian: ``mean`` and ``variance_y`` are its
+    mean and variance, and the helpers below that assume a Gaussian (intervals, ``nll``, ``sample``)
+    do not apply.
     """
 
     mean: torch.Tensor
     variance_f: torch.Tensor
     variance_y: torch.Tensor
     covariance_f: torch.Tensor | None = None
+    #: The latent f's mean where ``mean`` is not it: E[y] under a non-Gaussian likelihood
+    #: (:class:`~fedgp.models.variational.VariationalGPSpec`); ``None`` where ``mean`` is E[f].
+    latent_mean: torch.Tensor | None = None
 
     def variance(self, observation_noise: bool = False) -> torch.Tensor:
         """The variance of f, or of y with ``observation_noise=True``."""

@@ -115,22 +115,20 @@ class GPSpec:
         kernel = gpytorch.kernels.ScaleKernel(gpytorch.kernels.RBFKernel()) if kernel is None else kernel
         mean = gpytorch.means.ZeroMean() if mean is None else mean
         likelihood = gpytorch.likelihoods.GaussianLikelihood() if likelihood is None else likelihood
-        if not isinstance(likelihood, gpytorch.likelihoods._GaussianLikelihoodBase):
-            raise InputTypeError(
-                "fedgp needs a Gaussian likelihood for exact marginal likelihoods, "
-                f"got {type(likelihood).__name__}"
-            )
+        self._check_likelihood(likelihood)
         if dtype not in (torch.float32, torch.float64):
             raise InputError(f"dtype must be torch.float64 or torch.float32, got {dtype}")
         if prior_weight is not None and not prior_weight >= 0:
             raise InputError(f"prior_weight must be >= 0 (or None for GPyTorch's 1 / M), got {prior_weight}")
         self.dtype, self.prior_weight = dtype, prior_weight
-        self._template = ExactGPModel(
+        self._template = self._make_template(
             copy.deepcopy(mean), copy.deepcopy(kernel), copy.deepcopy(likelihood)
         ).to(dtype)
         fixed = set(fixed)
         params = []
         for raw_name, param, constraint in self._template.named_parameters_and_constraints():
+            if self._is_personal(raw_name):
+                continue
             name = _state_name(raw_name, constraint is not None)
             aliases = {name, raw_name, _state_name(raw_name, True)}
             trainable = param.requires_grad and not (aliases & fixed)
@@ -151,6 +149,34 @@ class GPSpec:
             self._template.initialize(**self._module_names(initial_values))
         for p in self._template.parameters():
             p.requires_grad_(True)
+
+    # -- what a subclass changes ---------------------------------------------------------------
+    def _check_likelihood(self, likelihood: gpytorch.likelihoods.Likelihood) -> None:
+        """Refuse a likelihood this kind of model cannot use (an exact GP: Gaussian ones only)."""
+        if not isinstance(likelihood, gpytorch.likelihoods._GaussianLikelihoodBase):
+            raise InputTypeError(
+                "fedgp needs a Gaussian likelihood for exact marginal likelihoods, "
+                f"got {type(likelihood).__name__}; any GPyTorch likelihood works with "
+                "fedgp.VariationalGPSpec"
+            )
+
+    def _make_template(self, mean, kernel, likelihood) -> gpytorch.Module:
+        """The GPyTorch model every client's model copies."""
+        return ExactGPModel(mean, kernel, likelihood)
+
+    def _is_personal(self, raw_name: str) -> bool:
+        """Whether a model parameter is the client's own, never in a state (none in an exact GP)."""
+        return False
+
+    @property
+    def variational(self) -> bool:
+        """Whether clients fit a variational distribution of their own (:class:`VariationalGPSpec`)."""
+        return False
+
+    @property
+    def metric_names(self) -> tuple[str, ...]:
+        """The test metrics each client reports (``result.evaluate()``'s columns)."""
+        return ("rmse", "nll", "coverage95")
 
     # -- introspection --------------------------------------------------------------------------
     @property

@@ -16,7 +16,8 @@ from fedgp.transforms import DataTransform
 
 __all__ = ["evaluate_clients", "mean_metrics", "METRIC_COLUMNS"]
 
-#: The columns of :func:`evaluate_clients`.
+#: The columns of :func:`evaluate_clients` for a Gaussian likelihood (a
+#: :class:`~fedgp.models.variational.VariationalGPSpec` of another has its own ``metric_names``).
 METRIC_COLUMNS = ["client", "n_test", "rmse", "nll", "coverage95", "cluster"]
 
 
@@ -29,14 +30,16 @@ def evaluate_clients(
     transform: DataTransform | None = None,
 ) -> pd.DataFrame:
     """Per-client test metrics in the original units, computed by each client on its own test split
-    (columns :data:`METRIC_COLUMNS`; ``attrs["failures"]`` names the clients that could not answer)."""
+    (columns :data:`METRIC_COLUMNS`, or the spec's ``metric_names``; ``attrs["failures"]`` names the
+    clients that could not answer)."""
+    columns = ["client", "n_test", *ctx.spec.metric_names, "cluster"]
     positions = torch.nonzero(roster.n_test > 0).flatten()
     if not len(positions):
-        return pd.DataFrame(columns=METRIC_COLUMNS)
+        return pd.DataFrame(columns=columns)
     replies = personal_exchange(
         strategy, server, ctx, engine, roster, "evaluate", positions, positions, transform
     ).replies
-    frame = pd.DataFrame({name: replies[name].tolist() for name in METRIC_COLUMNS[1:]})
+    frame = pd.DataFrame({name: replies[name].tolist() for name in columns[1:]})
     frame.insert(0, "client", [roster.ids[p] for p in replies.participants.tolist()])
     frame.attrs["failures"] = {roster.ids[p]: r for p, r in replies.failures.items()}
     return frame

@@ -201,7 +201,10 @@ class FitResult:
             return combined_posterior(self, X, combine)
         replies = self._ask("predict", client, {"X": X}, X.shape[0], full_cov)
         covariance = replies["covariance_f"][0] if full_cov else None
-        return Prediction(replies["mean"][0], replies["variance_f"][0], replies["variance_y"][0], covariance)
+        latent = replies["mean_f"][0] if "mean_f" in replies.individual else None
+        return Prediction(
+            replies["mean"][0], replies["variance_f"][0], replies["variance_y"][0], covariance, latent
+        )
 
     def _dims(self, client) -> int:
         """The input width of ``client``'s model; a new client must match the training data's."""
