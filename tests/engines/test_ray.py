@@ -60,6 +60,22 @@ class TestRayEngineContract(EngineContract):
     supports_loopback = False  # every message already crosses as bytes
 
 
+@pytest.mark.usefixtures("user_ray")
+@pytest.mark.filterwarnings("ignore:the batched engine evaluates this spec client by client")
+def test_a_sparse_variational_gp_gives_the_sequential_engines_numbers():
+    """A VariationalGPSpec reaches the actors and runs there client by client: the same final state
+    and test metrics as the sequential engine."""
+    draws = fedgp.data.gp_federation(num_clients=5, n=[30, 12, 25, 18, 40], d=2, n_test=5, seed=1)
+    spec = fedgp.VariationalGPSpec(6, draws.spec.kernel, input_dim=2)
+    runs = [
+        fedgp.fit(spec, draws.federation, rounds=3, engine=engine, seed=4)
+        for engine in ("sequential", Ray(num_workers=2))
+    ]
+    for name in spec.names:
+        assert torch.allclose(runs[0].state[name], runs[1].state[name], rtol=1e-10, atol=1e-12), name
+    pd.testing.assert_frame_equal(runs[0].evaluate(), runs[1].evaluate())
+
+
 def test_a_dead_worker_fails_its_clients_for_that_round_and_the_run_goes_on(user_ray):
     draws = fedgp.data.gp_federation(num_clients=6, n=20, d=1, n_test=5, seed=1)
     from fedgp.engines.ray import RayEngine
