@@ -2,13 +2,18 @@
 
     .venv/bin/python benchmarks/large_client.py                       # n = 10⁴, 3·10⁴, 10⁵ (≈ 10 min)
     .venv/bin/python benchmarks/large_client.py --sizes 10000 --paths large   # a quick look
+    .venv/bin/python benchmarks/large_client.py --sizes 10000 30000 100000 --paths large svgp \
+        --out results/benchmarks/large_client_svgp.csv    # the sparse variational GP beside it
 
 The case of the issue: one client of n rows (d = 5) among four of 200, FGPR (defaults) for 3 rounds,
 then ``result.predict`` of 200 new points for the large client. Each (n, path) runs in a fresh
 process, so its peak RSS is its own: ``large`` is fedgp's default above
 ``fedgp.models.large.LARGE_CLIENT_ROWS`` rows (the exact posterior in one n×n matrix), ``gpytorch``
-the exact GPyTorch prediction every client took before (the threshold raised out of reach). Where
-both ran, the largest differences of their means and variances are reported. A size whose n×n
+the exact GPyTorch prediction every client took before (the threshold raised out of reach),
+``svgp`` a :class:`fedgp.VariationalGPSpec` of 256 inducing points instead of the exact GP (its own
+3 FGPR rounds). Where ``large`` and another path both ran, the largest differences of their means
+and (relative) variances are reported: round-off for ``gpytorch``, the approximation's distance from
+the exact posterior for ``svgp``. A size whose n×n
 matrix does not fit the machine's free memory is refused by the large path: the row says so.
 
 Writes results/benchmarks/large_client.csv (n, path, predict_s, peak_rss_gb, rss_before_gb,
@@ -32,6 +37,7 @@ import pandas as pd
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 OUT = ROOT / "results" / "benchmarks" / "large_client.csv"
+SVGP_INDUCING = 256
 
 
 def worker(n: int, path: str, save: str) -> None:
@@ -50,7 +56,10 @@ def worker(n: int, path: str, save: str) -> None:
         return X, np.sin(3 * X).sum(1) + 0.1 * rng.standard_normal(rows)
 
     clients = [ClientData(*draw(n), id="large")] + [ClientData(*draw(200), id=f"small{k}") for k in range(4)]
-    result = fedgp.fit(fedgp.data.gp_spec(5), Federation(clients), fedgp.strategies.FGPR(), rounds=3, seed=0)
+    spec = fedgp.data.gp_spec(5)
+    if path == "svgp":
+        spec = fedgp.VariationalGPSpec(SVGP_INDUCING, spec.kernel, input_dim=5)
+    result = fedgp.fit(spec, Federation(clients), fedgp.strategies.FGPR(), rounds=3, seed=0)
     X_new = rng.uniform(size=(200, 5))
     if path == "gpytorch":
         large.LARGE_CLIENT_ROWS = 10**12
@@ -74,6 +83,7 @@ def main() -> None:
     parser.add_argument("--sizes", type=int, nargs="+", default=[10_000, 30_000, 100_000])
     parser.add_argument("--paths", nargs="+", default=["large", "gpytorch"])
     parser.add_argument("--gpytorch-max", type=int, default=30_000, help="largest n run on the GPyTorch path")
+    parser.add_argument("--out", default=str(OUT), help="the CSV to write")
     args = parser.parse_args()
     rows = []
     with tempfile.TemporaryDirectory() as folder:
@@ -90,11 +100,16 @@ def main() -> None:
                     saved[path] = np.load(save)
                 rows.append(row)
                 print(row, flush=True)
-            if len(saved) == 2:
-                a, b = saved["large"], saved["gpytorch"]
-                for row in rows[-2:]:
-                    row["max_abs_mean_diff"] = float(np.abs(a[0] - b[0]).max())
-                    row["max_rel_var_diff"] = float((np.abs(a[1] - b[1]) / b[1]).max())
+            here = [row for row in rows if row["n"] == n]
+            for other in ("gpytorch", "svgp"):
+                if "large" in saved and other in saved:
+                    a, b = saved["large"], saved[other]
+                    for row in here:
+                        if row["path"] in ("large", other) and not (
+                            other == "svgp" and row["path"] == "large"
+                        ):
+                            row["max_abs_mean_diff"] = float(np.abs(a[0] - b[0]).max())
+                            row["max_rel_var_diff"] = float((np.abs(a[1] - b[1]) / a[1]).max())
     frame = pd.DataFrame(rows)
     columns = [
         "n",
@@ -106,9 +121,9 @@ def main() -> None:
         "max_rel_var_diff",
     ]
     frame = frame.reindex(columns=[*columns, "note"])
-    frame.to_csv(OUT, index=False, float_format="%.4g")
+    frame.to_csv(args.out, index=False, float_format="%.4g")
     print(frame.to_string(index=False))
-    print(f"wrote {OUT}")
+    print(f"wrote {args.out}")
 
 
 if __name__ == "__main__":

@@ -114,7 +114,8 @@ def _factor_in_place(model, X: torch.Tensor, client) -> np.ndarray:
         raise InputError(
             f"client {client!r}: its exact posterior over {n:,} training rows needs one {n}×{n} matrix, "
             f"{need / 2**30:.1f} GiB, and this machine has {free / 2**30:.1f} GiB free; predict on a "
-            "machine with more memory, or with a subset of the client's rows"
+            "machine with more memory, or with a subset of the client's rows, or model it "
+            "with fedgp.VariationalGPSpec (a sparse variational GP, O(n M²))"
         )
     buffer = torch.empty(n, n, dtype=torch.float64)
     jitter = 0.0
