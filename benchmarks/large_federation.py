@@ -2,6 +2,8 @@
 
     .venv/bin/python benchmarks/large_federation.py                          # K = 20, n = 20,000 (≈ 30 min)
     .venv/bin/python benchmarks/large_federation.py --clients 4 --rows 2000  # a quick look
+    .venv/bin/python benchmarks/large_federation.py --methods "centralised SVGP, M = 64"  # one method
+                                                          # again: the CSV's other rows are kept
 
 Data: one function on [0, 1]⁵, a draw from GP(0, RBF(ℓ = 0.4), outputscale 1) by 2,000 random
 Fourier features, y = f(x) + ε with noise variance 0.01. K owners of n rows each, X uniform; every
@@ -12,7 +14,7 @@ every model a ``ScaleKernel(RBFKernel(ard_num_dims=5))``:
   personalised posterior on all its n rows (above 4,096 rows :mod:`fedgp.models.large`);
 * ``federated SVGP, M = 64 / 256``: :class:`fedgp.VariationalGPSpec` (M inducing points, shared and
   averaged; each owner's q(u) its own), the same FGPR for R rounds;
-* ``centralised SVGP, M = 256``: GPyTorch's own SVGP on the pooled K·n rows (the reference a
+* ``centralised SVGP, M = 64 / 256``: GPyTorch's own SVGP on the pooled K·n rows (the reference a
   federation of SVGPs approximates): whitened ``VariationalStrategy``, ``VariationalELBO``, Adam
   (lr 0.01) on everything for 1,000 minibatches of 1,024, inducing points started at the same Sobol
   set; outcomes standardised as fit does by default.
@@ -39,7 +41,13 @@ import pandas as pd
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-METHODS = ["exact FGPR", "federated SVGP, M = 64", "federated SVGP, M = 256", "centralised SVGP, M = 256"]
+METHODS = [
+    "exact FGPR",
+    "federated SVGP, M = 64",
+    "federated SVGP, M = 256",
+    "centralised SVGP, M = 64",
+    "centralised SVGP, M = 256",
+]
 D, FEATURES, LENGTHSCALE, NOISE, TEST = 5, 2000, 0.4, 0.01, 200
 
 
@@ -86,7 +94,9 @@ def federated(method: str, parts, rounds: int) -> tuple[pd.DataFrame, float, flo
     return scores, trained, time.perf_counter() - start
 
 
-def centralised(parts, steps: int = 1000, batch: int = 1024) -> tuple[pd.DataFrame, float, float]:
+def centralised(
+    parts, inducing: int, steps: int = 1000, batch: int = 1024
+) -> tuple[pd.DataFrame, float, float]:
     """GPyTorch's SVGP on the pooled rows, scored on each owner's test points."""
     import gpytorch
     import torch
@@ -95,7 +105,7 @@ def centralised(parts, steps: int = 1000, batch: int = 1024) -> tuple[pd.DataFra
     y = torch.as_tensor(np.concatenate([p[1] for p in parts]))
     offset, scale = float(y.mean()), float(y.std())
     y = (y - offset) / scale
-    Z = torch.quasirandom.SobolEngine(D, scramble=True, seed=0).draw(256, dtype=torch.float64)
+    Z = torch.quasirandom.SobolEngine(D, scramble=True, seed=0).draw(inducing, dtype=torch.float64)
 
     class SVGP(gpytorch.models.ApproximateGP):
         def __init__(self):
@@ -144,7 +154,7 @@ def worker(method: str, clients: int, rows: int, rounds: int) -> None:
     torch.manual_seed(0)
     parts = owners(clients, rows)
     if method.startswith("centralised"):
-        scores, trained, predicted = centralised(parts)
+        scores, trained, predicted = centralised(parts, int(method.rsplit("= ", 1)[1]))
     else:
         scores, trained, predicted = federated(method, parts, rounds)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
@@ -180,15 +190,25 @@ def main() -> None:
         rows.append(json.loads(done.stdout.strip().splitlines()[-1]))
         print(rows[-1], flush=True)
     frame = pd.DataFrame(rows)
+    out = Path(args.out)
+    previous = out / "large_federation.csv"
+    if set(args.methods) != set(METHODS) and previous.exists():  # a partial rerun keeps the other rows
+        old = pd.read_csv(previous)
+        same = (old["owners"] == args.clients) & (old["rows_per_owner"] == args.rows)
+        old = old[same & ~old["method"].isin(args.methods)].drop(columns=["owners", "rows_per_owner"])
+        frame = pd.concat([old, frame], ignore_index=True)
+        frame = frame.iloc[frame["method"].map(METHODS.index).argsort()].reset_index(drop=True)
     frame.insert(0, "rows_per_owner", args.rows)
     frame.insert(0, "owners", args.clients)
-    out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     frame.to_csv(out / "large_federation.csv", index=False, float_format="%.4g")
     default = (args.clients, args.rows, args.rounds) == (20, 20_000, 40)
     command = "`.venv/bin/python benchmarks/large_federation.py" + (
-        "`" if default else f" --clients {args.clients} --rows {args.rows} --rounds {args.rounds}`"
+        "" if default else f" --clients {args.clients} --rows {args.rows} --rounds {args.rounds}"
     )
+    if set(args.methods) != set(METHODS):
+        command += " --methods " + " ".join(f'"{m}"' for m in args.methods)
+    command += "`"
     text = [
         "# Large owners: exact FGPR, federated SVGPs, a centralised SVGP (issue 31, study a)",
         "",
