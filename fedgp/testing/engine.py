@@ -234,7 +234,7 @@ class EngineContract:
             ("raise", "RuntimeError: sabotaged"),
             ("nan", "invalid reply: field 'loss' is not finite"),
             ("object", "TypeError: record entry 'loss' is a dict"),
-            ("shape", "has shape ("),  # the first state field, doubled along its last dimension
+            ("shape", "has shape {doubled}, expected {shape}"),  # the first state field's last dim doubled
         ],
     )
     def test_a_failing_client_is_dropped_and_never_changes_the_state(self, gp, how, reason) -> None:
@@ -246,6 +246,9 @@ class EngineContract:
         result = self.fit(gp, Saboteur(local_steps=2, batch_size=8, victim=victim, how=how), **raw)
         assert result.history["failed"].tolist() == [1, 1, 1]
         assert result.failures["client"].tolist() == [gp.federation.ids[victim]] * 3
+        first = gp.spec.params[0]
+        doubled = (*first.shape[:-1], 2 * first.shape[-1]) if first.shape else (2,)
+        reason = reason.format(doubled=tuple(doubled), shape=tuple(first.shape) or (1,))
         assert result.failures["reason"].str.contains(reason, regex=False).all(), result.failures["reason"][0]
         without = Federation(list(gp.federation)[:victim])
         alone = fit(
