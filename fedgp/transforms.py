@@ -399,11 +399,6 @@ def _through_origin(spec) -> bool:
     )
 
 
-def _gaussian_targets(spec) -> bool:
-    """Whether the spec's likelihood is Gaussian, so that targets may be standardised."""
-    return isinstance(spec.likelihood, gpytorch.likelihoods._GaussianLikelihoodBase)
-
-
 def _auto_reason(spec) -> str | None:
     """Why ``"auto"`` leaves this spec's data alone, or ``None`` (then it transforms them)."""
     fixed = [p.name for p in spec.params if not p.trainable]
@@ -472,7 +467,7 @@ class Transforms:
         auto = "auto" in (self.outcome, self.inputs)
         reason = _auto_reason(spec) if auto else None
         outcome = (None if reason else Standardize()) if self.outcome == "auto" else self.outcome
-        if not _gaussian_targets(spec):
+        if not spec.conjugate:
             # Labels, counts, proportions are modelled as they are: a shifted label is no label.
             if outcome is not None and self.outcome != "auto":
                 raise InputError(

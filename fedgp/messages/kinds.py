@@ -43,7 +43,7 @@ def reply_fields(
         fields = {**metrics, "n_test": EVALUATE_FIELDS["n_test"], "cluster": EVALUATE_FIELDS["cluster"]}
     elif kind == "predict":
         fields = {"mean": Field((points,)), "variance_f": Field((points,)), "variance_y": Field((points,))}
-        if spec.variational and not spec.conjugate:  # mean is E[y]; the latent f's mean travels too
+        if not spec.conjugate:  # mean is E[y]; the latent f's mean travels too
             fields["mean_f"] = Field((points,))
         if full_cov:
             fields["covariance_f"] = Field((points, points))

@@ -174,6 +174,12 @@ class GPSpec:
         return False
 
     @property
+    def conjugate(self) -> bool:
+        """Whether the likelihood is Gaussian: the predictive of y is Gaussian and targets may be
+        standardised (always, for an exact GP; a :class:`VariationalGPSpec` may take any likelihood)."""
+        return isinstance(self.likelihood, gpytorch.likelihoods._GaussianLikelihoodBase)
+
+    @property
     def metric_names(self) -> tuple[str, ...]:
         """The test metrics each client reports (``result.evaluate()``'s columns)."""
         return ("rmse", "nll", "coverage95")

@@ -161,11 +161,6 @@ class VariationalGPSpec(GPSpec):
         return True
 
     @property
-    def conjugate(self) -> bool:
-        """Whether the likelihood is Gaussian (one natural-gradient step gives the optimal q(u))."""
-        return isinstance(self.likelihood, gpytorch.likelihoods._GaussianLikelihoodBase)
-
-    @property
     def num_inducing(self) -> int:
         """M, the number of inducing points."""
         return int(self._Z.shape[0])

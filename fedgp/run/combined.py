@@ -56,7 +56,7 @@ def shared_prior(result: Any, X: torch.Tensor) -> tuple[torch.Tensor, torch.Tens
 def check_experts(result: Any) -> None:
     """Refuse a result without clients to ask (one read back by ``fedgp.load``), or whose predictives are
     not Gaussian (a variational spec's non-Gaussian likelihood: the rules combine Gaussians)."""
-    if result.spec.variational and not result.spec.conjugate:
+    if not result.spec.conjugate:
         raise InputError(
             f"combine= multiplies Gaussian predictives; a {type(result.spec.likelihood).__name__}'s are not: "
             "predict for a client (client=...) instead"
