@@ -31,6 +31,7 @@ __all__ = [
     "TableError",
     "UnsupportedSpec",
     "FactorizationError",
+    "ConvergenceError",
     "MLEError",
     "NotFittedError",
     "ClientFailure",
@@ -139,6 +140,12 @@ class FactorizationError(InputError):
     def __init__(self, message: str, clients: tuple = ()):
         super().__init__(message)
         self.clients = tuple(clients)
+
+
+class ConvergenceError(FedGPError, RuntimeError):
+    """An iterative solve (a large client's conjugate gradients) did not reach its tolerance within its
+    iteration budget; the message names the client and the residual reached. (Training that has not
+    settled is a :class:`ConvergenceWarning`, not an error.)"""
 
 
 class MLEError(FedGPError, RuntimeError):

@@ -10,9 +10,10 @@ n×n float64 buffer and factorised in place by a blocked Cholesky on torch's BLA
 through in blocks. Peak memory is n²·8 bytes plus O(n · :data:`BLOCK`) (7.2 GB at n = 30,000);
 time is the factor's n³/3 multiply-adds plus n² per test point.
 
-This bounds memory, not the cubic time, and an n×n matrix must fit: above what the machine has
-free the client fails with a message that says so (n = 10⁵ needs 80 GB). Iterative solvers (CG,
-LOVE) or a sparse variational model are the way past that; they are not here yet.
+This bounds memory, not the cubic time, and an n×n matrix must fit: above
+:data:`~fedgp.models.iterative.ITERATIVE_CLIENT_ROWS` rows, or where the matrix would not fit in the
+memory the machine has free (:func:`fits_in_memory`; n = 10⁵ needs 80 GB), the posterior is solved
+by preconditioned conjugate gradients instead (:mod:`fedgp.models.iterative`).
 """
 
 from __future__ import annotations
@@ -30,7 +31,14 @@ from threadpoolctl import threadpool_limits
 from fedgp.errors import InputError
 from fedgp.models.objective import CHOLESKY_JITTER, CHOLESKY_MAX_TRIES
 
-__all__ = ["LARGE_CLIENT_ROWS", "BLOCK", "large_posterior", "matrix_bytes"]
+__all__ = [
+    "LARGE_CLIENT_ROWS",
+    "BLOCK",
+    "large_posterior",
+    "matrix_bytes",
+    "fits_in_memory",
+    "observed_variance",
+]
 
 #: Training rows above which a client's posterior is computed by :func:`large_posterior`.
 LARGE_CLIENT_ROWS = 4096
@@ -59,6 +67,13 @@ def _available_bytes() -> int | None:
     except OSError:
         pass
     return None
+
+
+def fits_in_memory(n: int) -> bool:
+    """Whether one n×n float64 matrix fits in 90 % of the memory the machine has free (True where
+    that cannot be read)."""
+    free = _available_bytes()
+    return free is None or matrix_bytes(n) <= 0.9 * free
 
 
 def one_blas_thread() -> threadpool_limits:
@@ -109,13 +124,12 @@ def _factor_in_place(model, X: torch.Tensor, client) -> np.ndarray:
     """The Cholesky factor of the noisy covariance, in one n×n buffer: returned as the upper factor U
     (Fortran order, UᵀU = K + σ²I), which is the lower factor L = Uᵀ of the C-ordered buffer."""
     n = X.shape[0]
-    need, free = matrix_bytes(n), _available_bytes()
-    if free is not None and need > 0.9 * free:
+    if not fits_in_memory(n):
         raise InputError(
             f"client {client!r}: its exact posterior over {n:,} training rows needs one {n}×{n} matrix, "
-            f"{need / 2**30:.1f} GiB, and this machine has {free / 2**30:.1f} GiB free; predict on a "
-            "machine with more memory, or with a subset of the client's rows, or model it "
-            "with fedgp.VariationalGPSpec (a sparse variational GP, O(n M²))"
+            f"{matrix_bytes(n) / 2**30:.1f} GiB, and this machine has {_available_bytes() / 2**30:.1f} "
+            "GiB free; use fedgp.models.iterative.iterative_posterior (conjugate gradients, O(n) "
+            "memory), which fedgp's prediction chooses by itself in this case"
         )
     buffer = torch.empty(n, n, dtype=torch.float64)
     jitter = 0.0
@@ -168,8 +182,15 @@ def large_posterior(
         if full_cov:
             V = torch.cat(whitened, dim=1)
             covariance = model.covar_module(X_new).to_dense() - V.T @ V
-        latent = gpytorch.distributions.MultivariateNormal(mean, DiagLinearOperator(variance_f))
-        with warnings.catch_warnings():  # known noise: none at new points, as predict_with_model
-            warnings.simplefilter("ignore", gpytorch.utils.warnings.GPInputWarning)
-            variance_y = model.likelihood(latent, X_new).variance
-    return mean, variance_f, variance_y, covariance
+    return mean, variance_f, observed_variance(model, mean, variance_f, X_new), covariance
+
+
+def observed_variance(
+    model, mean: torch.Tensor, variance_f: torch.Tensor, X_new: torch.Tensor
+) -> torch.Tensor:
+    """The variance of a new y at ``X_new`` from f's: through the likelihood, as GPyTorch predicts it
+    (a known-noise likelihood has no noise at new points, as in ``predict_with_model``)."""
+    latent = gpytorch.distributions.MultivariateNormal(mean, DiagLinearOperator(variance_f))
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore", gpytorch.utils.warnings.GPInputWarning)
+        return model.likelihood(latent, X_new).variance

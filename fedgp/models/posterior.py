@@ -20,7 +20,7 @@ from linear_operator.operators import DiagLinearOperator
 from linear_operator.utils.cholesky import psd_safe_cholesky
 
 from fedgp.errors import InputError
-from fedgp.models import large
+from fedgp.models import iterative, large
 from fedgp.models.objective import exact_settings, factorization_guard
 from fedgp.models.spec import ExactGPModel, GPSpec
 from fedgp.models.state import HyperState
@@ -153,10 +153,16 @@ def predict_with_model(
     With no training points (a cold-start client) this is the prior predictive, GPyTorch's
     ``prior_mode``: the mean function, and the prior variance (plus the noise for ``variance_y``).
     Above :data:`~fedgp.models.large.LARGE_CLIENT_ROWS` rows (float64, CPU) the same posterior is
-    computed in the memory of one n×n matrix (:mod:`fedgp.models.large`)."""
-    if X_train.shape[0] > large.LARGE_CLIENT_ROWS and X_train.dtype == torch.float64 and not X_train.is_cuda:
+    computed in the memory of one n×n matrix (:mod:`fedgp.models.large`), and above
+    :data:`~fedgp.models.iterative.ITERATIVE_CLIENT_ROWS` rows, or where that matrix does not fit in
+    free memory, by preconditioned conjugate gradients to a relative residual of 1e-10 in O(n) memory
+    (:mod:`fedgp.models.iterative`)."""
+    n = X_train.shape[0]
+    if n > large.LARGE_CLIENT_ROWS and X_train.dtype == torch.float64 and not X_train.is_cuda:
+        iterate = n > iterative.ITERATIVE_CLIENT_ROWS or not large.fits_in_memory(n)
+        solver = iterative.iterative_posterior if iterate else large.large_posterior
         with exact_settings(), factorization_guard(client, "posterior"):
-            return Prediction(*large.large_posterior(model, X_train, y_train, X_new, client, full_cov))
+            return Prediction(*solver(model, X_train, y_train, X_new, client, full_cov))
     model.set_train_data(X_train, y_train, strict=False)
     model.eval()
     with (

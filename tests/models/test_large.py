@@ -109,13 +109,14 @@ def test_a_matrix_that_is_not_positive_definite_is_reported_at_its_block(monkeyp
     assert 129 <= large._cholesky_in_place(A) <= 256
 
 
-def test_a_matrix_the_machine_cannot_hold_is_refused_naming_the_client_and_the_memory(
-    small_threshold, monkeypatch
-):
+def test_a_matrix_the_machine_cannot_hold_is_refused_naming_the_client_and_the_memory(monkeypatch):
+    """Called directly, the one-matrix path refuses; fedgp's prediction goes iterative instead
+    (tests/models/test_iterative.py)."""
     monkeypatch.setattr(large, "_available_bytes", lambda: 10**6)
     spec = spec_of("rbf")
-    with pytest.raises(InputError, match=r"client 'big'.* 400×400 matrix, 0.0 GiB.*0.0 GiB free"):
-        condition(spec, spec.initial_state(), *data(400), "big")
+    model = spec.build()
+    with pytest.raises(InputError, match=r"client 'big'.* 400×400 matrix, 0.0 GiB.*0.0 GiB free.*iterative"):
+        large.large_posterior(model, *data(400), "big")
 
 
 def test_a_covariance_that_stays_singular_names_the_client(small_threshold, monkeypatch):
