@@ -174,6 +174,13 @@ class GPSpec:
         return False
 
     @property
+    def server_averaged(self) -> frozenset[str]:
+        """Raw parameters a server optimiser (FedAdam, ...) does not step on: the server takes the
+        clients' plain average of these (none in an exact GP; the inducing locations of a
+        :class:`VariationalGPSpec`)."""
+        return frozenset()
+
+    @property
     def conjugate(self) -> bool:
         """Whether the likelihood is Gaussian: the predictive of y is Gaussian and targets may be
         standardised (always, for an exact GP; a :class:`VariationalGPSpec` may take any likelihood)."""

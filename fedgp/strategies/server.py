@@ -10,9 +10,11 @@ objective. (An Adam restarted every round on the clients takes steps of about ``
 the gradient's size, so the average of their updates vanishes where as many clients push up as
 down, not where the summed gradient does.)
 
-Steps are taken on GPyTorch's raw (unconstrained) parameters, as the local optimisers do. The
-rules are written as pure functions over tensors, like :mod:`fedgp.strategies.local`, so that a
-strategy's server state (the moments) is plain tensors a checkpoint can hold. Flower ships the
+Steps are taken on GPyTorch's raw (unconstrained) parameters, as the local optimisers do, except
+on those the spec names in ``server_averaged`` (a :class:`~fedgp.VariationalGPSpec`'s inducing
+locations), which take the plain average. The rules are written as pure functions over tensors,
+like :mod:`fedgp.strategies.local`, so that a strategy's server state (the moments) is plain
+tensors a checkpoint can hold. Flower ships the
 same rules (``flwr.server.strategy.FedAvgM``, ``FedAdam``, ``FedYogi``); Flower's FedAdam adds
 Adam's bias correction and starts ``v`` at 0, where Reddi et al. start it at ``τ²`` without one:
 these follow the paper.
@@ -62,10 +64,14 @@ class ServerOptimizer(Configurable, ABC):
         return ServerState(theta, self.init(dict(theta.items())), 0)
 
     def step(self, spec: GPSpec, server: ServerState, average: HyperState) -> ServerState:
-        """One server step from ``server`` towards the clients' ``average``."""
+        """One server step from ``server`` towards the clients' ``average``; the parameters the spec
+        names in ``server_averaged`` take the average itself (FedAvg), their slots untouched."""
         x, target = spec.to_raw(server.theta), spec.to_raw(average)
         new, slots = {}, {name: dict(values) for name, values in server.slots.items()}
         for name in x:
+            if name in spec.server_averaged:
+                new[name] = target[name]
+                continue
             own = {slot: values[name] for slot, values in slots.items()}
             new[name], own = self.update(x[name], target[name] - x[name], own)
             for slot, value in own.items():

@@ -71,6 +71,26 @@ def test_server_steps_follow_the_published_rule(rule, optimizer):
     np.testing.assert_allclose(flat(spec.to_raw(server.theta)), expected, rtol=1e-10, atol=1e-12)
 
 
+@pytest.mark.parametrize("optimizer", [FedAvgM(lr=0.7, momentum=0.8), FedAdam(lr=0.3), FedYogi(lr=0.3)])
+def test_a_variational_specs_inducing_locations_take_the_plain_average(optimizer):
+    """Z is the clients' average after every step; the hyper-parameters still follow the rule (they
+    move by the rule's step, not to the average)."""
+    spec = fedgp.VariationalGPSpec(6, input_dim=2)
+    assert spec.server_averaged == {"variational_strategy.inducing_points"} and not GPSpec().server_averaged
+    rng = np.random.default_rng(1)
+    x0 = spec.to_raw(spec.initial_state())
+    server = optimizer.start(spec.initial_state())
+    for _ in range(3):
+        avg = {k: v + torch.as_tensor(rng.normal(0, 0.5, v.shape)) for k, v in x0.items()}
+        server = optimizer.step(spec, server, spec.from_raw(fedgp.models.HyperState(avg, spec.event_shapes)))
+        raw = spec.to_raw(server.theta)
+        for name in raw:
+            if name in spec.server_averaged:
+                torch.testing.assert_close(raw[name], avg[name], rtol=0, atol=0)
+            else:
+                assert not torch.allclose(raw[name], avg[name])
+
+
 def test_fedavgm_without_momentum_at_rate_one_is_fedavg():
     draws = gp_federation(num_clients=4, n=20, d=1, seed=1)
     plain = fedgp.fit(draws.spec, draws.federation, FGPR(server_optimizer=None), rounds=4, callbacks=QUIET)
