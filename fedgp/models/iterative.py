@@ -77,8 +77,8 @@ def kernel_tiles(kernel: gpytorch.kernels.Kernel, center: torch.Tensor) -> Tiles
 
     GPyTorch's own RBF and Matérn kernels (optionally inside a ``ScaleKernel``, without
     ``active_dims``) are evaluated here in one small matrix product and one ``exp`` a tile, the same
-    formulas as GPyTorch's (inputs centred and divided by the lengthscales), six times faster than
-    calling the module; any other kernel is called as a module. ``center`` is the point inputs are
+    formulas as GPyTorch's (inputs centred and divided by the lengthscales) in fewer passes over the
+    tile than calling the module; any other kernel is called as a module. ``center`` is the point inputs are
     centred on (the training inputs' mean), which changes nothing mathematically and keeps the
     squared distances free of cancellation."""
     scale, base = 1.0, kernel
