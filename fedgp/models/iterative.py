@@ -41,7 +41,7 @@ import torch
 from linear_operator.utils.cholesky import psd_safe_cholesky
 
 from fedgp.errors import ConvergenceError
-from fedgp.models.large import observed_variance
+from fedgp.models.large import observed_variance, training_noise
 
 __all__ = [
     "ITERATIVE_CLIENT_ROWS",
@@ -209,8 +209,8 @@ def iterative_posterior(
     A joint covariance keeps K(X, X*) and its solve for every test point: 16·n·len(X_new) bytes."""
     with torch.no_grad():
         tiles = kernel_tiles(model.covar_module, X.mean(0, keepdim=True))
-        noise = model.likelihood.noise_covar(X, shape=torch.Size([X.shape[0]])).diagonal().expand(X.shape[0])
-        matmul = _noisy_matmul(tiles, X, noise.contiguous())
+        noise = training_noise(model, X)
+        matmul = _noisy_matmul(tiles, X, noise)
         precondition = _nystrom_preconditioner(tiles, X, noise)
         residual = (y - model.mean_module(X))[:, None]
         means, variances, crosses, solves = [], [], [], []

@@ -38,6 +38,7 @@ __all__ = [
     "matrix_bytes",
     "fits_in_memory",
     "observed_variance",
+    "training_noise",
 ]
 
 #: Training rows above which a client's posterior is computed by :func:`large_posterior`.
@@ -84,14 +85,20 @@ def one_blas_thread() -> threadpool_limits:
     return threadpool_limits(limits=1, user_api="blas")
 
 
+def training_noise(model, X: torch.Tensor) -> torch.Tensor:
+    """The likelihood's noise variance at each training row, (n,): one value repeated, or a
+    known-noise likelihood's own."""
+    n = X.shape[0]
+    return model.likelihood.noise_covar(X, shape=torch.Size([n])).diagonal().expand(n).contiguous()
+
+
 def _noisy_covariance(model, X: torch.Tensor, out: torch.Tensor, jitter: float) -> None:
     """K(X, X) + the likelihood's noise (+ ``jitter``) on the diagonal, written into ``out`` by blocks
     of rows."""
     n = X.shape[0]
     for start in range(0, n, BLOCK):
         out[start : start + BLOCK] = model.covar_module(X[start : start + BLOCK], X).to_dense()
-    noise = model.likelihood.noise_covar(X, shape=torch.Size([n])).diagonal()
-    out.diagonal().add_(noise.expand(n) + jitter)
+    out.diagonal().add_(training_noise(model, X) + jitter)
 
 
 def _cholesky_in_place(A: torch.Tensor) -> int:

@@ -68,8 +68,9 @@ class ServerOptimizer(Configurable, ABC):
         names in ``server_averaged`` take the average itself (FedAvg), their slots untouched."""
         x, target = spec.to_raw(server.theta), spec.to_raw(average)
         new, slots = {}, {name: dict(values) for name, values in server.slots.items()}
+        averaged = spec.server_averaged
         for name in x:
-            if name in spec.server_averaged:
+            if name in averaged:
                 new[name] = target[name]
                 continue
             own = {slot: values[name] for slot, values in slots.items()}
