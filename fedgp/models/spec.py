@@ -64,8 +64,18 @@ class ParamInfo:
         return raw if self.constraint is None else self.constraint.transform(raw)
 
     def inverse_transform(self, value: torch.Tensor) -> torch.Tensor:
-        """Raw value from a constrained one."""
-        return value if self.constraint is None else self.constraint.inverse_transform(value)
+        """Raw value from a constrained one.
+
+        A value on the constraint's bound (a softplus that underflowed: a lengthscale of exactly 0,
+        a noise exactly at its floor) is read as the nearest value inside it, whose raw value is
+        finite (about -745 for a bound of 0): GPyTorch's inverse gives -inf there, and one such
+        client made the server's raw average -inf or NaN."""
+        if self.constraint is None:
+            return value
+        low = torch.as_tensor(self.constraint.lower_bound, dtype=value.dtype)
+        high = torch.as_tensor(self.constraint.upper_bound, dtype=value.dtype)
+        inside = torch.minimum(torch.maximum(value, torch.nextafter(low, high)), torch.nextafter(high, low))
+        return self.constraint.inverse_transform(inside)
 
 
 def _state_name(raw_name: str, constrained: bool) -> str:

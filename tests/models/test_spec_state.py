@@ -35,6 +35,35 @@ def test_state_names_units_and_round_trip():
     assert spec.read(model).allclose(other, rtol=1e-12)
 
 
+@pytest.mark.parametrize("value", [0.0, 1e-300, 5e-324])
+def test_a_value_on_its_constraints_bound_has_a_finite_raw_value(value):
+    """A softplus that underflowed gives a lengthscale of exactly 0 or a noise exactly at its floor;
+    GPyTorch's inverse of it is -inf, and one such client made the server's raw average NaN."""
+    spec = GPSpec(
+        kernel=gpytorch.kernels.ScaleKernel(gpytorch.kernels.RBFKernel(ard_num_dims=2)),
+        likelihood=gpytorch.likelihoods.GaussianLikelihood(
+            noise_constraint=gpytorch.constraints.Interval(1e-4, 2.0)
+        ),
+    )
+    state = spec.state({
+        "covar_module.base_kernel.lengthscale": [[value, 1.0]],
+        "likelihood.noise_covar.noise": 1e-4,  # the interval's lower end
+    })  # fmt: skip
+    raw = spec.to_raw(state)
+    assert all(bool(torch.isfinite(v).all()) for v in raw.values())
+    back = spec.from_raw(raw)
+    assert torch.allclose(back["covar_module.base_kernel.lengthscale"],
+                          torch.tensor([[value, 1.0]], dtype=torch.float64), rtol=0, atol=1e-300)  # fmt: skip
+    assert back["likelihood.noise_covar.noise"] == pytest.approx(1e-4, rel=1e-12)
+    top = spec.to_raw(spec.state({"likelihood.noise_covar.noise": 2.0}))  # the upper end
+    assert torch.isfinite(top["likelihood.noise_covar.noise"]).all()
+    inside = spec.state({"covar_module.base_kernel.lengthscale": [[0.3, 2.0]]})
+    assert torch.equal(  # values inside are untouched
+        spec.to_raw(inside)["covar_module.base_kernel.lengthscale"],
+        spec.params[-1].constraint.inverse_transform(inside["covar_module.base_kernel.lengthscale"]),
+    )
+
+
 def test_spec_copies_user_modules_and_applies_initial_values():
     kernel = gpytorch.kernels.ScaleKernel(gpytorch.kernels.MaternKernel(nu=1.5))
     spec = GPSpec(kernel=kernel, initial_values={"likelihood.noise_covar.noise": 10.0})
