@@ -103,7 +103,10 @@ def tile_nll(z, rr, valid, nf, sv, nv, M, d, nu_code, need_grad, L, U, E, out, a
                 x@ = -q@
             # e^x for x <= 0, vectorised (libm's exp is a call per number, the Gram's largest cost):
             # x = k ln2 + r (Cody-Waite), e^r by its Taylor series to r^12/12! (|r| <= ln2/2: error
-            # below 2e-16), 2^k written into the exponent bits
+            # below 2e-16), 2^k written into the exponent bits. x is clamped at -708 (e^x < 4e-308,
+            # 2^k still a normal number) rather than the result selected: a per-lane select after
+            # the exponent bits kept the vectoriser off the loop (the tile 1.2-1.3x slower)
+            x@ = max(x@, -708.0)
             k@ = np.floor(x@ * 1.4426950408889634 + 0.5)
             r@ = (x@ - k@ * 6.93147180369123816490e-01) - k@ * 1.90821492927058770002e-10
             e@ = 1.0 / 479001600.0
@@ -120,7 +123,7 @@ def tile_nll(z, rr, valid, nf, sv, nv, M, d, nu_code, need_grad, L, U, E, out, a
             e@ = e@ * r@ + 1.0
             e@ = e@ * r@ + 1.0
             bits[@] = np.int64(k@ + 1023.0) << 52
-            e@ = e@ * scale[@] * v@ if x@ > -708.0 else 0.0
+            e@ = e@ * scale[@] * v@
             if nu_code == 0:
                 u@ = e@
             elif nu_code == 1:  # Matern-3/2: k = (1 + q) e^-q, dk/dD = -(3/2) e^-q
@@ -223,16 +226,19 @@ def _lanes_function(name: str, template: str, jit):
 
 
 @contextlib.contextmanager
-def slp_vectorize():
-    """numba's superword-level vectoriser on while the compiled functions are compiled (numba
-    leaves it off by default; the lane-unrolled code needs it). Compilation happens on a first
-    call, so calls into them run inside this."""
-    previous = numba.config.SLP_VECTORIZE
-    numba.config.SLP_VECTORIZE = 1
+def lane_vectorization():
+    """numba's code generation for the lane-unrolled functions while they are compiled: LLVM's
+    superword-level vectoriser on (numba leaves it off; it packs the lanes into SIMD registers) and
+    its loop vectoriser off. Left on, the loop vectoriser vectorises the triangular loops over k
+    (``c@ += L[i, k, @] * L[k, j, @]``) instead, with gathers and shuffles across rows: the whole
+    tile took 1.5-1.8x as long (``benchmarks/tile_kernel.py``). Compilation happens on a first call, so
+    calls into them run inside this."""
+    previous = numba.config.SLP_VECTORIZE, numba.config.LOOP_VECTORIZE
+    numba.config.SLP_VECTORIZE, numba.config.LOOP_VECTORIZE = 1, 0
     try:
         yield
     finally:
-        numba.config.SLP_VECTORIZE = previous
+        numba.config.SLP_VECTORIZE, numba.config.LOOP_VECTORIZE = previous
 
 
 class _StepKernels:
@@ -362,7 +368,7 @@ def run_tiles(fn, n_tiles: int, *args, threads: int | None = None, pieces_per_th
     threads = max(1, min(cpus.contention.threads(default_threads()) if threads is None else threads, n_tiles))
     # A first call with these types compiles: the engine's time, not the clients' (fedgp.engines.deadline).
     key = (fn, *(getattr(a, "dtype", None) for a in args))
-    with slp_vectorize(), contextlib.nullcontext() if key in _RAN else deadline.not_counted():
+    with lane_vectorization(), contextlib.nullcontext() if key in _RAN else deadline.not_counted():
         _run_tiles(fn, n_tiles, args, threads, pieces_per_thread)
     _RAN.add(key)
 

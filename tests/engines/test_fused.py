@@ -190,7 +190,9 @@ def test_rounds_it_cannot_run_fall_back(calls):
 def test_a_failed_cholesky_redoes_the_round_step_by_step_with_jitter(calls):
     """Duplicated inputs, an outputscale of 1e6 and a noise of 1e-11 need GPyTorch's jitter: the fused round
     reports the failure and the chunk is redone on the step-by-step path, which adds it (as the
-    sequential engine does), with that path's numbers exactly."""
+    sequential engine does), with that path's numbers exactly. One local step: what a second step
+    from a matrix of condition 1e17 meets depends on the rounding of the first (the last bits of a
+    Cholesky's pivots), which the test is not about."""
     g = torch.Generator().manual_seed(0)
     clients = []
     for i in range(3):
@@ -203,7 +205,7 @@ def test_a_failed_cholesky_redoes_the_round_step_by_step_with_jitter(calls):
         ),
         initial_values={"likelihood.noise_covar.noise": 1e-11, "covar_module.outputscale": 1e6},
     )
-    strategy = FGPR(local_steps=2, batch_size=12, lr=1e-3)
+    strategy = FGPR(local_steps=1, batch_size=12, lr=1e-3)
     kwargs = {"transforms": None}
     ours = fedgp.fit(spec, fed, strategy, engine="batched", rounds=1, seed=3, **kwargs)
     assert calls["fused"] == 1 and calls["stepwise"] == 1
