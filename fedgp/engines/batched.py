@@ -117,17 +117,21 @@ class BatchedEngine(InProcessEngine):
                 f"device={str(device)!r}, but this PyTorch sees no CUDA GPU (torch.cuda.is_available() "
                 "is False); install a CUDA build of PyTorch on a GPU machine, or leave device unset"
             )
-        super().__init__(spec, clients, seed, **options)
         self.chunk_size, self.memory_mb = chunk_size, memory_mb
         self.model = None  # a GPyTorch model for the per-client fallback, built when first needed
         self.minibatch_dtype = minibatch_dtype or spec.dtype
         if self.minibatch_dtype not in (torch.float32, torch.float64):
             raise InputError(f"minibatch_dtype must be torch.float32 or torch.float64, got {minibatch_dtype}")
-        self.gp = _batched_gp(spec, compiled, check, clients[0].n_features if clients else 1, self.device)
-        self.fused = self._fused_layout(fused)
-        self.sizes = torch.tensor([c.n for c in clients], dtype=torch.long)
-        self.offsets = torch.cumsum(self.sizes, 0) - self.sizes
-        self.data_changed()
+        # Built as its rounds run (thread_setting): OpenMP's threads, spinning after a parallel copy,
+        # cost a fit on a busy machine 10 % (benchmarks/threads_under_load.py)
+        tiles = self.device.type == "cpu" and compiled is not False and fused_round.compiled.available()
+        with cpus.torch_on_one_thread() if tiles else contextlib.nullcontext():
+            super().__init__(spec, clients, seed, **options)
+            self.gp = _batched_gp(spec, compiled, check, clients[0].n_features if clients else 1, self.device)
+            self.fused = self._fused_layout(fused)
+            self.sizes = torch.tensor([c.n for c in clients], dtype=torch.long)
+            self.offsets = torch.cumsum(self.sizes, 0) - self.sizes
+            self.data_changed()
 
     def _fused_layout(self, fused: bool | None) -> fused_round.FusedLayout | None:
         """The fused round's layout where it applies (see ``fused``), else ``None``."""
@@ -141,10 +145,9 @@ class BatchedEngine(InProcessEngine):
             why = f"it runs on the CPU only, not {self.device}"
         elif self.minibatch_dtype != torch.float64:
             why = "minibatch_dtype is not float64"
+        elif not isinstance(found := fused_round.layout(self.spec), str):
+            return found
         else:
-            found = fused_round.layout(self.spec)
-            if not isinstance(found, str):
-                return found
             why = found
         if fused:
             raise InputError(f"fused=True: the fused local round cannot run here: {why}")
@@ -158,15 +161,12 @@ class BatchedEngine(InProcessEngine):
         dtype = self.spec.dtype
         self.X = torch.cat([c.X for c in self.clients]).to(self.device, dtype)
         self.y = torch.cat([c.y for c in self.clients]).to(self.device, dtype)
-        if self.minibatch_dtype != dtype:  # a copy in the minibatch precision, gathered every step
-            self.X_mb, self.y_mb = self.X.to(self.minibatch_dtype), self.y.to(self.minibatch_dtype)
-        else:
-            self.X_mb, self.y_mb = self.X, self.y
+        # a copy in the minibatch precision (gathered every step) where it differs
+        self.X_mb, self.y_mb = self.X.to(self.minibatch_dtype), self.y.to(self.minibatch_dtype)
 
     def thread_setting(self) -> contextlib.AbstractContextManager:
-        """With the compiled step, torch's own operations on one thread and the compiled tiles on the
-        threads (:func:`fedgp.engines.cpus.torch_on_one_thread`): torch's threads made a fit slower
-        whenever another process was busy."""
+        """With the compiled step, torch on one thread and the tiles on the threads
+        (:func:`fedgp.engines.cpus.torch_on_one_thread`): torch's slowed a fit on a busy machine."""
         compiled = self.gp is not None and self.gp.compiled
         return cpus.torch_on_one_thread() if compiled else contextlib.nullcontext()
 

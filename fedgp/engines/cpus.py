@@ -17,12 +17,17 @@ work from a queue (no barrier but the end of the call), so they keep their threa
 own small operations around them (states, aggregation, transforms) run on one.
 
 :class:`Contention` covers what the CPU count cannot see: other processes busy on the CPUs this
-process may use. Each call of the tiles measures how much of their wall time its threads got a CPU;
-below :data:`CONTENDED` the next calls run on as many threads as got a CPU's worth, and a call at the
+process may use. Where Linux's ``/proc/stat`` can be read, it counts the CPU time the CPUs of this
+process's affinity spent busy, less this process's own CPU time, over the last interval of at least
+:data:`MIN_INTERVAL` s: the CPUs the *other* processes kept busy. The tiles run on the CPUs left
+(rounded, at least one, never more than asked), decided afresh at each call after such an
+interval; the first call reads the interval since fedgp was imported. No call has to run contended
+to find out (a probe at the full count cost a contended call now and then, and kept 2 threads at
+0.91-0.93x of one with a busy process beside, ``benchmarks/threads_under_load.py``). Elsewhere each
+call of the tiles measures how much of their wall time its threads got a CPU; below
+:data:`CONTENDED` the next calls run on as many threads as got a CPU's worth, and a call at the
 full count probes again after 4, 8, 16 ... calls (back to the full count when it is not contended).
 ``fit`` runs its whole loop under the engine's setting (:meth:`fedgp.engines.base.Engine.thread_setting`).
-With one busy process beside a 5-round K = 1,000 fit on 2 CPUs, 2 threads were 0.74x as fast as 1
-without either, 0.93x with both (``benchmarks/threads_under_load.py --clients 1000``, single runs).
 """
 
 from __future__ import annotations
@@ -30,9 +35,11 @@ from __future__ import annotations
 import math
 import os
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -44,6 +51,9 @@ __all__ = [
     "torch_on_tile_threads",
     "Contention",
     "CONTENDED",
+    "MIN_INTERVAL",
+    "CpuSample",
+    "cpu_sample",
     "contention",
 ]
 
@@ -126,22 +136,70 @@ FIRST_PROBE_WAIT = 4
 MAX_PROBE_WAIT = 64
 
 
+#: The shortest interval (s) over which the CPUs' busy time is read: /proc/stat counts in clock
+#: ticks (10 ms), so shorter ones would be mostly rounding.
+MIN_INTERVAL = 0.1
+_STAT = Path("/proc/stat")
+
+
+@dataclass(frozen=True)
+class CpuSample:
+    """A moment's counters: wall time (s), the CPU time the affinity's ``cpus`` CPUs have spent busy
+    since boot (s, all processes) and this process's own CPU time (s, all its threads)."""
+
+    wall: float
+    busy: float
+    own: float
+    cpus: int
+
+
+def cpu_sample(stat: Path = _STAT) -> CpuSample | None:
+    """Now's :class:`CpuSample` (``None`` where ``/proc/stat`` or the affinity cannot be read)."""
+    try:
+        mine = os.sched_getaffinity(0)
+        text = stat.read_text()
+        tick = os.sysconf("SC_CLK_TCK")
+    except (AttributeError, OSError, ValueError):
+        return None
+    busy = 0
+    for line in text.splitlines():
+        name, *fields = line.split()
+        if not name.startswith("cpu") or name == "cpu" or int(name[3:]) not in mine:
+            continue
+        # user nice system idle iowait irq softirq steal (guest times are inside user and nice)
+        ticks = [int(v) for v in fields[:8]]
+        busy += sum(ticks) - ticks[3] - ticks[4]
+    return CpuSample(time.monotonic(), busy / tick, time.process_time(), len(mine))
+
+
 class Contention:
-    """Threads for the next call of the compiled tiles, from what the last calls measured.
+    """Threads for the next call of the compiled tiles, from what the CPUs were doing.
 
-    :meth:`record` takes a call's thread count and the share of its threads' wall time they ran on
-    a CPU (their CPU time over their wall time); :meth:`threads` turns the count a caller wants into
-    the count to use. Results never depend on the count (a tile's numbers do not), only the time."""
+    With a ``sample`` function (default :func:`cpu_sample`) that reads the machine, :meth:`threads`
+    gives the CPUs of the affinity that other processes left free over the last interval (at most
+    ``cpus``, default :func:`usable_cpus`); without
+    one (``sample=None``, or where it returns ``None``), :meth:`record` takes a call's thread
+    count and the share of its threads' wall time they ran on a CPU, and :meth:`threads` backs off
+    to what they got, probing the full count now and then. Results never depend on the count (a
+    tile's numbers do not), only the time."""
 
-    def __init__(self):
+    def __init__(self, sample=cpu_sample, cpus: int | None = None):
         self._lock = threading.Lock()
+        self._sample = sample
+        self._cpus = cpus
+        self._last = sample() if sample is not None else None
+        self.free: float | None = None  # CPUs the others left free, last interval (None: not known)
         self.limit: int | None = None  # None: not contended
         self.wait = 0  # calls at ``limit`` before the next probe of the full count
         self.backoff = FIRST_PROBE_WAIT
 
     def threads(self, want: int) -> int:
-        """``want``, or fewer while other processes hold the CPUs (a probe at ``want`` now and then)."""
+        """``want``, or fewer while other processes hold the CPUs."""
         with self._lock:
+            if self._last is not None:
+                self._read()
+                if self.free is not None:
+                    return max(1, min(want, math.floor(self.free + 0.5)))
             if self.limit is None or want <= self.limit:
                 return want
             if self.wait <= 0:
@@ -149,9 +207,24 @@ class Contention:
             self.wait -= 1
             return self.limit
 
+    def _read(self) -> None:
+        """The CPUs left free by other processes since the last reading, once an interval has passed."""
+        if time.monotonic() - self._last.wall < MIN_INTERVAL:
+            return
+        now = self._sample()
+        if now is None:
+            return
+        wall = now.wall - self._last.wall
+        others = max(0.0, (now.busy - self._last.busy) - (now.own - self._last.own))
+        # the affinity's CPUs less the others' use; never more than the quota allows (a container's
+        # affinity can be a whole host whose other CPUs are busy with other containers)
+        quota = self._cpus if self._cpus is not None else usable_cpus()
+        self.free, self._last = min(float(quota), now.cpus - others / wall), now
+
     def record(self, threads: int, share: float) -> None:
-        """What a call on ``threads`` threads measured (``share``: CPU time / wall time of its threads)."""
-        if threads <= 1:
+        """What a call on ``threads`` threads measured (``share``: CPU time / wall time of its threads);
+        used only where the CPUs' busy time cannot be read."""
+        if threads <= 1 or self._last is not None:
             return
         with self._lock:
             if share >= CONTENDED:

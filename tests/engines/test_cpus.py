@@ -2,11 +2,12 @@
 
 import os
 import threading
+import time
 
 import pytest
 import torch
 
-from fedgp.engines import compiled
+from fedgp.engines import compiled, cpus
 from fedgp.engines.cpus import default_threads, usable_cpus
 
 AFFINITY = len(os.sched_getaffinity(0))
@@ -55,6 +56,7 @@ def test_torch_threads_bound_ours_and_the_tiles_use_them(monkeypatch):
     seen = []
     monkeypatch.setattr(compiled, "default_threads", lambda: 2)
     monkeypatch.setattr(compiled, "_pool", lambda workers: seen.append(workers) or _Inline())
+    monkeypatch.setattr(cpus, "contention", cpus.Contention(sample=None))  # not this machine's load
     try:
         torch.set_num_threads(1)
         assert default_threads() == 1
@@ -109,12 +111,12 @@ def test_inside_a_batched_round_torch_runs_on_one_thread_and_the_tiles_keep_thei
         torch.set_num_threads(threads)
 
 
-def test_contention_backs_off_to_the_threads_that_got_a_cpu_and_probes_again():
+def test_without_the_cpus_counters_contention_backs_off_to_what_the_threads_got_and_probes_again():
     from fedgp.engines.cpus import CONTENDED, FIRST_PROBE_WAIT, MAX_PROBE_WAIT, Contention
 
     assert FIRST_PROBE_WAIT == 4  # the waits below
 
-    c = Contention()
+    c = Contention(sample=None)  # where /proc/stat cannot be read: the threads' own share
     assert c.threads(2) == 2
     c.record(2, 0.95)  # two threads, each on a CPU nearly all the time: keep them
     assert c.threads(2) == 2
@@ -131,6 +133,59 @@ def test_contention_backs_off_to_the_threads_that_got_a_cpu_and_probes_again():
     assert c.threads(2) == 2 and c.limit is None and c.backoff == FIRST_PROBE_WAIT
     c.record(8, 0.5)  # 8 threads with 4 CPUs' worth
     assert c.threads(8) == 4 and c.threads(3) == 3  # a caller wanting fewer gets what it wants
+
+
+def test_the_threads_follow_the_cpus_other_processes_left_free(monkeypatch):
+    """Over each interval of at least MIN_INTERVAL s: the affinity's CPUs, less the busy time that
+    was not this process's, at most the quota; decided without running a call contended."""
+    from fedgp.engines import cpus
+    from fedgp.engines.cpus import MIN_INTERVAL, Contention, CpuSample
+
+    clock = {"now": 100.0}
+    monkeypatch.setattr(cpus.time, "monotonic", lambda: clock["now"])
+    samples = iter([
+        CpuSample(100.0, busy=50.0, own=1.0, cpus=2),  # at import
+        CpuSample(101.0, busy=51.0, own=2.0, cpus=2),  # 1 s: the busy second was ours (our import)
+        CpuSample(102.0, busy=53.0, own=3.0, cpus=2),  # ours 1 s, another process 1 s
+        CpuSample(103.0, busy=54.7, own=4.3, cpus=2),  # ours 1.3 s (2 threads), others 0.4 s
+        CpuSample(104.0, busy=60.0, own=5.0, cpus=8),  # 8 CPUs in the affinity, others busy on 4.6
+        None,  # unreadable: the last reading stands
+    ])  # fmt: skip
+    c = Contention(sample=lambda: next(samples), cpus=2)
+    assert c.threads(2) == 2 and c.free is None  # no interval yet: what was asked
+    clock["now"] = 101.0
+    assert c.threads(2) == 2 and c.free == pytest.approx(2.0)
+    clock["now"] = 101.0 + MIN_INTERVAL / 2
+    assert c.threads(2) == 2  # too short an interval to read: the last decision
+    clock["now"] = 102.0
+    assert c.threads(2) == 1 and c.free == pytest.approx(1.0)  # one busy process beside
+    assert c.threads(1) == 1
+    clock["now"] = 103.0
+    assert c.threads(2) == 2 and c.free == pytest.approx(1.6)  # 1.6 CPUs free: rounds to 2
+    c.record(2, 0.1)  # the threads' share is not used where the counters are read
+    clock["now"] = 104.0
+    assert c.threads(4) == 2 and c.free == pytest.approx(2.0)  # 3.4 CPUs free, the quota is 2
+    clock["now"] = 105.0
+    assert c.threads(2) == 2 and c.free == pytest.approx(2.0)
+
+
+def test_the_cpus_counters_are_read_from_proc_stat(tmp_path, monkeypatch):
+    from fedgp.engines import cpus
+
+    stat = tmp_path / "stat"
+    stat.write_text(
+        "cpu  900 0 100 5000 10 0 0 0 0 0\n"
+        "cpu0 100 5 20 1000 3 1 1 2 7 0\n"  # busy 100+5+20+1+1+2 = 129 ticks (guest 7 is in user)
+        "cpu1 300 0 50 2000 5 0 4 0 0 0\n"  # busy 354
+        "cpu2 999 0 0 0 0 0 0 0 0 0\n"  # not in the affinity
+        "intr 12345\n"
+    )
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
+    sample = cpus.cpu_sample(stat)
+    assert sample.cpus == 2
+    assert sample.busy == pytest.approx((129 + 354) / os.sysconf("SC_CLK_TCK"))
+    assert sample.own == pytest.approx(time.process_time(), abs=0.5)
+    assert cpus.cpu_sample(tmp_path / "missing") is None
 
 
 def test_the_tiles_run_on_the_threads_contention_allows_and_report_what_they_got(monkeypatch):
