@@ -3,6 +3,8 @@
     .venv/bin/python benchmarks/engine_throughput.py --target        # the whole table (≈ 25 min quiet)
     .venv/bin/python benchmarks/engine_throughput.py --quick         # a few minutes, to try it
     .venv/bin/python benchmarks/engine_throughput.py --clients 100 1000 --repeats 3
+    .venv/bin/python benchmarks/engine_throughput.py --clients 1000 10000 --engines loop batched_stepwise \
+        batched --target --target-runs batched:2 batched:1 --baseline 38703e1   # issue 34's table
 
 FGPR with M = 32, d = 5, E = 5 local Adam steps, ScaleKernel(RBF-ARD), float64, 100 points per
 client. Every measurement runs in a fresh subprocess (so peak RSS is its own) and is repeated;
@@ -22,8 +24,10 @@ the table reports medians. Engines:
 Throughput rows time a fit after an untimed one-round fit of the same engine on 64 clients (so
 imports, numba's cache load and first-call costs are excluded for every engine alike); the
 ``--target`` rows (K = 10,000, R = 100: 5 million client-steps) time the whole ``fit`` in a fresh
-process, start-up included. ``loop`` and ``sequential`` run on at most ``--loop-clients`` clients
-(their throughput per client does not depend on K).
+process, start-up included (after an untimed 64-client fit in another process fills numba's
+cache); with ``--baseline REV`` each target fit also runs on fedgp at git revision REV, right after
+this checkout's. ``loop`` and ``sequential`` run on at most ``--loop-clients`` clients (their
+throughput per client does not depend on K).
 
 Writes results/benchmarks/engine_throughput.csv (K, engine, threads, client_steps_per_s,
 ratio_vs_loop, peak_rss_mb, wall_s) and .txt (this printout), with the thread counts, the 1 → 2
@@ -151,11 +155,17 @@ def worker(config: dict) -> dict:
     }
 
 
-def measure(config: dict, repeats: int) -> dict:
+def measure(config: dict, repeats: int, root: Path = ROOT) -> dict:
+    """Medians of ``repeats`` fresh worker processes; ``root``: the checkout whose fedgp they run."""
     runs = []
     for _ in range(repeats):
         out = subprocess.run(
-            [sys.executable, __file__, "--worker", json.dumps(config)],
+            [
+                sys.executable,
+                str(root / "benchmarks" / "engine_throughput.py"),
+                "--worker",
+                json.dumps(config),
+            ],
             capture_output=True,
             text=True,
             check=True,
@@ -168,6 +178,16 @@ def measure(config: dict, repeats: int) -> dict:
         "peak_rss_mb": max(r["peak_rss_mb"] for r in runs),
         "K_run": runs[0]["K_run"],
     }
+
+
+def _worktree(rev: str) -> Path:
+    """A detached git worktree of this repository at ``rev``, in a temporary folder (kept for the
+    process; ``git worktree prune`` forgets it once the folder is gone)."""
+    import tempfile
+
+    where = Path(tempfile.mkdtemp(prefix="fedgp-baseline-")) / "fedgp"
+    subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(where), rev], check=True)
+    return where
 
 
 def flops_per_client_step(m: int = M, d: int = D) -> float:
@@ -261,6 +281,12 @@ def main() -> None:
         action="store_true",
         help="K = 100 and 1,000, one repeat, loop/sequential on 100 clients, target K = 2,000 R = 10",
     )
+    parser.add_argument(
+        "--baseline",
+        metavar="REV",
+        help="also run the target fits on fedgp at git revision REV (a worktree in a temporary folder), "
+        "side by side: rows named engine@REV",
+    )
     parser.add_argument("--out", default=str(ROOT / "results" / "benchmarks" / "engine_throughput.csv"))
     args = parser.parse_args()
     if args.worker:
@@ -296,22 +322,23 @@ def main() -> None:
             )
     if args.target:
         K_target, R_target = (2000, 10) if args.quick else (10000, 100)
+        roots = {"": ROOT}
+        if args.baseline:
+            roots[f"@{args.baseline}"] = _worktree(args.baseline)
         for engine, threads in (run.split(":") for run in args.target_runs):
-            threads = int(threads)
-            config = {
-                "K": K_target,
-                "engine": engine,
-                "threads": threads,
-                "rounds": R_target,
-                "warmup": False,
-            }
-            result = measure(config, args.target_repeats)
-            rows.append({"K": K_target, "engine": f"{engine}_R{R_target}", "threads": threads, **result})
-            say(
-                f"target K={K_target} R={R_target} {engine}, {threads} thread(s): median wall "
-                f"{result['wall_s']:.1f} s of {args.target_repeats} (whole fit in a fresh process), peak RSS "
-                f"{result['peak_rss_mb']:.0f} MB"
-            )
+            for label, root in roots.items():
+                threads = int(threads)
+                config = {"K": K_target, "engine": engine, "threads": threads, "rounds": R_target}
+                measure({**config, "K": 64, "rounds": 1}, 1, root)  # numba's cache filled, untimed
+                result = measure({**config, "warmup": False}, args.target_repeats, root)
+                name = f"{engine}_R{R_target}{label}"
+                rows.append({"K": K_target, "engine": name, "threads": threads, **result})
+                gflops = result["client_steps_per_s"] * flops_per_client_step() / 1e9
+                say(
+                    f"target K={K_target} R={R_target} {engine}{label}, {threads} thread(s): median wall "
+                    f"{result['wall_s']:.1f} s of {args.target_repeats} (whole fit in a fresh process), "
+                    f"{gflops:.1f} GFLOP/s, peak RSS {result['peak_rss_mb']:.0f} MB"
+                )
     table = pd.DataFrame(rows)
     loop = table[table.engine == "loop"].set_index("K")["client_steps_per_s"]
     table["ratio_vs_loop"] = table["client_steps_per_s"] / table["K"].map(loop)

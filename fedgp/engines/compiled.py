@@ -155,14 +155,16 @@ def tile_nll(z, rr, valid, nf, sv, nv, M, d, nu_code, need_grad, L, U, E, out, a
             for k in range(j):
                 c@ -= L[i, k, @] * L[j, k, @]
             L[i, j, @] = c@ / L[j, j, @]
-    # L^-1 in place, column by column
-    for j in range(M):
-        L[j, j, @] = 1.0 / L[j, j, @]
-        for i in range(j + 1, M):
+    # L^-1 in place, row by row: row i needs rows < i of the inverse and its own row of L from
+    # column j on, so no entry depends on one just written (column by column, each entry waited
+    # for the one above it: benchmarks/tile_kernel.py --sections)
+    for i in range(M):
+        L[i, i, @] = 1.0 / L[i, i, @]
+        for j in range(i):
             c@ = L[i, j, @] * L[j, j, @]
             for k in range(j + 1, i):
                 c@ += L[i, k, @] * L[k, j, @]
-            L[i, j, @] = -c@ / L[i, i, @]
+            L[i, j, @] = -c@ * L[i, i, @]
     # K^-1 = L^-T L^-1 in place (lower triangle; row i needs rows >= i only, as LAPACK's lauum)
     for i in range(M):
         for j in range(i + 1):
