@@ -159,16 +159,16 @@ def cpu_sample(stat: Path = _STAT) -> CpuSample | None:
         mine = os.sched_getaffinity(0)
         text = stat.read_text()
         tick = os.sysconf("SC_CLK_TCK")
-    except (AttributeError, OSError, ValueError):
+        busy = 0
+        for line in text.splitlines():
+            name, _, rest = line.partition(" ")
+            if not name[3:].isdigit() or not name.startswith("cpu") or int(name[3:]) not in mine:
+                continue
+            # user nice system idle iowait irq softirq steal (guest times are inside user and nice)
+            ticks = [int(v) for v in rest.split()[:8]]
+            busy += sum(ticks) - ticks[3] - ticks[4]
+    except (AttributeError, OSError, ValueError, IndexError):  # not Linux, or a format not known here
         return None
-    busy = 0
-    for line in text.splitlines():
-        name, *fields = line.split()
-        if not name.startswith("cpu") or name == "cpu" or int(name[3:]) not in mine:
-            continue
-        # user nice system idle iowait irq softirq steal (guest times are inside user and nice)
-        ticks = [int(v) for v in fields[:8]]
-        busy += sum(ticks) - ticks[3] - ticks[4]
     return CpuSample(time.monotonic(), busy / tick, time.process_time(), len(mine))
 
 
@@ -177,11 +177,11 @@ class Contention:
 
     With a ``sample`` function (default :func:`cpu_sample`) that reads the machine, :meth:`threads`
     gives the CPUs of the affinity that other processes left free over the last interval (at most
-    ``cpus``, default :func:`usable_cpus`); without
-    one (``sample=None``, or where it returns ``None``), :meth:`record` takes a call's thread
-    count and the share of its threads' wall time they ran on a CPU, and :meth:`threads` backs off
-    to what they got, probing the full count now and then. Results never depend on the count (a
-    tile's numbers do not), only the time."""
+    ``cpus``, default :func:`usable_cpus`). Without one (``sample=None``, or where it returns
+    ``None`` from the start), :meth:`record` takes a call's thread count and the share of its
+    threads' wall time they ran on a CPU, and :meth:`threads` backs off to what they got, probing
+    the full count now and then. Results never depend on the count (a tile's numbers do not), only
+    the time."""
 
     def __init__(self, sample=cpu_sample, cpus: int | None = None):
         self._lock = threading.Lock()

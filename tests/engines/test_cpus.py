@@ -186,6 +186,8 @@ def test_the_cpus_counters_are_read_from_proc_stat(tmp_path, monkeypatch):
     assert sample.busy == pytest.approx((129 + 354) / os.sysconf("SC_CLK_TCK"))
     assert sample.own == pytest.approx(time.process_time(), abs=0.5)
     assert cpus.cpu_sample(tmp_path / "missing") is None
+    stat.write_text("cpu0 1 2\n")  # a format not known here: no reading, never an error
+    assert cpus.cpu_sample(stat) is None
 
 
 def test_the_tiles_run_on_the_threads_contention_allows_and_report_what_they_got(monkeypatch):
