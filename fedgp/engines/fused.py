@@ -142,6 +142,11 @@ def unsupported(local: LocalTraining, batch_sizes: torch.Tensor, d: int, fused: 
     return None
 
 
+#: The compiled functions the round calls, set by :class:`_RoundKernels` (module globals so that
+#: numba's on-disk cache of the round hits: see there).
+_tile_nll = _scratch = _draw_uniform = _softplus = None
+
+
 class _RoundKernels:
     """The compiled round, built on first use (importing this module never needs numba).
 
@@ -155,7 +160,11 @@ class _RoundKernels:
         import numba
 
         T = compiled.TILE
-        tile_nll, scratch = compiled.kernels().tile_nll, compiled.kernels().scratch
+        # The compiled functions local_round calls are module globals, not closure variables: numba's
+        # cache keys a closure by its captured values, and a dispatcher pickles differently in every
+        # process, so a closure over them missed the cache and was compiled again in each (~3 s)
+        module = globals()
+        module["_tile_nll"], module["_scratch"] = compiled.kernels().tile_nll, compiled.kernels().scratch
         gold, m1, m2 = GOLDEN, MIX1, MIX2
         s30, s27, s31, s11 = np.uint64(30), np.uint64(27), np.uint64(31), np.uint64(11)
         strict = numba.njit(cache=True, nogil=True)  # the draw: bit for bit what fedgp.rng computes
@@ -189,6 +198,8 @@ class _RoundKernels:
             e = np.exp(x)
             return np.log1p(e), e / (e + 1.0)
 
+        module["_draw_uniform"], module["_softplus"] = draw_uniform, softplus
+
         @fast
         def local_round(
             X, y, offsets, sizes, keys, steps, batch, draw, given, row_client,
@@ -202,7 +213,7 @@ class _RoundKernels:
                 M = max(M, batch[c])
             dt = X.dtype
             # per-thread scratch, reused by every tile of [t0, t1)
-            L, U, E, out, al, gz, z, rr, valid, nf, sv, nv = scratch(M, d, X)
+            L, U, E, out, al, gz, z, rr, valid, nf, sv, nv = _scratch(M, d, X)
             th = np.empty((P, T), dtype=dt)
             start = np.empty((P, T), dtype=dt)
             val = np.empty((P, T), dtype=dt)
@@ -232,7 +243,7 @@ class _RoundKernels:
                     for p in range(P):
                         for b in range(T):
                             if softplus_col[p]:
-                                v, dv = softplus(th[p, b])
+                                v, dv = _softplus(th[p, b])
                                 val[p, b] = v + lower[p]
                                 dval[p, b] = dv
                             else:
@@ -253,7 +264,7 @@ class _RoundKernels:
                         c = row_client[r0 + b]
                         m = batch[c]
                         if draw:
-                            draw_uniform(keys[c], sizes[c], m, s, idx, top)
+                            _draw_uniform(keys[c], sizes[c], m, s, idx, top)
                         else:
                             for i in range(m):
                                 idx[i] = given[c, s, i]
@@ -268,7 +279,7 @@ class _RoundKernels:
                             for a in range(d):
                                 ls = val[ls0 + (a if nls > 1 else 0), b]
                                 z[i, a, b] = (X[base + idx[i], a] - x0[a]) / ls
-                    tile_nll(z, rr, valid, nf, sv, nv, M, d, nu_code, True, L, U, E, out, al, gz)
+                    _tile_nll(z, rr, valid, nf, sv, nv, M, d, nu_code, True, L, U, E, out, al, gz)
                     # raw gradients: the chain rule through (x − x₀)/ℓ and the softplus transforms
                     for b in range(T):
                         for p in range(P):

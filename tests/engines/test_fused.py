@@ -269,3 +269,14 @@ def test_a_batched_fit_leaves_the_thread_settings_and_no_thread_pool_behind():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
     assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-2000:]
+
+
+def test_the_compiled_round_closes_over_no_compiled_function():
+    """numba keys a cached closure by its captured values, and a compiled function pickles
+    differently in every process: a round that closed over one missed numba's on-disk cache and was
+    compiled again in every process (about 3 s each)."""
+    import numba
+
+    captured = [cell.cell_contents for cell in fused.kernels().local_round.py_func.__closure__ or ()]
+    assert captured  # the constants it does capture (the tile width)
+    assert not any(isinstance(value, numba.core.dispatcher.Dispatcher) for value in captured)
