@@ -243,6 +243,11 @@ def lane_vectorization():
         numba.config.SLP_VECTORIZE, numba.config.LOOP_VECTORIZE = previous
 
 
+#: What :class:`_StepKernels` compiles, as module globals (set there) so that numba's cache of
+#: ``step`` hits.
+_tile_nll = _scratch = None
+
+
 class _StepKernels:
     """The compiled functions, built on first use so that importing this module never needs numba."""
 
@@ -272,6 +277,10 @@ class _StepKernels:
                 np.empty(T, dtype=dt),
             )
 
+        # module globals, not closure variables, for step: numba's cache keys a closure by its captured
+        # values, and a compiled function pickles differently in every process (fedgp.engines.fused)
+        globals().update(_tile_nll=tile_nll, _scratch=scratch)
+
         @jit
         def step(
             Z, s, noise, r, n_valid, nu_code, need_grad, loss, gZ, gs, gnoise, gr, info, t0, t1
@@ -280,7 +289,7 @@ class _StepKernels:
             s, noise (B,); r (B, M) residuals y - m(x); n_valid (B,) points used per row (a prefix;
             the rest of K is replaced by the identity)."""
             B, M, d = Z.shape
-            L, U, E, out, al, gz, z, rr, valid, nf, sv, nv = scratch(M, d, Z)
+            L, U, E, out, al, gz, z, rr, valid, nf, sv, nv = _scratch(M, d, Z)
             for t in range(t0, t1):
                 b0 = t * T
                 nb = min(T, B - b0)
@@ -300,7 +309,7 @@ class _StepKernels:
                         rr[i, bb] = r[b, i]
                         for a in range(d):
                             z[i, a, bb] = Z[b, i, a]
-                tile_nll(z, rr, valid, nf, sv, nv, M, d, nu_code, need_grad, L, U, E, out, al, gz)
+                _tile_nll(z, rr, valid, nf, sv, nv, M, d, nu_code, need_grad, L, U, E, out, al, gz)
                 for bb in range(nb):
                     b = b0 + bb
                     loss[b] = out[0, bb]

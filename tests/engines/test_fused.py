@@ -280,3 +280,11 @@ def test_the_compiled_round_closes_over_no_compiled_function():
     captured = [cell.cell_contents for cell in fused.kernels().local_round.py_func.__closure__ or ()]
     assert captured  # the constants it does capture (the tile width)
     assert not any(isinstance(value, numba.core.dispatcher.Dispatcher) for value in captured)
+
+
+def test_the_compiled_step_closes_over_no_compiled_function():
+    """As the round: the step-by-step path's compiled step hits numba's cache in a new process."""
+    import numba
+
+    captured = [cell.cell_contents for cell in compiled.kernels().step.py_func.__closure__ or ()]
+    assert not any(isinstance(value, numba.core.dispatcher.Dispatcher) for value in captured)
