@@ -3,6 +3,11 @@ import os
 import pytest
 import torch
 
+# Without a GPU, the Triton round (fedgp.engines.triton_round) runs on CPU tensors in Triton's
+# interpreter, a switch read when triton is first imported (tests/engines/test_triton_round.py).
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
 # Tests run in float64 throughout and should not depend on the host's thread count.
 torch.set_num_threads(int(os.environ.get("FEDGP_TEST_THREADS", "1")))
 

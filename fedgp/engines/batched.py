@@ -12,8 +12,10 @@ For RBF and Matérn kernels on the CPU, when numba is installed, a whole local r
 one compiled call instead (:mod:`fedgp.engines.fused`: minibatch draws, parameter transforms and
 the optimiser too), and where that does not apply (priors, float32 minibatches, ...) each minibatch
 step is one compiled function (:mod:`fedgp.engines.compiled`: Gram matrix, Cholesky, inverse, NLL
-and gradients vectorised across clients); the tensor path below remains for other kernels, for
-matrices that need jitter, for GPUs, and as the reference the compiled paths are tested against.
+and gradients vectorised across clients). On a GPU with triton the fused round is one Triton
+program per client instead (:mod:`fedgp.engines.triton_round`). The tensor path below remains for
+other kernels, for matrices that need jitter, for GPUs without the fused round, and as the
+reference the compiled paths are tested against.
 
 It computes exactly what the sequential engine computes (same minibatches, same optimiser,
 float64): tests hold the two engines to 1e-8. Unequal client sizes are handled by padding with
@@ -39,7 +41,7 @@ from collections.abc import Iterator, Sequence
 import torch
 
 from fedgp.data.client import ClientData
-from fedgp.engines import cpus
+from fedgp.engines import cpus, rounds
 from fedgp.engines import fused as fused_round
 from fedgp.engines.base import InProcessEngine
 from fedgp.engines.minibatch import draw_minibatches
@@ -78,14 +80,16 @@ class BatchedEngine(InProcessEngine):
             kernels, needs numba): ``None`` uses it where it applies, ``False`` never, ``True`` insists.
             It computes the same numbers as the tensor path (to rounding), 2–3× faster.
         fused: a whole local round per chunk in one compiled call (:mod:`fedgp.engines.fused`:
-            minibatch draws, transforms and optimiser compiled too): ``None`` where it applies (and
-            ``compiled`` is not ``False``), ``False`` never (the step-by-step path), ``True`` insists
+            minibatch draws, transforms and optimiser compiled too; on a GPU one Triton program per
+            client, :mod:`fedgp.engines.triton_round`): ``None`` where it applies (and ``compiled``
+            is not ``False`` on the CPU), ``False`` never (the step-by-step path), ``True`` insists
             (a ``ValueError`` says why a spec cannot; a round it cannot run falls back, e.g.
             minibatches over 64 points).
         device: where the tensor path runs (e.g. ``"cuda"``): the clients' data are copied there
             once at construction (``ClientData`` stays float64 on the CPU), states are moved there per
-            chunk and replies come back to the CPU. The compiled step is CPU-only, so on a GPU the
-            tensor path runs; the per-client fallback runs on the CPU.
+            chunk and replies come back to the CPU. The compiled step is CPU-only; on a GPU the fused
+            round is Triton's (with ``pip install triton``) and the step-by-step path is the tensor
+            path; the per-client fallback runs on the CPU.
         loopback, timeout: as for every in-process engine (:class:`~fedgp.engines.base.InProcessEngine`):
             a chunk that exceeds the timeout is halved and re-run, so only a client that alone
             exceeds it fails.
@@ -128,30 +132,13 @@ class BatchedEngine(InProcessEngine):
         with cpus.torch_on_one_thread() if tiles else contextlib.nullcontext():
             super().__init__(spec, clients, seed, **options)
             self.gp = _batched_gp(spec, compiled, check, clients[0].n_features if clients else 1, self.device)
-            self.fused = self._fused_layout(fused)
+            # the fused round's layout and module (numba's on the CPU, Triton's on a GPU), or None
+            self.fused, self.round_kernel = rounds.choose(
+                self.spec, self.device, self.gp, self.minibatch_dtype, fused
+            )
             self.sizes = torch.tensor([c.n for c in clients], dtype=torch.long)
             self.offsets = torch.cumsum(self.sizes, 0) - self.sizes
             self.data_changed()
-
-    def _fused_layout(self, fused: bool | None) -> fused_round.FusedLayout | None:
-        """The fused round's layout where it applies (see ``fused``), else ``None``."""
-        if fused is False:
-            return None
-        if self.gp is None:
-            why = "the spec runs client by client with GPyTorch"
-        elif not self.gp.compiled:
-            why = "the compiled step is off (compiled=False, or no numba)"
-        elif self.device.type != "cpu":
-            why = f"it runs on the CPU only, not {self.device}"
-        elif self.minibatch_dtype != torch.float64:
-            why = "minibatch_dtype is not float64"
-        elif not isinstance(found := fused_round.layout(self.spec), str):
-            return found
-        else:
-            why = found
-        if fused:
-            raise InputError(f"fused=True: the fused local round cannot run here: {why}")
-        return None
 
     def data_changed(self) -> None:
         """Stack every client's training data end to end (and once more in the minibatch precision).
@@ -351,7 +338,7 @@ class BatchedOps:
         rows = B * per_client
         theta = torch.cat([raw[k].reshape(rows, -1) for k in layout.names], 1)
         given = self._minibatch_indices(local, steps, batch) if local.minibatch == "nearest" else None
-        theta, loss, info = fused_round.local_round(
+        theta, loss, info = self.engine.round_kernel.local_round(
             layout,
             self.engine.X,
             self.engine.y,
@@ -371,8 +358,8 @@ class BatchedOps:
         pieces = theta.split(list(layout.widths), 1)
         trained = {k: piece.reshape(rows, *flat[k].shape[1:]) for k, piece in zip(layout.names, pieces)}
         new = self.spec.from_raw(HyperState(trained, self.spec.event_shapes))
-        new = new.map(lambda v, e: v.reshape(B, *extra, *v.shape[1:]))
-        return TrainResult(new, loss.reshape(B, *extra), steps)
+        new = new.map(lambda v, e: v.reshape(B, *extra, *v.shape[1:]).cpu())
+        return TrainResult(new, loss.reshape(B, *extra).cpu(), steps)
 
     def _train_stepwise(self, flat, extra, per_client, steps, batch, local) -> TrainResult:
         """One batched (compiled or tensor) minibatch step at a time, optimiser in torch."""

@@ -32,7 +32,7 @@ from fedgp.engines.tensor_gp import NOISE, stationary_fast_path
 from fedgp.rng import GOLDEN, MIX1, MIX2, client_keys
 from fedgp.strategies.local import SGD, Adam, LocalTraining
 
-__all__ = ["FusedLayout", "layout", "unsupported", "local_round"]
+__all__ = ["FusedLayout", "layout", "unsupported", "local_round", "optimizer_settings"]
 
 #: Optimiser codes of the compiled round.
 _ADAM, _SGD_INVERSE_T, _SGD_CONSTANT = 0, 1, 2
@@ -73,9 +73,8 @@ def _softplus_bound(constraint) -> float | None:
 
 
 def layout(spec) -> FusedLayout | str:
-    """The spec's :class:`FusedLayout`, or a sentence saying why the fused round cannot run it."""
-    if not compiled.available():
-        return "numba is not installed"
+    """The spec's :class:`FusedLayout`, or a sentence saying why the fused round cannot run it
+    (numba's here, or Triton's: :mod:`fedgp.engines.triton_round` takes the same layout)."""
     if spec.dtype != torch.float64:
         return f"the spec's dtype is {spec.dtype}, not float64"
     fast = stationary_fast_path(spec)
@@ -337,6 +336,14 @@ class _RoundKernels:
 kernels = compiled.once(lambda: _RoundKernels())
 
 
+def optimizer_settings(local: LocalTraining) -> tuple[int, float, float, float, float]:
+    """The local optimiser as the compiled rounds take it: (code, lr, β₁, β₂, ε); SGD's are 0."""
+    opt = local.optimizer
+    if isinstance(opt, Adam):
+        return _ADAM, opt.lr, opt.betas[0], opt.betas[1], opt.eps
+    return (_SGD_INVERSE_T if opt.schedule == "inverse_t" else _SGD_CONSTANT), opt.lr, 0.0, 0.0, 0.0
+
+
 def local_round(
     fused: FusedLayout,
     X: torch.Tensor,
@@ -360,12 +367,7 @@ def local_round(
     ones in the compiled code); ``row_client`` maps each row of ``theta`` to its client. ``info[r]``
     is the first step (1-based) whose Cholesky failed for row r, 0 if none: those rows' results are
     not valid and the caller redoes the round on the step-by-step path (jitter, clear errors)."""
-    opt = local.optimizer
-    if isinstance(opt, Adam):
-        code, lr, b1, b2, eps = _ADAM, opt.lr, opt.betas[0], opt.betas[1], opt.eps
-    else:
-        code = _SGD_INVERSE_T if opt.schedule == "inverse_t" else _SGD_CONSTANT
-        lr, b1, b2, eps = opt.lr, 0.0, 0.0, 0.0
+    code, lr, b1, b2, eps = optimizer_settings(local)
     theta = theta.to(torch.float64).contiguous().clone()
     R = theta.shape[0]
     loss = np.zeros(R, dtype=np.float64)

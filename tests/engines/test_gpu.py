@@ -55,3 +55,16 @@ def test_gpu_tensor_path_matches_the_sequential_engine(draws, kernel, dtype):
     assert mean.device.type == "cpu"  # predictions come back to the caller's side
     assert torch.allclose(mean.double(), ref_mean, rtol=TOLERANCE[dtype], atol=TOLERANCE[dtype])
     assert torch.allclose(var.double(), ref_var, rtol=TOLERANCE[dtype])
+
+
+def test_the_triton_round_runs_on_the_gpu_and_matches_the_cpu_round(draws):
+    """float64 RBF/Matérn on a GPU with triton: the whole local round is one Triton program per client
+    (fedgp.engines.triton_round), 1e-10 from the CPU's fused round (issue 34)."""
+    triton_round = pytest.importorskip("fedgp.engines.triton_round")
+    if not triton_round.available():
+        pytest.skip("triton is not installed")
+    for kernel in ("rbf", "matern52"):
+        gpu = fit_on("cuda", kernel, torch.float64, draws.federation)
+        assert gpu.engine.round_kernel is triton_round
+        cpu = fit_on("cpu", kernel, torch.float64, draws.federation)
+        assert cpu.state.max_relative_difference(gpu.state) < 1e-10
