@@ -86,9 +86,8 @@ def main() -> None:
     R = args.rounds
 
     def record(row: dict, result) -> None:
-        kernel = getattr(result.engine, "round_kernel", None)
         path = "cpu" if row["device"] == "cpu" else "tensor"
-        if kernel is not None and kernel.__name__.endswith("triton_round"):
+        if getattr(result.engine, "round_module", None) == "fedgp.engines.triton_round":
             path = "triton round"
         append(args.out, row | dict(measured=datetime.date.today().isoformat(), path=path))
 

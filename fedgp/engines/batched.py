@@ -133,7 +133,7 @@ class BatchedEngine(InProcessEngine):
             super().__init__(spec, clients, seed, **options)
             self.gp = _batched_gp(spec, compiled, check, clients[0].n_features if clients else 1, self.device)
             # the fused round's layout and module (numba's on the CPU, Triton's on a GPU), or None
-            self.fused, self.round_kernel = rounds.choose(
+            self.fused, self.round_module = rounds.choose(
                 self.spec, self.device, self.gp, self.minibatch_dtype, fused
             )
             self.sizes = torch.tensor([c.n for c in clients], dtype=torch.long)
@@ -338,7 +338,8 @@ class BatchedOps:
         rows = B * per_client
         theta = torch.cat([raw[k].reshape(rows, -1) for k in layout.names], 1)
         given = self._minibatch_indices(local, steps, batch) if local.minibatch == "nearest" else None
-        theta, loss, info = self.engine.round_kernel.local_round(
+        theta, loss, info = rounds.local_round(
+            self.engine.round_module,
             layout,
             self.engine.X,
             self.engine.y,

@@ -15,13 +15,16 @@ import torch
 from fedgp.engines import compiled, fused
 from fedgp.errors import InputError
 
-__all__ = ["choose"]
+__all__ = ["choose", "local_round"]
 
 
-def choose(spec, device: torch.device, gp, minibatch_dtype: torch.dtype, wanted: bool | None):
-    """The fused round for an engine: ``(layout, module)`` whose ``local_round`` runs it —
-    :mod:`fedgp.engines.fused` (numba) on the CPU, :mod:`fedgp.engines.triton_round` on a GPU —
-    or ``(None, None)`` (the step-by-step path). ``gp`` is the engine's
+def choose(
+    spec, device: torch.device, gp, minibatch_dtype: torch.dtype, wanted: bool | None
+) -> tuple[fused.FusedLayout | None, str | None]:
+    """The fused round for an engine: ``(layout, name)``, the name of the module whose
+    ``local_round`` runs it — :mod:`fedgp.engines.fused` (numba) on the CPU,
+    :mod:`fedgp.engines.triton_round` on a GPU; a name, so that an engine still pickles — or
+    ``(None, None)`` (the step-by-step path). ``gp`` is the engine's
     :class:`~fedgp.engines.tensor_gp.BatchedGP` (``None``: client by client); ``wanted`` is the
     engine's ``fused`` argument (``True`` raises, saying why it cannot run)."""
     if wanted is False:
@@ -38,9 +41,14 @@ def choose(spec, device: torch.device, gp, minibatch_dtype: torch.dtype, wanted:
     elif minibatch_dtype != torch.float64:
         why = "minibatch_dtype is not float64"
     elif not isinstance(found := fused.layout(spec), str):
-        return found, fused if cpu else importlib.import_module("fedgp.engines.triton_round")
+        return found, "fedgp.engines.fused" if cpu else "fedgp.engines.triton_round"
     else:
         why = found
     if wanted:
         raise InputError(f"fused=True: the fused local round cannot run here: {why}")
     return None, None
+
+
+def local_round(name: str, *args, **kwargs) -> tuple:
+    """Run the round of the module :func:`choose` named (``local_round``'s arguments and results)."""
+    return importlib.import_module(name).local_round(*args, **kwargs)

@@ -205,7 +205,7 @@ def _round(
     tl.store(info + r, first_bad.to(tl.int64))
 
 
-def kernel(device: torch.device | str):
+def kernel(device: torch.device | str) -> triton.runtime.KernelInterface:
     """The Triton kernel for tensors on ``device``: compiled for a CUDA device; for CPU tensors,
     Triton's interpreter, which is a process-wide switch read when triton is first imported
     (``TRITON_INTERPRET=1``; the test suite sets it where no GPU is seen)."""

@@ -119,11 +119,11 @@ def test_the_engine_runs_it_and_agrees_with_the_sequential_engine(unequal, monke
 
     def on_triton(*args):
         layout, module = choose(*args)
-        return layout, triton_round if module is not None else None
+        return layout, triton_round.__name__ if module is not None else None
 
     monkeypatch.setattr(rounds, "choose", on_triton)
     ours = fedgp.fit(unequal.spec, unequal.federation, strategy, rounds=2, seed=4, engine="batched")
-    assert ours.engine.round_kernel is triton_round
+    assert ours.engine.round_module == triton_round.__name__
     assert cpu.state.max_relative_difference(ours.state) < TOLERANCE
     assert sequential.state.max_relative_difference(ours.state) < 1e-8
     assert np.allclose(cpu.history["train_nll"], ours.history["train_nll"], rtol=TOLERANCE, atol=0)
@@ -138,7 +138,7 @@ def test_a_gpu_engine_chooses_the_triton_round_and_says_why_not(unequal, monkeyp
 
     cuda = torch.device("cuda")
     layout, module = rounds.choose(unequal.spec, cuda, GP(), torch.float64, None)
-    assert module is triton_round and layout.names == fused.layout(unequal.spec).names
+    assert module == triton_round.__name__ and layout.names == fused.layout(unequal.spec).names
     monkeypatch.setattr(rounds.importlib.util, "find_spec", lambda name: None)
     assert rounds.choose(unequal.spec, cuda, GP(), torch.float64, None) == (None, None)
     with pytest.raises(InputError, match="needs Triton"):
