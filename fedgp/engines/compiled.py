@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -325,6 +326,26 @@ class _StepKernels:
         self.tile_nll = tile_nll
         self.scratch = scratch
         self.step = step
+
+
+def cached_with(dispatcher, *modules) -> None:
+    """Make numba's on-disk cache of ``dispatcher`` go stale when any of ``modules``' source files
+    changes, not only the file that defines it.
+
+    numba stamps a cached function with its own file's modification time and size only; a compiled
+    function it calls from another file is compiled *into* it, so after an edit of that other file
+    the cache kept serving the old code (seen: the fused round in fused.py kept compiled.py's old
+    GP step, silently). Call before the first call (numba reads the index then). numba has no
+    public hook for this; its index's stamp is extended here, and a numba without that attribute
+    is left as it is."""
+    index = getattr(getattr(dispatcher, "_cache", None), "_cache_file", None)
+    if index is None or not hasattr(index, "_source_stamp"):  # pragma: no cover - another numba
+        return
+    stamps = []
+    for module in modules:
+        st = os.stat(module.__file__)
+        stamps.append((st.st_mtime, st.st_size))
+    index._source_stamp = (index._source_stamp, *stamps)
 
 
 def once(build):

@@ -328,6 +328,8 @@ class _RoundKernels:
                         theta[r0 + b, p] = th[p, b]
                     loss[r0 + b] = total[b] / lane_steps[b]
 
+        # it has compiled.py's GP step compiled into it: stale when compiled.py changes too
+        compiled.cached_with(local_round, compiled)
         self.local_round = local_round
         self.draw_uniform = draw_uniform
 

@@ -2,9 +2,12 @@
 step-by-step batched path compute, draws the same minibatches, falls back where it does not apply,
 and gives the same numbers on any number of threads."""
 
+import json
+import shutil
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import gpytorch
 import numpy as np
@@ -288,3 +291,50 @@ def test_the_compiled_step_closes_over_no_compiled_function():
 
     captured = [cell.cell_contents for cell in compiled.kernels().step.py_func.__closure__ or ()]
     assert not any(isinstance(value, numba.core.dispatcher.Dispatcher) for value in captured)
+
+
+def test_an_edit_of_the_gp_step_reaches_the_cached_round(tmp_path):
+    """The fused round (fused.py) has compiled.py's GP step compiled into it; numba stamps a cache
+    with the defining file only, so after an edit of compiled.py alone the cached round kept the
+    old step (silently). Here, in a copy of the package: a round cached, compiled.py's loss halved,
+    and a new process must see the halved loss; a third process hits the cache (writes nothing)."""
+    package = tmp_path / "fedgp"
+    shutil.copytree(Path(fedgp.__file__).parent, package, ignore=shutil.ignore_patterns("__pycache__"))
+    code = textwrap.dedent(
+        """
+        import json, sys, torch
+        sys.path.insert(0, sys.argv[1])
+        import fedgp
+        from fedgp.engines import fused
+        from fedgp.strategies.local import LocalTraining
+        assert fedgp.__file__.startswith(sys.argv[1]), fedgp.__file__
+        layout = fused.layout(fedgp.GPSpec())
+        X = torch.rand(40, 2, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+        theta = torch.zeros(2, sum(layout.widths), dtype=torch.float64)
+        _, loss, _ = fused.local_round(
+            layout, X, torch.sin(3 * X.sum(1)), torch.tensor([0, 20]), torch.tensor([20, 20]),
+            fused.minibatch_keys(0, 0, torch.arange(2)), torch.tensor([2, 2]), torch.tensor([8, 8]), None,
+            torch.arange(2), theta, LocalTraining(steps=2, batch_size=8), 0,
+        )
+        print(json.dumps(loss.tolist()))
+        """
+    )
+
+    def loss():
+        run = [sys.executable, "-c", code, str(tmp_path)]
+        out = subprocess.run(run, capture_output=True, text=True, timeout=600, check=True)
+        return np.array(json.loads(out.stdout.strip().splitlines()[-1]))
+
+    def cache_files():
+        files = (package / "engines" / "__pycache__").glob("fused*local_round*")
+        return {p.name: p.stat().st_mtime_ns for p in files}
+
+    before = loss()
+    step = package / "engines" / "compiled.py"
+    source = step.read_text()
+    assert source.count("    out[0, @] = 0.5 * (p@") == 1
+    step.write_text(source.replace("    out[0, @] = 0.5 * (p@", "    out[0, @] = 0.25 * (p@"))
+    assert np.allclose(loss(), before / 2, rtol=1e-14)
+    written = cache_files()
+    assert written and np.allclose(loss(), before / 2, rtol=1e-14)
+    assert cache_files() == written
