@@ -1,5 +1,5 @@
 """The Triton round (fedgp.engines.triton_round) computes what the CPU's fused round computes, to
-1e-10 in float64: every call the CPU engine makes in a fit is replayed through Triton's interpreter
+1e-10 in float64: the CPU round's first calls in a fit are replayed through Triton's interpreter
 (where no GPU is seen; tests/conftest.py sets TRITON_INTERPRET=1 then), over kernels, means,
 constraints, optimisers, minibatch draws, unequal clients and several states per client. The kernel
 also compiles for an H100/H200 (sm_90) without spilling registers: the interpreter does not check
