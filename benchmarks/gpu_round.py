@@ -3,6 +3,7 @@
     python benchmarks/gpu_round.py                                  # K = 10^4, 10^5, 10^6 on "cuda"
     python benchmarks/gpu_round.py --device cpu --clients 6 --repeats 1 --check-rows 6 \
         --out /tmp/dry.csv                                          # dry run: Triton's interpreter
+    python benchmarks/gpu_round.py --registers                      # no GPU needed: sm_90 build stats
 
 One local round of FGPR's local training (E = 5 Adam steps, minibatches of M = 32 of 64 points per
 client, d = 5, scaled RBF-ARD, float64) for K clients, as one launch of
@@ -65,6 +66,36 @@ def round_arguments(K: int, device: str, seed: int = 0):
     return layout, X, y, rows * N, sizes, keys, steps, batch, None, rows, theta, local, 0
 
 
+def registers() -> None:
+    """Registers and stack per thread of the round compiled for sm_90 (H100/H200), for M = 32 and 64,
+    RBF and Matérn-5/2, 4/8/16 warps: Triton's compiler, ptxas and cuobjdump run without a GPU."""
+    import pathlib
+    import subprocess
+    import tempfile
+
+    import triton
+
+    from fedgp.engines import triton_round
+
+    tool = pathlib.Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    default = triton_round.launch_options
+    print(f"triton {triton.__version__}: M, kernel, warps, registers and stack per thread")
+    for m, nu, warps in ((m, nu, w) for m in (32, 64) for nu in (0, 2) for w in (4, 8, 16)):
+        triton_round.launch_options = lambda batch, w=warps: default(batch) | {"num_warps": w}
+        try:
+            built = triton_round.compile_for(90, m, D, 8, nu)
+        finally:
+            triton_round.launch_options = default
+        path = pathlib.Path(tempfile.mkdtemp()) / "round.cubin"
+        path.write_bytes(built.asm["cubin"])
+        usage = subprocess.run(
+            [str(tool), "-res-usage", str(path)], capture_output=True, text=True, check=True
+        )
+        fields = dict(f.split(":") for f in usage.stdout.strip().splitlines()[-1].split() if ":" in f)
+        kernel = "rbf" if nu == 0 else "matern52"
+        print(f"M={m} {kernel} warps={warps}: registers {fields['REG']}, stack {fields['STACK']} bytes")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--clients", type=int, nargs="+", default=[10_000, 100_000, 1_000_000])
@@ -73,7 +104,10 @@ def main() -> None:
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--num-warps", type=int, nargs="+", default=[0], help="0: the kernel's default")
     parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument("--registers", action="store_true", help="only the sm_90 build's registers")
     args = parser.parse_args()
+    if args.registers:
+        return registers()
     cuda = args.device.startswith("cuda")
     if not cuda:
         os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported
