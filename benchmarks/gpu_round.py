@@ -78,14 +78,9 @@ def registers() -> None:
     from fedgp.engines import triton_round
 
     tool = pathlib.Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
-    default = triton_round.launch_options
     print(f"triton {triton.__version__}: M, kernel, warps, registers and stack per thread")
     for m, nu, warps in ((m, nu, w) for m in (32, 64) for nu in (0, 2) for w in (4, 8, 16)):
-        triton_round.launch_options = lambda batch, w=warps: default(batch) | {"num_warps": w}
-        try:
-            built = triton_round.compile_for(90, m, D, 8, nu)
-        finally:
-            triton_round.launch_options = default
+        built = triton_round.compile_for(90, m, D, 8, nu, num_warps=warps)
         path = pathlib.Path(tempfile.mkdtemp()) / "round.cubin"
         path.write_bytes(built.asm["cubin"])
         usage = subprocess.run(

@@ -44,8 +44,6 @@ except ImportError:  # pragma: no cover - exercised only where triton is absent
 
 __all__ = ["available", "local_round", "kernel", "launch_options"]
 
-_LOG_2PI = math.log(2 * math.pi)
-
 
 def available() -> bool:
     """Whether the Triton round can run here (triton importable)."""
@@ -170,7 +168,7 @@ def _round(
             A = tl.where((ri == k) & (ci == k), -inv, A)
         K_inv = -A
         alpha = tl.sum(K_inv * rr[None, :], axis=1)
-        total += 0.5 * (tl.sum(rr * alpha) + logdet + nf * 1.8378770664093453) / nf
+        total += 0.5 * (tl.sum(rr * alpha) + logdet + nf * 1.8378770664093453) / nf  # log 2π
         first_bad = tl.where((bad != 0) & (first_bad == 0), s + 1, first_bad)
         # gradients of the per-point NLL: W = (K^-1 - alpha alpha^T)/(2n); d/dnoise = tr W,
         # d/ds = sum W dK/ds, d/dz_i = sum_j F_ij (z_i - z_j) with F = 4 W s dk/dD
@@ -228,6 +226,18 @@ def launch_options(max_batch: int) -> dict:
     return {"BLOCK_M": block_m, "num_warps": 4 if block_m <= 32 else 8, "enable_fp_fusion": True}
 
 
+def _launch(max_batch: int, d: int, P: int, nu_code: int, draw: bool, opt: int, num_warps: int | None):
+    """The kernel's compile-time constants and launch options: what :func:`local_round` launches and
+    :func:`compile_for` builds, from one place so the two cannot drift apart."""
+    options = launch_options(max_batch)
+    options["num_warps"] = num_warps or options["num_warps"]
+    constants = {
+        "NU": nu_code, "DRAW": draw, "OPT": opt, "BLOCK_M": options.pop("BLOCK_M"),
+        "BLOCK_D": triton.next_power_of_2(d), "BLOCK_P": triton.next_power_of_2(P),
+    }  # fmt: skip
+    return constants, options
+
+
 def local_round(
     fused,
     X: torch.Tensor,
@@ -269,8 +279,9 @@ def local_round(
     consts = np.array([GOLDEN, MIX1, MIX2], dtype=np.uint64).view(np.int64)
     if R == 0:
         return theta, loss, info
-    options = launch_options(int(batch.max()))
-    options["num_warps"] = num_warps or options["num_warps"]
+    constants, options = _launch(
+        int(batch.max()), X.shape[1], P, fused.nu_code, given is None, code, num_warps
+    )
     kernel(device)[(R,)](
         X, y, on(offsets), on(sizes), on(np.ascontiguousarray(client_keys_).view(np.int64)),
         on(steps), on(batch), on(given_), on(row_client), theta, on(consts),
@@ -279,9 +290,7 @@ def local_round(
         on(fused.trainable.astype(np.int8), torch.int8), loss, info,
         X.shape[1], P, given_.shape[1], given_.shape[2], fused.lengthscale[0], fused.lengthscale[1],
         fused.outputscale, fused.noise, fused.mean, int(rnd), float(lr), float(b1), float(b2),
-        float(eps), float(local.prox_mu),
-        NU=fused.nu_code, DRAW=given is None, OPT=code,
-        BLOCK_D=triton.next_power_of_2(X.shape[1]), BLOCK_P=triton.next_power_of_2(P), **options,
+        float(eps), float(local.prox_mu), **constants, **options,
     )  # fmt: skip
     return theta, loss, info
 
@@ -298,22 +307,22 @@ _INTEGERS = ("d", "P", "S_given", "M_given", "ls0", "nls", "sc", "ni", "mi", "rn
 _FLOATS = ("lr", "b1", "b2", "eps", "prox_mu")
 
 
-def compile_for(arch: int, max_batch: int, d: int, P: int, nu_code: int = 0, draw: bool = True, opt: int = 0):
+def compile_for(
+    arch: int, max_batch: int, d: int, P: int, nu_code: int = 0, draw: bool = True, opt: int = 0,
+    num_warps: int | None = None,
+):  # fmt: skip
     """Compile the round ahead of time for a CUDA architecture (``90``: H100/H200) without a GPU:
     Triton's compiler and ``ptxas`` run on any machine. Returns Triton's compiled kernel (its
     ``asm["cubin"]`` is what the device would load); tests use it to check that the code the
-    interpreter runs also compiles, and how many registers it needs. Needs a process without
+    interpreter runs also compiles, and how many registers it needs (``num_warps`` as for
+    :func:`local_round`). Needs a process without
     ``TRITON_INTERPRET``."""
     if triton.knobs.runtime.interpret:
         raise InputError("compile_for needs a process without TRITON_INTERPRET=1 (the interpreter is on)")
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    options = launch_options(max_batch)
-    constants = {
-        "NU": nu_code, "DRAW": draw, "OPT": opt, "BLOCK_M": options.pop("BLOCK_M"),
-        "BLOCK_D": triton.next_power_of_2(d), "BLOCK_P": triton.next_power_of_2(P),
-    }  # fmt: skip
+    constants, options = _launch(max_batch, d, P, nu_code, draw, opt, num_warps)
     signature = _POINTERS | dict.fromkeys(_INTEGERS, "i32") | dict.fromkeys(_FLOATS, "fp64")
     signature |= dict.fromkeys(constants, "constexpr")
     source = ASTSource(fn=kernel("cuda"), signature=signature, constexprs=constants)
