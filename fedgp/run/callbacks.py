@@ -142,10 +142,11 @@ def as_callback(callback: Callback | Callable) -> Callback:
 
 class Stopping(Callback):
     """The stopping rule of ``fit(stop=...)``: checked after every round, its statistics written
-    into the round's row (``stop_*`` columns); when the budget runs out, asked whether the run
-    diverges (``run.divergence``). Its memory (the latest
-    states, as matrices, and once met why the run stopped) goes into checkpoints, so a resumed run
-    stops at the same round as an unbroken one."""
+    into the round's row (``stop_*`` columns). Whenever the rule holds, the training NLL is checked
+    for a rise above its best (``StopRule.risen``): a rule that holds after a rise ends the run as
+    diverging (``run.divergence``), never as converged. When the budget runs out, the rule is asked
+    whether the run diverges. Its memory (the latest states, as matrices, and once met why the run
+    stopped) goes into checkpoints, so a resumed run stops at the same round as an unbroken one."""
 
     order = -30
     checkpoint_key = "stopping"
@@ -154,9 +155,11 @@ class Stopping(Callback):
         self.rule = rule
         self.recent: list[torch.Tensor] = []
         self.reason: str | None = None
+        self.rise: str | None = None
 
     def on_start(self, run):
         if self.reason is not None:  # resumed from a checkpoint of a run that had already stopped
+            run.divergence = self.rise
             run.stop(self.reason)
 
     def on_round(self, run, row):
@@ -166,6 +169,7 @@ class Stopping(Callback):
         row.update({f"stop_{k}": v for k, v in self.rule.statistics(self.recent, nll).items()})
         self.reason = self.rule.check(self.recent, nll)
         if self.reason is not None:
+            self.rise = run.divergence = self.rule.risen(nll)
             run.stop(self.reason)
 
     def on_end(self, run):
@@ -180,10 +184,11 @@ class Stopping(Callback):
         return {"stop": repr(self.rule)}
 
     def state(self):
-        return {"states": self.recent, "reason": self.reason}
+        return {"states": self.recent, "reason": self.reason, "rise": self.rise}
 
     def load_state(self, state):
         self.recent, self.reason = list(state.get("states", [])), state.get("reason")
+        self.rise = state.get("rise")
 
 
 class StateColumns(Callback):

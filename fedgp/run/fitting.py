@@ -63,8 +63,9 @@ def fit(
             the two with their defaults), or ``None`` (default: every one of ``rounds`` rounds, as
             in the papers' protocols). With a rule the run ends at the first round where it holds;
             ``history.attrs["stop_reason"]`` says why the run ended, ``history.attrs["stopped"]``
-            whether it converged and ``history.attrs["diverging"]`` whether it ended because its
-            training objective rose (with a :class:`~fedgp.errors.DivergenceWarning`); a run
+            whether it converged and ``history.attrs["diverging"]`` whether its training objective
+            rose (with a :class:`~fedgp.errors.DivergenceWarning`): a rule that holds after the
+            training NLL rose above its best is never convergence, whatever the optimiser; a run
             that ends at the round budget warns with :class:`~fedgp.errors.ConvergenceWarning`.
             The rule's statistics are the history's ``stop_*`` columns.
         callbacks: what else happens around the rounds (:mod:`fedgp.run.callbacks`):

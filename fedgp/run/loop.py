@@ -59,8 +59,9 @@ class Run:
     ``server`` (the strategy's server state), ``state`` (its global hyper-parameters),
     ``history`` (one dict per round), ``failures`` (one dict per failed client and round),
     ``roster`` and ``context`` (what registration told the server), ``transform`` (the learned
-    data transforms), ``engine``, ``callbacks``; after :meth:`stop`, ``stop_reason``; when the
-    budget ran out with a stopping rule, ``divergence`` says why the run diverges (or ``None``).
+    data transforms), ``engine``, ``callbacks``; after :meth:`stop`, ``stop_reason``; with a
+    stopping rule, ``divergence`` says why the run diverges (or ``None``): its training NLL rose
+    above its best before the rule held, or while the budget ran out.
     """
 
     def __init__(
@@ -269,15 +270,17 @@ class Run:
         """Record why the run ended; warn when it spent its budget without meeting its rule, and
         say whether it diverges or needs more rounds."""
         done, rule = self.completed, self.rule
-        frame.attrs["stopped"] = self.stop_reason is not None
+        frame.attrs["stopped"] = self.stop_reason is not None and self.divergence is None
         frame.attrs["diverging"] = self.divergence is not None
-        if self.stop_reason is not None:
-            frame.attrs["stop_reason"] = f"round {done}: {self.stop_reason}"
-            return
         if self.divergence is not None:
-            frame.attrs["stop_reason"] = f"diverging: after {done} rounds {self.divergence}"
+            # The budget ran out while the objective rose, or a rule held after it rose (a settled
+            # state or flat windows far above the best): either way, not convergence.
+            when = f"after {done} rounds"
+            if self.stop_reason is not None:
+                when = f"at round {done} the stopping rule held ({self.stop_reason}), but"
+            frame.attrs["stop_reason"] = f"diverging: {when} {self.divergence}"
             warnings.warn(
-                f"fit diverges: after {done} rounds {self.divergence}, so the run did not converge. "
+                f"fit diverges: {when} {self.divergence}, so the run did not converge. "
                 "Its training objective rises when local steps overshoot or client drift wins: "
                 "lower the strategy's lr or let it decay (lr_schedule=...), take full-batch local "
                 "steps (batch_size=None), or move the adaptivity to the server "
@@ -285,6 +288,9 @@ class Run:
                 DivergenceWarning,
                 stacklevel=4,
             )
+            return
+        if self.stop_reason is not None:
+            frame.attrs["stop_reason"] = f"round {done}: {self.stop_reason}"
             return
         frame.attrs["stop_reason"] = f"round budget: all {done} rounds ran without meeting {rule!r}"
         no_nll = rule.uses_nll and not any(

@@ -31,6 +31,16 @@ A rule's :meth:`~StopRule.statistics` go into every history row as ``stop_*`` co
 the state still moves: a :class:`~fedgp.errors.DivergenceWarning`) from one that needs more rounds
 (a :class:`~fedgp.errors.ConvergenceWarning`).
 
+A rise is never convergence, whatever the rule and the optimiser: at every round where a rule
+holds, :meth:`~StopRule.risen` compares the training NLL's last window with its best window
+(:func:`rise_above_best`). A state that settled (``StateChange``), or windows that look flat next to
+each other (``NLLPlateau``), after the objective climbed from its best — Adam restarted every round
+at a constant lr can walk a run up a slope and keep it there — end the run as *diverging*, with a
+``DivergenceWarning``, not as converged. A rise counts when it exceeds :data:`RISE_TOL` nats per
+point and two standard errors: a federated fixed point may sit a few hundredths above the best
+window it passed on the way (measured on the convergence benchmark's panels: 0.001 to 0.03), while
+the failures this guards against rose by 1 to 30.
+
 Rules are frozen dataclasses: their ``repr`` goes into a checkpoint's fingerprint, and the states
 they remember go into the checkpoint, so a resumed run stops at the same round as an unbroken one.
 """
@@ -50,6 +60,8 @@ from fedgp.errors import InputError, InputTypeError
 from fedgp.models.state import HyperState
 
 __all__ = [
+    "RISE_TOL",
+    "rise_above_best",
     "StopRule",
     "StateChange",
     "NLLPlateau",
@@ -58,6 +70,36 @@ __all__ = [
     "resolve_stop",
     "state_rows",
 ]
+
+
+#: The least rise, in nats per point, of the training NLL's last window above its best window that
+#: :meth:`StopRule.risen` calls a rise (it must also exceed two standard errors). Standardised data
+#: (``fit``'s default transforms) put a per-point NLL near 1; see the module docstring.
+RISE_TOL = 0.05
+
+
+def _finite(nll: Sequence[float]) -> list[float]:
+    return [v for v in nll if v is not None and math.isfinite(v)]
+
+
+def _rise(before: Sequence[float], after: Sequence[float]) -> tuple[float, float]:
+    """The rise of ``after``'s mean over ``before``'s (windows of one length) and twice the standard
+    error of that difference."""
+    se = math.sqrt((statistics.variance(before) + statistics.variance(after)) / len(after))
+    return statistics.fmean(after) - statistics.fmean(before), 2 * se
+
+
+def rise_above_best(nll: Sequence[float], window: int) -> tuple[float, float, float, int] | None:
+    """How far the mean of the last ``window`` finite NLLs is above the lowest mean of any
+    ``window`` consecutive ones before: ``(rise, two standard errors, best mean, best window's first
+    index)``, or ``None`` with fewer than ``2 * window`` values (or ``window < 2``)."""
+    finite = _finite(nll)
+    if window < 2 or len(finite) < 2 * window:
+        return None
+    means = [statistics.fmean(finite[i : i + window]) for i in range(len(finite) - 2 * window + 1)]
+    best = min(range(len(means)), key=means.__getitem__)
+    rise, bound = _rise(finite[best : best + window], finite[-window:])
+    return rise, bound, means[best], best
 
 
 def state_rows(state: HyperState) -> torch.Tensor:
@@ -106,6 +148,33 @@ class StopRule(ABC):
         """Whether :meth:`check` reads the training NLL (then every round computes it)."""
         return False
 
+    @property
+    def rise_window(self) -> int:
+        """The window, in rounds, over which :meth:`risen` compares the training NLL."""
+        return 10
+
+    @property
+    def accepts_rise(self) -> bool:
+        """Whether the rule stops on a rise by design (``NLLPlateau(stop_on_rise=True)``: "no longer
+        improving"); then :meth:`risen` is not asked."""
+        return False
+
+    def risen(self, nll: Sequence[float]) -> str | None:
+        """Asked at every round where :meth:`check` holds: why the run's training NLL has risen above
+        its best (its last :attr:`rise_window` rounds' mean above the best such window's by more than
+        :data:`RISE_TOL` and two standard errors), so that stopping now is no convergence; or ``None``."""
+        found = None if self.accepts_rise else rise_above_best(nll, self.rise_window)
+        if found is None:
+            return None
+        rise, bound, best_mean, best = found
+        if not rise > max(RISE_TOL, bound):
+            return None
+        w = self.rise_window
+        return (
+            f"the mean train_nll of the last {w} rounds, {best_mean + rise:.4g}, is {rise:.3g} above its "
+            f"best, {best_mean:.4g} (rounds {best + 1}-{best + w} of those with a train_nll)"
+        )
+
 
 @dataclass(frozen=True)
 class StateChange(StopRule):
@@ -122,6 +191,11 @@ class StateChange(StopRule):
     @property
     def memory(self) -> int:
         return self.window + 1
+
+    @property
+    def rise_window(self) -> int:
+        """The state's window."""
+        return self.window
 
     def change(self, states: Sequence[torch.Tensor]) -> torch.Tensor:
         """The relative change of each row over the window (needs ``window + 1`` states)."""
@@ -178,15 +252,21 @@ class NLLPlateau(StopRule):
         """Yes: the rule reads the training NLL."""
         return True
 
-    def _finite(self, nll: Sequence[float]) -> list[float]:
-        return [v for v in nll if v is not None and math.isfinite(v)]
+    @property
+    def rise_window(self) -> int:
+        """The rule's ``patience``."""
+        return self.patience
+
+    @property
+    def accepts_rise(self) -> bool:
+        """``stop_on_rise``."""
+        return self.stop_on_rise
 
     def _rise_bound(self, before: Sequence[float], after: Sequence[float]) -> tuple[float, float]:
         """The rise of ``after``'s mean over ``before``'s, and the least rise that counts: above
         ``min_delta`` and twice the standard error of the difference of the two means."""
-        se = math.sqrt((statistics.variance(before) + statistics.variance(after)) / self.patience)
-        rise = statistics.fmean(after) - statistics.fmean(before)
-        return rise, max(self.min_delta, 2 * se)
+        rise, bound = _rise(before, after)
+        return rise, max(self.min_delta, bound)
 
     def _moved(self, states: Sequence[torch.Tensor]) -> float:
         """The state's largest relative change over the last ``patience`` rounds (NaN: too few)."""
@@ -196,7 +276,7 @@ class NLLPlateau(StopRule):
         """``nll_rise``: the last window's mean NLL minus the one before's (negative: improving);
         ``nll_rise_bound``: the least rise that counts as rising; ``plateau_state_change``: the
         state's largest relative change over the last ``patience`` rounds (with ``state_tol``)."""
-        finite, p = self._finite(nll), self.patience
+        finite, p = _finite(nll), self.patience
         rise = bound = math.nan
         if len(finite) >= 2 * p and p > 1:
             rise, bound = self._rise_bound(finite[-2 * p : -p], finite[-p:])
@@ -228,19 +308,18 @@ class NLLPlateau(StopRule):
     def diverging(self, states, nll) -> str | None:
         """The last window's mean NLL is above the best window's (by more than ``min_delta`` and
         two standard errors) while the state still moves (by ``state_tol``, when given)."""
-        finite, p = self._finite(nll), self.patience
-        if len(finite) < 2 * p or p < 2:
+        p = self.patience
+        found = rise_above_best(nll, p)
+        if found is None:
             return None
-        means = [statistics.fmean(finite[i : i + p]) for i in range(len(finite) - 2 * p + 1)]
-        best = min(range(len(means)), key=means.__getitem__)
-        rise, bound = self._rise_bound(finite[best : best + p], finite[-p:])
+        rise, bound, best_mean, best = found
         moved = self._moved(states) if self.state_tol is not None else math.nan
-        if not rise > bound or moved < (self.state_tol or 0.0):
+        if not rise > max(self.min_delta, bound) or moved < (self.state_tol or 0.0):
             return None
         motion = f" while the state still moves ({moved:.3g} over {p} rounds)" if self.state_tol else ""
         return (
-            f"the mean train_nll of the last {p} rounds, {statistics.fmean(finite[-p:]):.4g}, is {rise:.3g} "
-            f"above its best, {means[best]:.4g} (rounds {best + 1}-{best + p} of those with a train_nll)"
+            f"the mean train_nll of the last {p} rounds, {best_mean + rise:.4g}, is {rise:.3g} "
+            f"above its best, {best_mean:.4g} (rounds {best + 1}-{best + p} of those with a train_nll)"
             f"{motion}"
         )
 
@@ -286,6 +365,16 @@ class AnyOf(StopRule):
             if reason is not None:
                 return reason
         return None
+
+    @property
+    def rise_window(self) -> int:
+        """The longest of the rules' windows."""
+        return max(rule.rise_window for rule in self.rules)
+
+    @property
+    def accepts_rise(self) -> bool:
+        """Whether any of the rules stops on a rise by design."""
+        return any(rule.accepts_rise for rule in self.rules)
 
     def diverging(self, states, nll) -> str | None:
         """The first of the rules' reasons to call the run diverging."""
