@@ -30,9 +30,9 @@ from pathlib import Path
 import pandas as pd
 import torch
 
+from fedgp.experiments.common import paper_spec
 from fedgp.experiments.convergence import convergence_run, convergence_study, federations, theta_recovery
 from fedgp.experiments.metrics import markdown_table
-from fedgp.models import GPSpec
 from fedgp.strategies import FGPR, SGD, CosineDecay, FedAvgM
 from fedgp.transforms import Standardize, Transforms
 
@@ -82,7 +82,7 @@ def causes(rounds: int = 100) -> pd.DataFrame:
     for name, federation in federations(seed=0).items():
         for label, strategy in CAUSES.items():
             for outcome, transforms in OUTCOMES.items():
-                row = convergence_run(GPSpec(), federation, strategy, rounds, 0, transforms=transforms)
+                row = convergence_run(paper_spec(), federation, strategy, rounds, 0, transforms=transforms)
                 rows.append({"federation": name, "config": label, "outcome": outcome, **row})
                 print(rows[-1], flush=True)
     return pd.DataFrame(rows)

@@ -58,7 +58,7 @@ _OBJECTS = {
 #: Every public module, each an attribute of ``fedgp`` on first use. ``__all__`` (what
 #: ``from fedgp import *`` imports) leaves out ``flower`` and ``sklearn``, which need the extras of
 #: those names, ``testing``, which needs pytest, and the plumbing the layers share (checks, cli,
-#: files, history_units, layout, presets, rng, version).
+#: defaults, files, history_units, layout, presets, rng, version).
 _SUBMODULES = (
     "aggregators",
     "attacks",
@@ -68,6 +68,7 @@ _SUBMODULES = (
     "clustering",
     "commands",
     "data",
+    "defaults",
     "engines",
     "errors",
     "experiments",

@@ -20,7 +20,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING
 
-from fedgp.errors import CommandError, FedGPError
+from fedgp import defaults
+from fedgp.errors import CommandError, ConvergenceWarning, FedGPError
 from fedgp.layout import COLUMNS_FILE, HISTORY_FILE, MODEL_FILE, TRANSFORMS_FILE
 from fedgp.version import __version__
 
@@ -81,6 +82,7 @@ def _fit(args: argparse.Namespace) -> int:
     from fedgp.layout import write_model_folder
     from fedgp.presets import make_spec, make_strategy
     from fedgp.run import Progress, fit
+    from fedgp.transforms import Transforms
 
     out = claim_out(_out(args), FIT_FILES, args.force)
     table = read_owner_table(args.data, group=args.group, target=args.target, features=args.features)
@@ -106,10 +108,13 @@ def _fit(args: argparse.Namespace) -> int:
             engine=args.engine,
             seed=args.seed,
             stop=None if args.stop == "none" else args.stop,
+            transforms=Transforms(hide_discrete=args.hide_discrete),
             callbacks=[Progress(_progress(args))],
         )
-    for warning in caught:  # fedgp's warnings, one line each (a ConvergenceWarning says what to change)
-        if issubclass(warning.category, UserWarning):
+    for warning in caught:  # fedgp's warnings, one line each, saying what to change in this command
+        if issubclass(warning.category, ConvergenceWarning):
+            print(f"fedgp fit: warning: {_not_converged(result, args, out)}", file=sys.stderr)
+        elif issubclass(warning.category, UserWarning):
             print(f"fedgp fit: warning: {warning.message}", file=sys.stderr)
     metrics = fit_metrics(result, federation, bool(args.test_fraction), _progress(args))
     columns = dict(group=table.group, target=table.target, features=table.features, owners=federation.ids,
@@ -132,6 +137,22 @@ def _fit(args: argparse.Namespace) -> int:
     for path in written:
         print(f"wrote {path}")
     return 0
+
+
+def _not_converged(result, args: argparse.Namespace, out: Path) -> str:
+    """A ``ConvergenceWarning`` (or ``DivergenceWarning``) for a command-line user: the stop reason,
+    and what to change in the command rather than in Python objects."""
+    reason = result.history.attrs.get("stop_reason", "")
+    where = f"{out / HISTORY_FILE} shows every round (its stop_* columns: the rule's statistics)"
+    if result.history.attrs.get("diverging"):
+        return (
+            f"training did not converge, it diverges ({reason}). Lower --lr, or take fewer --local-steps; "
+            f"{where}"
+        )
+    return (
+        f"training did not converge within --rounds {args.rounds} ({reason}). Raise --rounds, or --lr or "
+        f"--local-steps; {where}"
+    )
 
 
 def _pd() -> ModuleType:
@@ -366,36 +387,64 @@ def _add_fit(sub) -> None:
     fit.add_argument("--target", required=True, help="the column to predict")
     fit.add_argument("--group", required=True, help="the owner column: rows with one label are one client")
     fit.add_argument("--features", nargs="+", default=None, help="input columns (default: all the others)")
-    fit.add_argument("--kernel", default="rbf", choices=list(KERNELS), help="ScaleKernel(...) (default rbf)")
     fit.add_argument(
-        "--ard", action=argparse.BooleanOptionalAction, default=True, help="a lengthscale per feature"
+        "--kernel",
+        default=defaults.KERNEL,
+        choices=list(KERNELS),
+        help=f"ScaleKernel(...) (default {defaults.KERNEL})",
     )
     fit.add_argument(
-        "--mean", default="constant", choices=list(MEANS), help="mean function (default constant)"
+        "--ard",
+        action=argparse.BooleanOptionalAction,
+        default=defaults.ARD,
+        help="one lengthscale per feature (default: on, as in every door of fedgp)",
     )
-    fit.add_argument("--strategy", default="fgpr", choices=list(STRATEGIES), help="fgpr (default) or ifca")
+    fit.add_argument(
+        "--mean", default=defaults.MEAN, choices=list(MEANS), help=f"mean function (default {defaults.MEAN})"
+    )
+    fit.add_argument(
+        "--strategy",
+        default=defaults.STRATEGY,
+        choices=list(STRATEGIES),
+        help=f"{' or '.join(STRATEGIES)} (default {defaults.STRATEGY})",
+    )
     fit.add_argument("--clusters", type=int, default=None, help="ifca: number of clusters (default 2)")
     fit.add_argument(
         "--rounds",
         type=_count(1),
-        default=100,
-        help="the round budget (default 100): the run ends there if --stop has not ended it before; "
-        "with --stop none, exactly this many rounds",
+        default=defaults.ROUNDS,
+        help=f"the round budget (default {defaults.ROUNDS}): the run ends there if --stop has not ended "
+        "it before; with --stop none, exactly this many rounds",
     )
     fit.add_argument(
         "--stop",
-        default="auto",
+        default=defaults.value("stop", "cli"),
         choices=["auto", "none"],
         help="auto (default): end the run at the first round where training has converged (fedgp.run."
-        "stopping.auto_rule), with a warning if the --rounds budget runs out first; none: run every round",
+        "stopping.auto_rule), with a warning if the --rounds budget runs out first; none: run every round. "
+        "This default differs from Python's fedgp.fit, which runs every round unless told to stop: a "
+        "command hands back a finished model",
+    )
+    fit.add_argument(
+        "--hide-discrete",
+        action=argparse.BooleanOptionalAction,
+        default=defaults.value("hide_discrete", "cli"),
+        help="move integer-valued features' box ends out by 0-3 grid steps so that no owner's extreme "
+        "values can be read from the input transform (default: off, as in Python; fedgp's Flower app, "
+        "whose server is another party, turns it on)",
     )
     fit.add_argument("--local-steps", type=int, default=None, help="local steps per round (default 1)")
     fit.add_argument("--batch-size", type=int, default=None, help="minibatch size (default 256)")
     fit.add_argument("--lr", type=float, default=None, help="learning rate (default 0.3)")
     fit.add_argument(
-        "--engine", default="auto", choices=["auto", "sequential", "batched"], help="default auto"
+        "--engine",
+        default=defaults.ENGINE,
+        choices=["auto", "sequential", "batched"],
+        help=f"default {defaults.ENGINE}",
     )
-    fit.add_argument("--seed", type=_count(0), default=0, help="master seed (training and the test split)")
+    fit.add_argument(
+        "--seed", type=_count(0), default=defaults.SEED, help="master seed (training and the test split)"
+    )
     fit.add_argument(
         "--test-fraction",
         type=float,

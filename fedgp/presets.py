@@ -10,9 +10,10 @@ from __future__ import annotations
 from typing import Any
 
 import gpytorch
-import torch
 
+from fedgp import defaults
 from fedgp.errors import InputError
+from fedgp.models.named import KERNELS, MEANS, make_kernel, make_mean, pick
 from fedgp.models.spec import GPSpec
 from fedgp.strategies.base import Strategy
 from fedgp.strategies.fgpr import FGPR
@@ -20,72 +21,24 @@ from fedgp.strategies.ifca import IFCA
 
 __all__ = ["KERNELS", "MEANS", "STRATEGIES", "make_kernel", "make_mean", "make_spec", "make_strategy"]
 
-#: Kernel names: the base kernel inside a ``ScaleKernel`` (its outputscale is learned too).
-KERNELS = {
-    "rbf": lambda ard: gpytorch.kernels.RBFKernel(ard_num_dims=ard),
-    "matern12": lambda ard: gpytorch.kernels.MaternKernel(nu=0.5, ard_num_dims=ard),
-    "matern32": lambda ard: gpytorch.kernels.MaternKernel(nu=1.5, ard_num_dims=ard),
-    "matern52": lambda ard: gpytorch.kernels.MaternKernel(nu=2.5, ard_num_dims=ard),
-}
-
-
-def _linear_mean(d: int) -> gpytorch.means.LinearMean:
-    """``LinearMean(d)`` starting at zero weights and bias. GPyTorch draws them from torch's global
-    generator, which torch seeds differently in every process: the same ``fedgp fit --mean linear
-    --seed 0`` would start (and end) elsewhere in each run."""
-    mean = gpytorch.means.LinearMean(d)
-    with torch.no_grad():
-        mean.weights.zero_()
-        mean.bias.zero_()
-    return mean
-
-
-#: Mean names; ``linear`` is a linear mean with a bias (``LinearMean(d)``, starting at zero).
-MEANS = {
-    "constant": lambda d: gpytorch.means.ConstantMean(),
-    "zero": lambda d: gpytorch.means.ZeroMean(),
-    "linear": _linear_mean,
-}
 #: Strategy names: FGPR (one shared prior) and IFCA (``num_clusters`` shared priors).
 STRATEGIES = {"fgpr": FGPR, "ifca": IFCA}
 
 
-def _pick(kind: str, name: Any, table: dict, instead: str) -> Any:
-    if not isinstance(name, str) or name.lower() not in table:
-        raise InputError(f"{kind} {name!r}: use one of {', '.join(table)}, or pass {instead}")
-    return table[name.lower()]
-
-
-def make_kernel(kernel: str | gpytorch.kernels.Kernel, d: int, ard: bool = True) -> gpytorch.kernels.Kernel:
-    """``ScaleKernel(base)`` for a kernel name (one lengthscale per input with ``ard``); a GPyTorch
-    kernel is returned as it is."""
-    if isinstance(kernel, gpytorch.kernels.Kernel):
-        return kernel
-    return gpytorch.kernels.ScaleKernel(
-        _pick("kernel", kernel, KERNELS, "a GPyTorch kernel")(d if ard else None)
-    )
-
-
-def make_mean(mean: str | gpytorch.means.Mean, d: int) -> gpytorch.means.Mean:
-    """The GPyTorch mean called ``mean``; a GPyTorch mean is returned as it is."""
-    if isinstance(mean, gpytorch.means.Mean):
-        return mean
-    return _pick("mean", mean, MEANS, "a GPyTorch mean")(d)
-
-
 def make_spec(
-    kernel: str | gpytorch.kernels.Kernel = "rbf",
-    mean: str | gpytorch.means.Mean = "constant",
+    kernel: str | gpytorch.kernels.Kernel = defaults.KERNEL,
+    mean: str | gpytorch.means.Mean = defaults.MEAN,
     d: int = 1,
-    ard: bool = True,
+    ard: bool = defaults.ARD,
 ) -> GPSpec:
-    """A :class:`~fedgp.GPSpec` from names (or modules) for ``d`` input features."""
-    if not isinstance(d, int) or d < 1:
+    """A :class:`~fedgp.GPSpec` from names (or modules) for ``d`` input features:
+    ``GPSpec(kernel, mean, ard=ard).for_inputs(d)``."""
+    if isinstance(d, bool) or not isinstance(d, int) or d < 1:
         raise InputError(f"d must be a positive number of input features, got {d!r}")
-    return GPSpec(kernel=make_kernel(kernel, d, ard), mean=make_mean(mean, d))
+    return GPSpec(kernel=kernel, mean=mean, ard=ard).for_inputs(d)
 
 
-def make_strategy(strategy: str | Strategy = "fgpr", **settings: Any) -> Strategy:
+def make_strategy(strategy: str | Strategy = defaults.STRATEGY, **settings: Any) -> Strategy:
     """The strategy called ``strategy`` with ``settings`` (those given as ``None`` keep the
     strategy's defaults); a :class:`~fedgp.strategies.Strategy` is returned as it is (then
     ``settings`` must be empty)."""
@@ -96,7 +49,7 @@ def make_strategy(strategy: str | Strategy = "fgpr", **settings: Any) -> Strateg
                 f"settings {sorted(given)} apply to a strategy given by name, not to {strategy!r}"
             )
         return strategy
-    cls = _pick("strategy", strategy, STRATEGIES, "a fedgp.strategies.Strategy")
+    cls = pick("strategy", strategy, STRATEGIES, "a fedgp.strategies.Strategy")
     if "num_clusters" in given and cls is not IFCA:
         raise InputError(f"num_clusters (--clusters) applies to ifca, not to {strategy!r}")
     return cls(**given)

@@ -43,6 +43,7 @@ from sklearn.base import BaseEstimator, RegressorMixin
 from sklearn.metrics import r2_score
 from sklearn.utils.validation import check_consistent_length, check_is_fitted, validate_data
 
+from fedgp import defaults
 from fedgp.data.client import MIN_TRAINING_POINTS, ClientData, Federation
 from fedgp.data.table import rows_by_owner
 from fedgp.errors import FedGPWarning, InputError
@@ -52,17 +53,23 @@ from fedgp.run import Progress, fit
 
 __all__ = ["FederatedGPRegressor"]
 
+#: The estimator's stopping default (:mod:`fedgp.defaults`): until converged, within ``rounds``.
+_STOP = defaults.value("stop", "sklearn")
+
 
 class FederatedGPRegressor(RegressorMixin, BaseEstimator):
     """Federated GP regression with one client per owner, as a scikit-learn regressor.
+
+    Every default is fedgp's (:mod:`fedgp.defaults`, the same in every door), except ``stop``:
+    like scikit-learn's iterative estimators, it trains until converged within its budget.
 
     Parameters
     ----------
     kernel : str or gpytorch.kernels.Kernel, default "rbf"
         ``"rbf"``, ``"matern12"``, ``"matern32"`` or ``"matern52"`` (inside a ``ScaleKernel``), or
         any GPyTorch kernel (copied, never changed).
-    mean : str or gpytorch.means.Mean, default "constant"
-        ``"constant"``, ``"zero"``, ``"linear"`` or any GPyTorch mean.
+    mean : str or gpytorch.means.Mean, default "zero"
+        ``"zero"``, ``"constant"``, ``"linear"`` or any GPyTorch mean.
     ard : bool, default True
         One lengthscale per feature for a kernel given by name.
     strategy : str or fedgp.strategies.Strategy, default "fgpr"
@@ -73,8 +80,10 @@ class FederatedGPRegressor(RegressorMixin, BaseEstimator):
         ``fedgp.fit``'s engine (e.g. ``fedgp.engines.Batched(device="cuda")``).
     seed : int, default 0
         Master seed of every random draw.
-    stop : None, "auto" or a fedgp.run stopping rule, default None
-        Stop when converged (``fedgp.fit``'s ``stop``).
+    stop : None, "auto" or a fedgp.run stopping rule, default "auto"
+        ``fedgp.fit``'s ``stop``: by default the run ends where training has converged, with a
+        ``fedgp.ConvergenceWarning`` when ``rounds`` runs out first (as scikit-learn's estimators stop
+        at ``tol`` within ``max_iter``); ``None`` runs every round.
     transforms : "auto", None or fedgp.transforms.Transforms, default "auto"
         ``fedgp.fit``'s data transforms (federated standardisation of y, inputs to the unit cube);
         predictions are in the original units either way.
@@ -88,15 +97,15 @@ class FederatedGPRegressor(RegressorMixin, BaseEstimator):
 
     def __init__(
         self,
-        kernel: Any = "rbf",
-        mean: Any = "constant",
-        ard: bool = True,
-        strategy: Any = "fgpr",
-        rounds: int = 100,
-        engine: str = "auto",
-        seed: int = 0,
-        stop: Any = None,
-        transforms: Any = "auto",
+        kernel: Any = defaults.KERNEL,
+        mean: Any = defaults.MEAN,
+        ard: bool = defaults.ARD,
+        strategy: Any = defaults.STRATEGY,
+        rounds: int = defaults.ROUNDS,
+        engine: str = defaults.ENGINE,
+        seed: int = defaults.SEED,
+        stop: Any = _STOP,
+        transforms: Any = defaults.TRANSFORMS,
         faults: Any = None,
         unknown_groups: str = "prior",
         callbacks: tuple = (),

@@ -72,7 +72,7 @@ def fit_cli(data_csv, out, *extra):
 
 def test_fit_writes_model_history_metrics_and_columns(data_csv, tmp_path, capsys):
     out = tmp_path / "model"
-    assert fit_cli(data_csv, out, "--kernel", "matern52") == 0
+    assert fit_cli(data_csv, out, "--kernel", "matern52", "--mean", "constant") == 0
     printed = capsys.readouterr()
     assert "3 owners, 31 rows to train on" in printed.out and printed.err == ""  # --quiet: nothing
     assert {p.name for p in out.iterdir()} == {
@@ -120,7 +120,7 @@ def test_fit_is_fedgp_fit_and_predict_is_the_owners_posterior(data_csv, tmp_path
     its rows of --data: the in-process result's personalised prediction, to 1e-10."""
     assert fit_cli(data_csv, tmp_path / "m") == 0
     table = read_owner_table(data_csv, group="owner", target="y")
-    spec = make_spec("rbf", "constant", d=2, ard=True)
+    spec = make_spec(d=2)  # fedgp's defaults, the CLI's too (fedgp.defaults)
     result = fedgp.fit(spec, table.federation(), FGPR(), rounds=3, seed=0)
     saved = fedgp.load(tmp_path / "m" / "model.fedgp")
     for name, value in result.state.items():
@@ -153,7 +153,7 @@ def test_held_out_metrics_are_evaluate(data_csv, tmp_path):
     assert (metrics["split"] == "held-out").all() and metrics["n_test"].tolist() == [3, 4, 3]
     assert (metrics["n_train"] + metrics["n_test"]).tolist() == [10, 12, 9]
     table = read_owner_table(data_csv, group="owner", target="y")
-    spec = make_spec("rbf", "constant", d=2, ard=True)
+    spec = make_spec(d=2)
     result = fedgp.fit(spec, table.federation(0.3, seed=0), FGPR(), rounds=3, seed=0)
     np.testing.assert_allclose(metrics["rmse"], result.evaluate()["rmse"], rtol=1e-10)
     assert metrics["owner"].tolist() == ["north", "south", "007"]  # the group column's values, not 0..K-1
@@ -192,7 +192,10 @@ def test_history_is_in_the_datas_units(tmp_path):
         tmp_path / "b.csv", index=False
     )
     for name in ("a", "b"):
-        assert fit_cli(tmp_path / f"{name}.csv", tmp_path / name, "--test-fraction", "0.3") == 0
+        assert (
+            fit_cli(tmp_path / f"{name}.csv", tmp_path / name, "--test-fraction", "0.3", "--mean", "constant")
+            == 0
+        )
     a, b = (pd.read_csv(tmp_path / name / "history.csv") for name in ("a", "b"))
     assert list(a.columns) == list(b.columns)
     factors = {
@@ -509,7 +512,12 @@ def test_a_fit_that_does_not_converge_says_so_in_one_line(data_csv, tmp_path, ca
     argv = ["fit", str(data_csv), "--target", "y", "--group", "owner", "--rounds", "3", "--quiet"]
     assert main([*argv, "--out", str(tmp_path / "m")]) == 0
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("fedgp fit: warning: fit did not converge: the 3-round budget")
+    assert len(err) == 1 and err[0].startswith(
+        "fedgp fit: warning: training did not converge within --rounds 3"
+    )
+    # Said to a command-line user: what to change in the command, and the file to read.
+    assert "Raise --rounds" in err[0] and str(tmp_path / "m" / "history.csv") in err[0]
+    assert "result.history" not in err[0] and "local_steps" not in err[0]
     history = pd.read_csv(tmp_path / "m" / "history.csv")
     assert len(history) == 3 and {"stop_state_change", "stop_nll_rise"} <= set(history.columns)
 

@@ -20,6 +20,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
         "plumbing",
         (
             "fedgp.errors",
+            "fedgp.defaults",
             "fedgp.version",
             "fedgp.files",
             "fedgp.layout",

@@ -54,7 +54,7 @@ def test_it_is_fedgp_fit_on_the_owners(strategy):
     )
     fed = Federation.from_partition(X, y, [np.flatnonzero(groups == g) for g in "abc"], ids=list("abc"))
     made = FGPR() if strategy == "fgpr" else IFCA()
-    result = fedgp.fit(make_spec("matern32", "constant", d=2), fed, made, rounds=6, seed=3)
+    result = fedgp.fit(make_spec("matern32", d=2), fed, made, rounds=6, seed=3)
     X_new = np.random.default_rng(1).uniform(0, 5, (7, 2))
     new_groups = np.array(list("abcabca"))
     mean, std = est.predict(X_new, groups=new_groups, return_std=True)
@@ -111,7 +111,7 @@ def test_without_groups_all_rows_are_one_owner():
     X, y, _ = owners()
     est = FederatedGPRegressor(rounds=4).fit(X, y)
     fed = Federation([ClientData(X, y, id=0)])
-    result = fedgp.fit(make_spec("rbf", "constant", d=2), fed, FGPR(), rounds=4)
+    result = fedgp.fit(make_spec(d=2), fed, FGPR(), rounds=4)
     np.testing.assert_allclose(est.predict(X[:5]), result.predict(X[:5], client=0)[0].numpy(), rtol=1e-10)
 
 
@@ -169,7 +169,7 @@ def test_transforms_faults_and_callbacks_reach_fedgp_fit():
         rounds=5, seed=2, transforms=None, faults=faults, callbacks=[lambda run: seen.append(run.completed)]
     ).fit(X, y, groups=groups)
     fed = Federation.from_partition(X, y, [np.flatnonzero(groups == g) for g in "abc"], ids=list("abc"))
-    spec = make_spec("rbf", "constant", d=2)
+    spec = make_spec(d=2)
     result = fedgp.fit(spec, fed, FGPR(), rounds=5, seed=2, transforms=None, faults=faults)
     assert seen == [1, 2, 3, 4, 5]  # the callback ran after every round
     assert est.result_.transforms == result.transforms == {"outcome": "none", "inputs": "none"}

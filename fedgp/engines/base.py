@@ -114,6 +114,7 @@ class InProcessEngine(Engine):
     ):
         if timeout is not None and not timeout > 0:
             raise InputError("timeout must be > 0 seconds")
+        spec = spec.for_data(clients)  # GPSpec()'s named modules, at the data's width
         self.spec, self.clients, self.seed = spec, clients, seed
         # The clients' own data; ``clients`` is what the current task's transform made of them.
         self.raw_clients = clients

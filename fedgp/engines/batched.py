@@ -111,6 +111,7 @@ class BatchedEngine(InProcessEngine):
         fused: bool | None = None,
         **options,
     ):
+        spec = spec.for_data(clients)  # GPSpec()'s named modules, at the data's width
         self.device = torch.device("cpu" if device is None else device)
         if chunk_size is None:
             chunk_size = GPU_CHUNK_SIZE if self.device.type == "cuda" else CPU_CHUNK_SIZE

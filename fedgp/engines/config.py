@@ -164,7 +164,7 @@ def auto_engine(spec: GPSpec, clients: Sequence[ClientData]) -> EngineConfig:
     from fedgp.engines.batched import batched_path_reason
 
     d = clients[0].n_features if len(clients) else 1
-    if batched_path_reason(spec, d) is not None:
+    if batched_path_reason(spec.for_inputs(d), d) is not None:
         return Sequential()
     return Batched(check=False)  # just checked
 
@@ -180,6 +180,7 @@ def build_engine(
         raise InputTypeError(
             "federation is None: pass a fedgp.data.Federation, or an Engine instance that hosts the clients"
         )
+    spec = spec.for_data(clients)  # GPSpec()'s named modules, at the data's width
     if isinstance(engine, str):
         engine = auto_engine(spec, clients) if engine == "auto" else engine_config(engine)
     if not isinstance(engine, EngineConfig):

@@ -224,6 +224,7 @@ class RayEngine(Engine):
         keep_alive: bool = False,
     ) -> None:
         ray = _ray()
+        spec = spec.for_data(clients)  # GPSpec()'s named modules, at the data's width
         options = dict(shard or {})
         if not spec.variational:  # (a variational spec runs client by client: nothing to check)
             check_against_gpytorch(spec, compiled=options.get("compiled"))  # once, before Ray; actors skip it

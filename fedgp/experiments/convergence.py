@@ -33,6 +33,7 @@ import torch
 
 from fedgp.data import ClientData, Federation
 from fedgp.errors import MissingExtraError, MLEError
+from fedgp.experiments.common import paper_spec
 from fedgp.models.objective import minibatch_nll
 from fedgp.models.spec import GPSpec
 from fedgp.models.state import HyperState
@@ -52,6 +53,7 @@ __all__ = [
 
 def summed_log_likelihood(spec: GPSpec, state: HyperState, clients: list[ClientData]) -> float:
     """``Σ_k log p(y_k | X_k, θ)``: each owner its own exact GP under the one ``state``."""
+    spec = spec.for_data(clients)
     model = spec.build()
     spec.load(model, state)
     with torch.no_grad():
@@ -82,6 +84,7 @@ def central_optimum(
     """The θ maximising :func:`summed_log_likelihood` and its value: L-BFGS (strong Wolfe) from the
     spec's start and from ``restarts - 1`` random raw starts (N(0, 1.5²) around it); the best wins.
     A yardstick only: it pools the data, which a federation never does."""
+    spec = spec.for_data(clients)
     rng = torch.Generator().manual_seed(seed)
     best: tuple[HyperState, float] | None = None
     for restart in range(restarts):
@@ -226,6 +229,7 @@ def convergence_run(
     result = fit(spec, federation, strategy, rounds=rounds, seed=seed, transforms=transforms,
                  callbacks=[trace, Evaluate(every=0), Progress(False)])  # fmt: skip
     clients = result.transform.apply_all(list(federation))[0]  # the owners' data as the run saw them
+    spec = result.spec  # built for the data's width
     theta, optimum = central_optimum(spec, clients, seed=seed)
     gaps = {
         r: (optimum - summed_log_likelihood(spec, state, clients)) / len(clients)
@@ -264,7 +268,7 @@ def convergence_study(
     for seed in seeds:
         for name, federation in federations(names, seed).items():
             for label, strategy in (configs or CONFIGS).items():
-                row = convergence_run(spec or GPSpec(), federation, strategy, rounds, seed)
+                row = convergence_run(spec or paper_spec(), federation, strategy, rounds, seed)
                 rows.append({"federation": name, "config": label, "seed": seed, "owners": len(federation),
                              "rounds": rounds, **row})  # fmt: skip
     return pd.DataFrame(rows)

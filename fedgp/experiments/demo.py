@@ -5,8 +5,8 @@ from __future__ import annotations
 import pandas as pd
 
 from fedgp.data import gp_federation, sin_personalisation
-from fedgp.experiments.common import fit_study
-from fedgp.models import GPSpec, fit_mle
+from fedgp.experiments.common import fit_study, paper_spec
+from fedgp.models import fit_mle
 from fedgp.run import FitResult
 from fedgp.strategies import FGPR
 
@@ -29,7 +29,7 @@ def personalisation_demo(
     """
     fed = sin_personalisation(n=100, n_test=50, seed=seed)
     strategy = FGPR.authors(local_steps=5, batch_size=20, lr=0.1)
-    result = fit_study(GPSpec(), fed, strategy, rounds, seed, "sequential", progress)
+    result = fit_study(paper_spec(), fed, strategy, rounds, seed, "sequential", progress)
     per_client = result.evaluate()
     table = pd.DataFrame(
         {

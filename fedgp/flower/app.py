@@ -15,8 +15,8 @@ lists every run-config key with its default (:data:`RUN_CONFIG`). What each side
   (``kernel``/``mean``/``ard`` by name, or ``model``: a spec description as JSON, the format a saved
   model uses, with ``"ard_num_dims": "auto"`` for the data's width), the strategy (``strategy`` by
   name with ``local-steps``/``batch-size``/``lr``/``clusters``, or ``strategy-config``: a strategy's
-  JSON config), ``rounds``, ``stop``, ``transforms``, ``seed``, ``test-fraction``, ``timeout``,
-  ``eval-every``, ``out-dir``, ``min-contributors`` (default 2: no sum of one owner's values is
+  JSON config), ``rounds``, ``stop``, ``transforms``, ``hide-discrete``, ``seed``, ``test-fraction``,
+  ``timeout``, ``eval-every``, ``out-dir``, ``min-contributors`` (default 2: no sum of one owner's values is
   released), ``privacy`` (client-level DP, :class:`fedgp.run.ClientDP` as JSON) and
   ``secure-aggregation`` (:class:`fedgp.flower.SecureAggregation` as JSON, ``{}`` for its defaults:
   the server learns summed fields only as the sum over the nodes of a round).
@@ -46,6 +46,7 @@ from flwr.clientapp import ClientApp
 from flwr.common.logger import log
 from flwr.serverapp import Grid, ServerApp
 
+from fedgp import defaults
 from fedgp.data.client import ClientData
 from fedgp.data.table import read_owner_table
 from fedgp.errors import EngineError, InputError
@@ -72,20 +73,21 @@ RUN_CONFIG: dict[str, Any] = {
     "target": "y",
     "group": "owner",
     "features": "",
-    "kernel": "rbf",
-    "ard": True,
-    "mean": "constant",
+    "kernel": defaults.KERNEL,
+    "ard": defaults.ARD,
+    "mean": defaults.MEAN,
     "model": "",
-    "strategy": "fgpr",
+    "strategy": defaults.STRATEGY,
     "local-steps": 0,
     "batch-size": 0,
     "lr": 0.0,
     "clusters": 0,
     "strategy-config": "",
-    "rounds": 100,
-    "stop": "auto",
-    "transforms": "auto",
-    "seed": 0,
+    "rounds": defaults.ROUNDS,
+    "stop": defaults.value("stop", "flower"),
+    "transforms": defaults.TRANSFORMS,
+    "hide-discrete": defaults.value("hide_discrete", "flower"),
+    "seed": defaults.SEED,
     "test-fraction": 0.0,
     "timeout": 300.0,
     "eval-every": 0,
@@ -111,8 +113,9 @@ RUN_CONFIG_HELP = {
     "clusters": "ifca: number of clusters (0: the default)",
     "strategy-config": "instead of the above: a strategy's JSON config (fedgp.messages.config_json)",
     "rounds": "round budget",
-    "stop": "auto (stop when converged) or none",
-    "transforms": "auto (as fit does; integer features' box ends hidden) or none",
+    "stop": "auto (stop when converged; Python's fit runs every round) or none",
+    "transforms": "auto (as fit does) or none",
+    "hide-discrete": "nodes hide their integer features' box ends from the server (off in Python)",
     "seed": "master seed (sampling, minibatches, the test split)",
     "test-fraction": "share of each owner's rows held out for metrics.csv (0: none)",
     "timeout": "seconds to wait for a round's replies; a node that misses it fails that round",
@@ -203,7 +206,7 @@ class AppSettings:
             "seed": self["seed"],
             "stop": None if stop == "none" else "auto",
             # A deployment's nodes hide their integer-valued features' extremes (Normalize.hide_discrete).
-            "transforms": None if transforms == "none" else Transforms(hide_discrete=True),
+            "transforms": None if transforms == "none" else Transforms(hide_discrete=self["hide-discrete"]),
             "privacy": self.privacy(),
             "faults": Faults(min_contributors=self["min-contributors"]),
         }

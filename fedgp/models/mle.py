@@ -61,8 +61,15 @@ class MLEFit:
     failures: list[str] = field(default_factory=list)
 
 
+def sized(spec: GPSpec, datasets: Datasets) -> GPSpec:
+    """``spec`` with its named modules (``GPSpec()``'s default kernel) built for the data's width."""
+    datasets = list(datasets)
+    return spec.for_inputs(datasets[0][0].shape[-1]) if datasets else spec
+
+
 def total_nll(spec: GPSpec, state: HyperState, datasets: Datasets) -> float:
     """``-sum_k log p(y_k | X_k, θ) / sum_k n_k``: the per-point NLL of the pooled objective."""
+    spec = sized(spec, datasets)
     model = spec.build()
     spec.load(model, state)
     with torch.no_grad():
@@ -175,6 +182,7 @@ def fit_mle(
     """Type-II ML by L-BFGS from ``init`` (default the spec's initial state) and from ``restarts``
     random points (raw values perturbed by ``N(0, restart_scale²)``); returns the best state and
     its per-point NLL. With one dataset it is the ordinary type-II MLE."""
+    spec = sized(spec, datasets)
     start = spec.to_raw(spec.initial_state() if init is None else init)
     starts = [start, *perturbed_starts(spec, start, restarts, seed, restart_scale)]
     fit = maximize_likelihood(spec, datasets, [(s, partial(lbfgs, max_iter=max_iter)) for s in starts])

@@ -15,7 +15,9 @@ from dataclasses import dataclass
 import gpytorch
 import torch
 
+from fedgp import defaults
 from fedgp.errors import InputError, InputTypeError, UnknownNameError
+from fedgp.models.named import make_kernel, make_mean, needs_width
 from fedgp.models.state import HyperState
 
 __all__ = ["GPSpec", "ParamInfo", "ZeroKernel", "ExactGPModel"]
@@ -78,6 +80,13 @@ class ParamInfo:
         return self.constraint.inverse_transform(inside)
 
 
+def _check_module(kind: str, module, cls: type, example: str) -> None:
+    if not isinstance(module, (cls, str)):
+        raise InputTypeError(
+            f"{kind} must be a GPyTorch {kind} (e.g. {example}) or a name, got {type(module).__name__}"
+        )
+
+
 def _state_name(raw_name: str, constrained: bool) -> str:
     head, _, last = raw_name.rpartition(".")
     if constrained and last.startswith("raw_"):
@@ -89,9 +98,19 @@ class GPSpec:
     """A GP prior and likelihood, specified with GPyTorch modules.
 
     Args:
-        kernel: any GPyTorch kernel; default ``ScaleKernel(RBFKernel())`` (the FGPR paper's).
-        mean: any GPyTorch mean; default ``ZeroMean()`` (FGPR uses standardised outputs).
+        kernel: any GPyTorch kernel, or a name: ``"rbf"`` (default), ``"matern12"``, ``"matern32"``,
+            ``"matern52"``, each inside a ``ScaleKernel`` with one lengthscale per input feature
+            (``ard``). A named kernel is built for the data's width when it is known: ``fit`` calls
+            :meth:`for_inputs` with the federation's number of features (so ``GPSpec()`` fits a
+            table of any width; until then the spec shows a one-feature placeholder).
+        mean: any GPyTorch mean, or a name: ``"zero"`` (default: ``fit``'s default transforms
+            standardise the targets), ``"constant"``, ``"linear"``.
+            The defaults are fedgp's one set (:mod:`fedgp.defaults`), the same in every door: the
+            scikit-learn estimator, ``fedgp fit`` and the Flower app. The FGPR paper's prior,
+            ``ScaleKernel(RBFKernel())`` with ``ZeroMean()``, is written out as modules.
         likelihood: default ``GaussianLikelihood()`` (noise >= 1e-4, GPyTorch's default).
+        ard: for a kernel given by name: one lengthscale per input feature (default) or one shared.
+        input_dim: the inputs' width d for modules given by name (``None``: sized by ``fit``).
         initial_values: constrained starting values by state name, e.g.
             ``{"likelihood.noise_covar.noise": 10.0}``; default GPyTorch's (softplus(0) = 0.693).
         fixed: state names that are never trained (they still travel in the state). Parameters
@@ -113,17 +132,30 @@ class GPSpec:
 
     def __init__(
         self,
-        kernel: gpytorch.kernels.Kernel | None = None,
-        mean: gpytorch.means.Mean | None = None,
+        kernel: gpytorch.kernels.Kernel | str | None = None,
+        mean: gpytorch.means.Mean | str | None = None,
         likelihood: gpytorch.likelihoods.GaussianLikelihood | None = None,
         *,
+        ard: bool = defaults.ARD,
+        input_dim: int | None = None,
         initial_values: Mapping[str, float | torch.Tensor] | None = None,
         fixed: Iterable[str] = (),
         dtype: torch.dtype = torch.float64,
         prior_weight: float | None = None,
     ) -> None:
-        kernel = gpytorch.kernels.ScaleKernel(gpytorch.kernels.RBFKernel()) if kernel is None else kernel
-        mean = gpytorch.means.ZeroMean() if mean is None else mean
+        kernel = defaults.KERNEL if kernel is None else kernel
+        mean = defaults.MEAN if mean is None else mean
+        _check_module("kernel", kernel, gpytorch.kernels.Kernel, "gpytorch.kernels.MaternKernel(nu=2.5)")
+        _check_module("mean", mean, gpytorch.means.Mean, "gpytorch.means.ZeroMean()")
+        if not isinstance(ard, bool):
+            raise InputTypeError(f"ard must be True or False, got {ard!r}")
+        if input_dim is not None and (
+            isinstance(input_dim, bool) or not isinstance(input_dim, int) or input_dim < 1
+        ):
+            raise InputError(
+                f"input_dim must be a positive number of input features (or None), got {input_dim!r}"
+            )
+        given = likelihood
         likelihood = gpytorch.likelihoods.GaussianLikelihood() if likelihood is None else likelihood
         self._check_likelihood(likelihood)
         if dtype not in (torch.float32, torch.float64):
@@ -131,6 +163,16 @@ class GPSpec:
         if prior_weight is not None and not prior_weight >= 0:
             raise InputError(f"prior_weight must be >= 0 (or None for GPyTorch's 1 / M), got {prior_weight}")
         self.dtype, self.prior_weight = dtype, prior_weight
+        # Modules given by name whose shape depends on the inputs' width are built again for the
+        # data's width by for_inputs (fit); until then at width 1 (input_dim None).
+        self._recipe = None
+        if needs_width(kernel, mean, ard):
+            self._recipe = dict(kernel=kernel, mean=mean, likelihood=copy.deepcopy(given), ard=ard,
+                                initial_values=dict(initial_values or {}), fixed=tuple(fixed), dtype=dtype,
+                                prior_weight=prior_weight)  # fmt: skip
+        self.input_dim = input_dim if self._recipe is not None else None
+        width = input_dim or 1
+        kernel, mean = make_kernel(kernel, width, ard), make_mean(mean, width)
         self._template = self._make_template(
             copy.deepcopy(mean), copy.deepcopy(kernel), copy.deepcopy(likelihood)
         ).to(dtype)
@@ -156,9 +198,39 @@ class GPSpec:
             self._aliases[p.raw_name] = p
             self._aliases[_state_name(p.raw_name, True)] = p
         if initial_values:
-            self._template.initialize(**self._module_names(initial_values))
+            values = self._module_names(initial_values)  # unknown names are refused here
+            try:
+                self._template.initialize(**values)
+            except (RuntimeError, ValueError):
+                if not self.sizes_later:
+                    raise
+                # a value of the data's width (one lengthscale per feature): set when sized
         for p in self._template.parameters():
             p.requires_grad_(True)
+
+    @property
+    def sizes_later(self) -> bool:
+        """Whether modules given by name wait for the data's width (:meth:`for_inputs`)."""
+        return self._recipe is not None and self.input_dim is None
+
+    def for_inputs(self, d: int) -> GPSpec:
+        """This spec for data of ``d`` input features: modules given by name (``GPSpec()``'s
+        default kernel, one lengthscale per feature) built at width ``d``, with the same likelihood,
+        initial values, fixed names, dtype and prior weight. A spec of modules (or already built for
+        a width) is returned as it is: where its width differs from the data's, the engines' check
+        (:meth:`check_input_dim`) says which module to change."""
+        if not self.sizes_later:
+            return self
+        recipe = dict(self._recipe)
+        likelihood = recipe.pop("likelihood")
+        return GPSpec(
+            recipe.pop("kernel"), recipe.pop("mean"), copy.deepcopy(likelihood), input_dim=d, **recipe
+        )
+
+    def for_data(self, clients) -> GPSpec:
+        """:meth:`for_inputs` at the width of the first of ``clients`` (as it is without clients)."""
+        clients = list(clients)
+        return self.for_inputs(clients[0].n_features) if clients else self
 
     # -- what a subclass changes ---------------------------------------------------------------
     def _check_likelihood(self, likelihood: gpytorch.likelihoods.Likelihood) -> None:
@@ -320,7 +392,17 @@ class GPSpec:
             info = self.param(name)
             if name == info.raw_name and info.constraint is not None:
                 raise InputError(f"state values are constrained: give {info.name!r}, not the raw {name!r}")
-            base[info.name] = torch.as_tensor(value, dtype=self.dtype).expand(info.shape).clone()
+            value = torch.as_tensor(value, dtype=self.dtype)
+            try:
+                base[info.name] = value.expand(info.shape).clone()
+            except RuntimeError:
+                if not self.sizes_later:
+                    raise
+                raise InputError(
+                    f"{info.name}: a value of shape {tuple(value.shape)} for a spec not yet built for the "
+                    f"data's width (its named kernel is sized by fit, one lengthscale per feature): use "
+                    "spec.for_inputs(d).state(...)"
+                ) from None
         return HyperState(base, self.event_shapes)
 
     def read(self, model: ExactGPModel) -> HyperState:
@@ -352,7 +434,8 @@ class GPSpec:
 
     def __repr__(self) -> str:
         fixed = [p.name for p in self.params if not p.trainable]
+        width = ", sized to the data by fit" if self.sizes_later else ""
         return (
-            f"GPSpec(mean={type(self.mean).__name__}, kernel={self.kernel.__class__.__name__}, "
+            f"GPSpec(mean={type(self.mean).__name__}, kernel={self.kernel.__class__.__name__}{width}, "
             f"params={list(self.names)}" + (f", fixed={fixed})" if fixed else ")")
         )

@@ -118,8 +118,8 @@ class VariationalGPSpec(GPSpec):
     def __init__(
         self,
         inducing_points: int | torch.Tensor,
-        kernel: gpytorch.kernels.Kernel | None = None,
-        mean: gpytorch.means.Mean | None = None,
+        kernel: gpytorch.kernels.Kernel | str | None = None,
+        mean: gpytorch.means.Mean | str | None = None,
         likelihood: gpytorch.likelihoods.Likelihood | None = None,
         *,
         input_dim: int | None = None,
@@ -133,8 +133,8 @@ class VariationalGPSpec(GPSpec):
         self._Z = _inducing_locations(inducing_points, input_dim)
         self._learn = bool(learn_inducing_locations)
         super().__init__(
-            kernel, mean, likelihood, initial_values=initial_values, fixed=fixed, dtype=dtype,
-            prior_weight=prior_weight,
+            kernel, mean, likelihood, input_dim=int(self._Z.shape[-1]), initial_values=initial_values,
+            fixed=fixed, dtype=dtype, prior_weight=prior_weight,
         )  # fmt: skip
         default = 1 if self.conjugate else 100
         self.personal_steps = default if personal_steps is None else personal_steps

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
+from fedgp import defaults
 from fedgp.data.client import Federation
 from fedgp.engines.base import Engine
 from fedgp.engines.config import EngineConfig
@@ -24,13 +25,13 @@ def fit(
     spec: GPSpec,
     federation: Federation | None,
     strategy: Strategy | None = None,
-    rounds: int = 100,
+    rounds: int = defaults.ROUNDS,
     *,
-    engine: str | EngineConfig | Engine = "auto",
-    seed: int = 0,
-    transforms: Transforms | str | None = "auto",
+    engine: str | EngineConfig | Engine = defaults.ENGINE,
+    seed: int = defaults.SEED,
+    transforms: Transforms | str | None = defaults.TRANSFORMS,
     faults: Faults | None = None,
-    stop: StopRule | str | None = None,
+    stop: StopRule | str | None = defaults.STOP,
     callbacks: Iterable[Callback | Callable] = (),
     privacy: ClientDP | None = None,
 ) -> FitResult:

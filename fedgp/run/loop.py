@@ -22,6 +22,7 @@ from typing import Any
 
 import pandas as pd
 
+from fedgp import defaults
 from fedgp.data.client import Federation, check_trainable
 from fedgp.engines.base import Engine
 from fedgp.engines.config import EngineConfig, build_engine
@@ -52,6 +53,21 @@ from fedgp.transforms import Transforms
 __all__ = ["Run"]
 
 
+def _sized(spec: GPSpec, federation: Federation | None, engine) -> GPSpec:
+    """``spec`` with its modules given by name (``GPSpec()``'s default kernel) built for the data's
+    width: the federation's, or that of the clients an engine passed in hosts."""
+    if federation is not None:
+        return spec.for_inputs(federation.n_features)
+    spec = spec.for_data(getattr(engine, "clients", None) or [])
+    if spec.sizes_later:
+        raise InputError(
+            f"{spec!r} builds its named kernel or mean for the data's width, which fit learns from the "
+            "federation; with federation=None (the clients are remote) give the width: "
+            "GPSpec(..., input_dim=d)"
+        )
+    return spec
+
+
 class Run:
     """A training run of ``strategy`` on ``federation``; the arguments are :func:`fedgp.fit`'s.
 
@@ -69,13 +85,13 @@ class Run:
         spec: GPSpec,
         federation: Federation | None,
         strategy: Strategy | None = None,
-        rounds: int = 100,
+        rounds: int = defaults.ROUNDS,
         *,
-        engine: str | EngineConfig | Engine = "auto",
-        seed: int = 0,
-        transforms: Transforms | str | None = "auto",
+        engine: str | EngineConfig | Engine = defaults.ENGINE,
+        seed: int = defaults.SEED,
+        transforms: Transforms | str | None = defaults.TRANSFORMS,
         faults: Faults | None = None,
-        stop: StopRule | str | None = None,
+        stop: StopRule | str | None = defaults.STOP,
         callbacks: Iterable[Callback | Callable] = (),
         privacy: ClientDP | None = None,
     ):
@@ -98,6 +114,7 @@ class Run:
             raise InputTypeError(
                 f"federation must be a fedgp.data.Federation, got {type(federation).__name__}"
             )
+        spec = _sized(spec, federation, engine)
         if privacy is not None:
             if not isinstance(privacy, ClientDP):
                 raise InputTypeError(f"privacy must be a fedgp.run.ClientDP, got {type(privacy).__name__}")

@@ -142,7 +142,8 @@ def test_fixed_noise_likelihood_uses_each_clients_own_noise(draws):
     spec = GPSpec(
         likelihood=gpytorch.likelihoods.FixedNoiseGaussianLikelihood(
             noise=torch.ones(1), learn_additional_noise=True
-        )
+        ),
+        ard=False,  # one lengthscale: the closed form below
     )
     assert not any("noise_covar.noise" in name and "second" not in name for name in spec.names)
     # The NLL is the closed form with K + diag(known noise + learned extra noise).

@@ -162,7 +162,7 @@ def test_a_node_answers_no_prediction_at_server_chosen_points_unless_its_config_
     from fedgp.presets import make_spec
 
     paths = owner_tables(tmp_path, nodes=3)
-    spec = make_spec("rbf", "constant", d=3)
+    spec = make_spec(d=3)  # the app's defaults (fedgp.defaults), as its nodes build it
     X = torch.zeros(4, 3, dtype=torch.float64)
     for node_config, allowed in (
         ({}, False),
