@@ -49,6 +49,7 @@ PAGES = (
     "run",
     "flower",
     "transforms",
+    "defaults",
     "export",
     "baselines",
     "experiments",
