@@ -8,11 +8,25 @@ import pytest
 README = Path(__file__).resolve().parents[1] / "README.md"
 
 
-def test_readme_starts_with_the_two_commands():
+def test_readme_starts_with_what_fedgp_is_and_pip_install():
+    """What fedgp is, then ``pip install``; the developers' two commands under "From a clone"."""
     text = README.read_text()
+    assert text.split("\n\n", 2)[1].startswith("fedgp fits Gaussian-process surrogates")
     first_block = re.search(r"```bash\n(.*?)```", text, re.S).group(1)
     commands = [line.split("#")[0].strip() for line in first_block.strip().splitlines()]
-    assert commands == ["make demo", "make test"]
+    assert all(c.startswith("pip install") for c in commands), commands
+    clone = re.search(r"```bash\n(.*?)```", _section("## From a clone"), re.S).group(1)
+    assert [line.split("#")[0].strip() for line in clone.strip().splitlines()] == ["make demo", "make test"]
+    assert 'pip install -c constraints.txt "git+file://$PWD"' in _section("## From a clone")
+
+
+def test_the_readme_names_every_extra():
+    import tomllib
+
+    extras = tomllib.loads((README.parent / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    install = README.read_text().split("**Install.**", 1)[1].split("\n\n", 1)[0]
+    missing = [name for name in extras if f"`{name}`" not in install]
+    assert not missing, f"the README's Install paragraph does not name the extras {missing}"
 
 
 def test_readme_is_short_and_starts_with_pip():
