@@ -164,7 +164,7 @@ def _pd() -> ModuleType:
 def _predict(args: argparse.Namespace) -> int:
     import numpy as np
 
-    from fedgp.commands import claim_out, predict_owners, read_columns
+    from fedgp.commands import claim_out, predict_owners, read_columns, read_new_table
     from fedgp.data.table import read_owner_table
     from fedgp.layout import write_table
     from fedgp.run import load
@@ -180,7 +180,7 @@ def _predict(args: argparse.Namespace) -> int:
     except ValueError as err:
         raise CommandError(str(err)) from None
     features = columns["features"]
-    new = read_owner_table(args.new, group=group, features=features)
+    new = read_new_table(args.new, model, columns, folder, group)  # by the model's feature names
     data = None
     if args.data is not None:
         data = read_owner_table(args.data, group=group, target=columns["target"], features=features)

@@ -28,7 +28,14 @@ if TYPE_CHECKING:
     import numpy as np
     import pandas as pd
 
-__all__ = ["claim_out", "read_columns", "fit_metrics", "predict_owners", "OWNERS_PER_STEP"]
+__all__ = [
+    "claim_out",
+    "read_columns",
+    "read_new_table",
+    "fit_metrics",
+    "predict_owners",
+    "OWNERS_PER_STEP",
+]
 
 #: Owners evaluated per step of the batched in-sample metrics (one progress step each).
 OWNERS_PER_STEP = 20_000
@@ -72,6 +79,33 @@ def read_columns(folder: Path) -> dict:
     if not ok:
         raise CommandError(f"{path}: not a column description written by fedgp fit")
     return columns
+
+
+def read_new_table(path: str | Path, model: Any, columns: dict, folder: Path, group: str) -> Any:
+    """The table ``fedgp predict`` predicts (an :class:`~fedgp.data.table.OwnerTable`), its feature
+    columns read by name in the model's order (any order in the file). A model folder whose
+    ``model.fedgp`` names other features than its ``columns.json`` (files of two folders mixed) is
+    refused; columns that are not features are named on stderr (the model does not read them, and a
+    user who thinks it does would otherwise never learn it)."""
+    from fedgp.data.table import read_owner_table
+
+    features = list(columns["features"])
+    if model.feature_names is not None and list(model.feature_names) != features:
+        raise CommandError(
+            f"{folder}: {MODEL_FILE} was trained on features {list(model.feature_names)} but {COLUMNS_FILE} "
+            f"lists {features}: the folder's files do not belong together (copy the whole folder that "
+            "fedgp fit wrote)"
+        )
+    table = read_owner_table(path, group=group, features=features)
+    unused = [c for c in table.frame.columns if c not in {*features, group, columns["target"]}]
+    if unused:
+        print(
+            f"fedgp predict: warning: {table.source}: column(s) {', '.join(map(repr, unused[:10]))}"
+            f"{', ...' if len(unused) > 10 else ''} are not features of the model and do not affect the "
+            f"predictions (its features: {', '.join(features)}); they are copied to predictions.csv",
+            file=sys.stderr,
+        )
+    return table
 
 
 def fit_metrics(result: Any, federation: Any, held_out: bool, progress: bool | None) -> pd.DataFrame:

@@ -45,6 +45,7 @@ __all__ = [
     "DivergenceWarning",
     "RunWarning",
     "PrivacyBudgetWarning",
+    "FallbackWarning",
 ]
 
 
@@ -218,3 +219,10 @@ class RunWarning(FedGPWarning, RuntimeWarning):
 class PrivacyBudgetWarning(FedGPWarning):
     """A run with :class:`fedgp.run.ClientDP` stopped before its round budget because its privacy
     budget ε would be passed; its result is the state of the last round the budget afforded."""
+
+
+class FallbackWarning(FedGPWarning):
+    """fedgp gave a default where an answer was asked for — the shared prior for an owner it holds
+    no rows of, an empty evaluation where no client holds a test split, a file that lacks what a
+    newer one records — and the message says why and what to do instead (name the owner's rows,
+    split the federation, or choose the default explicitly where the door offers that)."""

@@ -87,7 +87,20 @@ def write_model_folder(
     ``transforms.json`` (:func:`write_history`), ``failures.csv``, ``metrics.csv`` when given,
     ``columns.json`` (:func:`write_columns` of ``columns``), and last ``model.fedgp`` (sealed with
     ``key`` when given): once it exists the folder is complete, so a script that waits for it never
-    reads a half-written folder. Returns the paths."""
+    reads a half-written folder. The model records ``columns["features"]`` as its feature names
+    (a result that names other columns is refused: the folder would contradict itself). Returns the
+    paths."""
+    import dataclasses
+
+    from fedgp.errors import InputError
+
+    features = tuple(columns["features"])
+    if result.feature_names is not None and tuple(result.feature_names) != features:
+        raise InputError(
+            f"the model names its features {list(result.feature_names)} but the folder's columns are "
+            f"{list(features)}: they must be the same columns in the same order"
+        )
+    result = dataclasses.replace(result, feature_names=features)
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     written = [*write_history(folder, result, columns["features"])]

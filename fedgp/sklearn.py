@@ -8,7 +8,8 @@ shared prior conditioned on that owner's training rows only.
 
 Conventions (scikit-learn's): the constructor stores its parameters and checks nothing;
 ``fit`` learns ``result_`` (the :class:`~fedgp.FitResult`), ``groups_`` (the owners, in order of
-first appearance), ``history_``, ``n_features_in_`` and, for a DataFrame, ``feature_names_in_``;
+first appearance), ``history_``, ``n_features_in_`` and, for a DataFrame, ``feature_names_in_``
+(which the federation and ``result_.feature_names`` record too);
 ``score`` is R² (of the personalised predictions, with the same ``groups``); ``get_params``,
 ``set_params`` and ``clone`` work. With scikit-learn's metadata routing enabled,
 ``set_fit_request(groups=True)`` routes ``groups`` through pipelines and ``cross_validate``.
@@ -19,6 +20,10 @@ Choices where scikit-learn has no convention:
   train one GP on all the rows). At ``predict``, ``groups=None`` means that owner when the
   model was fitted on one; with several owners it is a ``ValueError`` (a row's owner decides its
   prediction, so it cannot be guessed).
+* ``predict`` given a DataFrame matches its columns to ``feature_names_in_`` by name: columns in
+  another order are put back in the fitted order (where scikit-learn's own estimators refuse a new
+  order), and missing or extra columns are a ``ValueError`` naming them. An unnamed array is read
+  in the fitted order.
 * An owner at ``predict`` that was not seen at ``fit`` has no training rows: with
   ``unknown_groups="prior"`` (default) it gets the cold-start prediction fedgp gives a new client
   without data (the learned prior predictive; for clustered strategies, the cluster with the most
@@ -45,6 +50,7 @@ from sklearn.utils.validation import check_consistent_length, check_is_fitted, v
 
 from fedgp import defaults
 from fedgp.data.client import MIN_TRAINING_POINTS, ClientData, Federation
+from fedgp.data.names import frame_names, order_of
 from fedgp.data.table import rows_by_owner
 from fedgp.errors import FedGPWarning, InputError
 from fedgp.models.experts import RULES
@@ -154,7 +160,11 @@ class FederatedGPRegressor(RegressorMixin, BaseEstimator):
                     f"at least {MIN_TRAINING_POINTS} per owner. Leave it out of fit; predict gives it the "
                     "shared prior (unknown_groups='prior')"
                 )
-        federation = Federation.from_partition(X, y, list(owners.values()), ids=list(owners))
+        names = getattr(self, "feature_names_in_", None)  # validate_data's, for a DataFrame
+        names = None if names is None else [str(n) for n in names]
+        federation = Federation.from_partition(
+            X, y, list(owners.values()), ids=list(owners), feature_names=names
+        )
         callbacks = list(self.callbacks)
         if not any(isinstance(c, Progress) for c in callbacks):
             callbacks.append(Progress(False))  # an estimator inside a search stays quiet unless asked
@@ -180,6 +190,7 @@ class FederatedGPRegressor(RegressorMixin, BaseEstimator):
         """Each row's prediction from its owner's posterior: the mean, and with ``return_std`` the
         standard deviation of a new observation."""
         check_is_fitted(self)
+        X = self._in_fitted_order(X)
         X = validate_data(self, X, dtype=np.float64, reset=False)
         if self.unknown_groups not in ("prior", "error", *RULES):
             raise InputError(
@@ -212,6 +223,16 @@ class FederatedGPRegressor(RegressorMixin, BaseEstimator):
             mean[rows] = pred.mean.numpy()
             std[rows] = pred.variance_y.sqrt().numpy()
         return (mean, std) if return_std else mean
+
+    def _in_fitted_order(self, X: Any) -> Any:
+        """A DataFrame's columns in ``feature_names_in_``'s order, matched by name (missing or extra
+        ones refused, naming them); anything else as it is, for ``validate_data`` to check."""
+        fitted = getattr(self, "feature_names_in_", None)
+        given = frame_names(X, "FederatedGPRegressor.predict") if fitted is not None else None
+        if given is None:
+            return X
+        order = order_of(given, [str(n) for n in fitted], "FederatedGPRegressor.predict")
+        return X if order is None else X.iloc[:, order]
 
     def score(self, X: Any, y: Any, sample_weight: Any = None, groups: Any = None) -> float:
         """R² of the personalised predictions ``predict(X, groups)``."""

@@ -68,7 +68,7 @@ class OwnerTable:
         """Owner ``owner``'s rows as a ``ClientData`` (any number of rows: for prediction)."""
         rows = self.rows()[owner] if rows is None else rows
         try:
-            return ClientData(self.X[rows], self._targets()[rows], id=owner)
+            return ClientData(self.X[rows], self._targets()[rows], id=owner, feature_names=self.features)
         except ValueError as err:
             raise TableError(f"{self.source}: {err}") from None
 
@@ -95,7 +95,9 @@ class OwnerTable:
                     "fitted model can still predict for it as a new owner (fedgp predict --data)"
                 )
         try:  # the rows are checked once for all owners, not owner by owner (10⁶ owners in seconds)
-            fed = Federation.from_partition(self.X, self._targets(), list(groups.values()), ids=list(groups))
+            fed = Federation.from_partition(
+                self.X, self._targets(), list(groups.values()), ids=list(groups), feature_names=self.features
+            )
         except ValueError as err:
             raise TableError(f"{self.source}: {err}") from None
         return fed if not test_fraction else fed.split(test_fraction, seed)

@@ -97,7 +97,9 @@ def to_botorch(result, client: Any, trainable: bool = False) -> SingleTaskGP:
     Returns
     -------
     botorch.models.SingleTaskGP
-        In eval mode, ready for BoTorch's acquisition functions.
+        In eval mode, ready for BoTorch's acquisition functions. Its ``feature_names`` attribute
+        names the input columns in the order the model takes them (the fit's, ``None`` when the data
+        were unnamed): BoTorch takes plain tensors, so build them in this order (bounds too).
     """
     botorch = _botorch()
     data = result.client_data(client)
@@ -119,6 +121,7 @@ def to_botorch(result, client: Any, trainable: bool = False) -> SingleTaskGP:
         input_transform=inputs,
     )
     model.requires_grad_(False)
+    model.feature_names = getattr(result, "feature_names", None)  # BoTorch has no model card: an attribute
     if trainable:
         named = dict(model.named_parameters())
         for p in spec.params:

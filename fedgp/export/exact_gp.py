@@ -95,7 +95,9 @@ def to_gpytorch(result, client: Any) -> ExactGPModel:
     own points.
 
     When the fit transformed the data, the model is rewritten in the original units (mean ``o + s·m(x')``,
-    kernel ``s²·k``, noise ``s²σ²``), so it predicts what ``result.posterior`` predicts.
+    kernel ``s²·k``, noise ``s²σ²``), so it predicts what ``result.posterior`` predicts. Its
+    ``feature_names`` attribute names the input columns in the order it takes them (``None`` when the
+    fit's data were unnamed).
     """
     data = result.client_data(client)
     spec = result.spec
@@ -109,4 +111,5 @@ def to_gpytorch(result, client: Any) -> ExactGPModel:
     if transform is not None and not transform.is_identity:
         model = _original_units(model, transform, data, spec.dtype)
     model.set_train_data(data.X.to(spec.dtype), data.y.to(spec.dtype), strict=False)
+    model.feature_names = getattr(result, "feature_names", None)
     return model.eval()

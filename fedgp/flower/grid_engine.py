@@ -67,6 +67,13 @@ class GridEngine(Engine):
         #: Each registered node's feature columns, as its ``hello`` named them (``None``: not named).
         self.node_columns: dict[int, list[str] | None] = {}
 
+    @property
+    def feature_names(self) -> tuple[str, ...] | None:
+        """The feature columns every registered node named in its ``hello``, in order (``None``
+        when a node named none, or the nodes disagree): what the fit result records."""
+        named = {tuple(c) if c is not None else None for c in self.node_columns.values()}
+        return named.pop() if len(named) == 1 else None
+
     def _exchange(self, messages: list[Message]) -> tuple[dict[int, Message], int]:
         replies = self._send_and_receive(messages)
         return {m.metadata.src_node_id: m for m in replies}, len(replies)

@@ -56,11 +56,12 @@ def pack(format: str, version: int, header: Mapping[str, Any], tensors: Mapping[
 
 
 def unpack(
-    data: bytes, format: str, version: int, source: str = "the data"
+    data: bytes, format: str, version: int | tuple[int, ...], source: str = "the data"
 ) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
     """``(header, tensors)`` of a payload written by :func:`pack`; anything else — not safetensors,
-    no header, another format, another version — is a :class:`~fedgp.errors.FileFormatError`
-    naming ``source`` and, for a fedgp payload of another version, the version it has."""
+    no header, another format, another version (``version``: the one, or the tuple of those, the
+    reader reads) — is a :class:`~fedgp.errors.FileFormatError` naming ``source`` and, for a fedgp
+    payload of another version, the version it has."""
     if not isinstance(data, (bytes, bytearray, memoryview)):
         raise FileFormatError(f"{source}: expected bytes, got {type(data).__name__}")
     try:
@@ -82,10 +83,12 @@ def unpack(
         raise FileFormatError(f"{source}: the fedgp header is not a JSON object")
     if header.get("format") != format:
         raise FileFormatError(f"{source} is a fedgp {header.get('format')!r}, not a {format!r}")
-    if header.get("version") != version:
+    versions = (version,) if isinstance(version, int) else tuple(version)
+    if isinstance(header.get("version"), bool) or header.get("version") not in versions:
+        readable = " or ".join(map(str, versions))
         raise FileFormatError(
             f"{source} is a fedgp {format} of format version {header.get('version')!r}; this fedgp reads "
-            f"version {version}"
+            f"version {readable}"
         )
     return header, tensors
 

@@ -14,7 +14,10 @@ a :class:`~fedgp.errors.FileFormatError` naming the field (readers add the file'
   parameter it implies holds more than :data:`MAX_PARAMETER_ELEMENTS` numbers;
 - a roster holds at most :data:`MAX_CLIENTS` clients, with as many sizes as ids;
 - integers (seeds, round counts) are JSON integers in their range (``1e999``, ``"zero"`` and
-  ``true`` are refused by name), booleans are JSON booleans, scales are finite and positive.
+  ``true`` are refused by name), booleans are JSON booleans, scales are finite and positive;
+- free-form values (a result's ``history.attrs``) are JSON's own types only — objects with string
+  keys, arrays, strings, numbers, booleans, null — at most :data:`MAX_ATTRS_BYTES` long as JSON;
+- a saved table (history, failures) holds columns of the dtypes in :data:`FRAME_DTYPES` only.
 
 The limits are far above any model fedgp can fit on one machine, and far below what would exhaust
 its memory: the largest spec parameter they allow is 80 MB of float64.
@@ -22,6 +25,7 @@ its memory: the largest spec parameter they allow is 80 MB of float64.
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from typing import Any
@@ -41,7 +45,10 @@ __all__ = [
     "MAX_PARAMETER_ELEMENTS",
     "MAX_CLIENTS",
     "TENSOR_DTYPES",
+    "MAX_ATTRS_BYTES",
+    "FRAME_DTYPES",
     "check_json_depth",
+    "plain_json",
     "check_tensors",
     "integer",
     "boolean",
@@ -67,6 +74,11 @@ MAX_PARAMETER_ELEMENTS = 10_000_000
 MAX_CLIENTS = 10_000_000
 #: The tensor dtypes a file may hold.
 TENSOR_DTYPES = frozenset({torch.float64, torch.float32, torch.int64, torch.int32, torch.bool, torch.uint8})
+
+#: Bytes of a saved result's ``history.attrs`` written as JSON (fedgp's own take under a kilobyte).
+MAX_ATTRS_BYTES = 16 * 2**20
+#: The dtypes a saved table's columns may have (pandas' names: ``str`` is pandas' string dtype).
+FRAME_DTYPES = frozenset({"int64", "int32", "float64", "float32", "bool", "object", "str"})
 
 _STRINGS = re.compile(rb'"(?:[^"\\]|\\.)*"', re.DOTALL)
 _OTHER = bytes(b for b in range(256) if b not in b"[]{}")
@@ -134,3 +146,26 @@ def shape(value: Any, where: str) -> tuple[int, ...]:
             f"the limit is {MAX_BATCH_ELEMENTS}"
         )
     return sizes
+
+
+def plain_json(value: Any, where: str) -> Any:
+    """``value`` if it is made of JSON's own types only — dicts with string keys, lists, strings,
+    ints, floats (NaN and infinities too, as fedgp's headers allow them), booleans and ``None`` — and
+    at most :data:`MAX_ATTRS_BYTES` long written as JSON; else a :class:`FileFormatError` naming the
+    first offending entry. Walks without recursion (the header's depth is bounded already)."""
+    stack = [(value, where)]
+    while stack:
+        item, path = stack.pop()
+        if isinstance(item, dict):
+            for key, inner in item.items():
+                if not isinstance(key, str):
+                    raise FileFormatError(f"{path} has a key {_show(key)} that is not a string")
+                stack.append((inner, f"{path}[{key!r}]"))
+        elif isinstance(item, list):
+            stack.extend((inner, f"{path}[{i}]") for i, inner in enumerate(item))
+        elif item is not None and not isinstance(item, (str, int, float, bool)):
+            raise FileFormatError(f"{path} is a {type(item).__name__}; only JSON values are allowed")
+    size = len(json.dumps(value, allow_nan=True))
+    if size > MAX_ATTRS_BYTES:
+        raise FileFormatError(f"{where} is {size} bytes long as JSON; the limit is {MAX_ATTRS_BYTES}")
+    return value

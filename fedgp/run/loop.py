@@ -247,9 +247,18 @@ class Run:
             pd.DataFrame(self.failures, columns=["round", "client", "reason"]),
             [] if self.attack is None else list(self.attack.ids),
             self.transform,
+            self.feature_names,
         )
         self.close()
         return result
+
+    @property
+    def feature_names(self) -> tuple[str, ...] | None:
+        """The input columns' names: the federation's, or (with no federation here, as on a Flower
+        grid) the engine's, which learned them at registration; ``None`` when nobody named them."""
+        if self.federation is not None:
+            return self.federation.feature_names
+        return getattr(self.engine, "feature_names", None)
 
     def close(self) -> None:
         """Close the engine if this run built it (from a name or a config): a Ray the run started

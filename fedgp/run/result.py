@@ -19,6 +19,7 @@ import pandas as pd
 import torch
 
 from fedgp.data.client import ClientData, Federation, _as_float_tensor, _check_finite
+from fedgp.data.names import align, check_names
 from fedgp.engines.base import Engine
 from fedgp.engines.sequential import SequentialEngine
 from fedgp.errors import EngineError, FileFormatError, InputError, RoundFailedError, UnknownClientError
@@ -49,7 +50,9 @@ class FitResult:
     """The outcome of :func:`fit`: learned server state, history, and per-client prediction.
 
     ``history`` has one row per round (metrics, the round's failures and bytes); ``failures`` one
-    row per failed client and round, with the reason.
+    row per failed client and round, with the reason. ``feature_names`` are the input columns' names
+    in the model's order when the federation named them (``None``: known by position only);
+    :meth:`posterior` and :meth:`predict` match a ``DataFrame``'s columns to them by name.
     """
 
     spec: GPSpec
@@ -63,6 +66,12 @@ class FitResult:
     failures: pd.DataFrame = field(default_factory=pd.DataFrame)
     attackers: list = field(default_factory=list)  # ids of the clients an ``attack`` took over
     transform: DataTransform = field(default_factory=DataTransform)  # applied to every client's data
+    feature_names: tuple[str, ...] | None = None  # the input columns, in the model's order
+
+    def __post_init__(self) -> None:
+        if self.feature_names is not None:
+            width = None if self.roster is None or not len(self.roster.dims) else int(self.roster.dims[0])
+            self.feature_names = check_names(self.feature_names, width, "FitResult(feature_names=...)")
 
     def __repr__(self) -> str:
         """One line a notebook can show: strategy, rounds, engine, clients, why it stopped, the last
@@ -99,12 +108,14 @@ class FitResult:
         """(engine hosting the client, its roster, its position there, its training position or -1).
 
         An int is a position, a ``ClientData`` of the federation that client, any other
-        ``ClientData`` a new client (hosted alone, as the server has never seen it), else an id."""
+        ``ClientData`` a new client (hosted alone, as the server has never seen it, its columns put in
+        the model's order by name), else an id."""
         if isinstance(client, ClientData):
             members = [] if self.federation is None else list(self.federation)
             for i, member in enumerate(members):
                 if member is client:
                     return self.engine, self.roster, i, i
+            client = client.in_order(self.feature_names)
             engine = SequentialEngine(self.spec, [client], self.seed)
             return engine, engine.start(self.strategy, self.seed), 0, -1
         if self.engine is None:
@@ -173,7 +184,13 @@ class FitResult:
         ``combine`` (with no ``client``): one global prediction, for points no client owns, from every
         training client's own posterior at ``X`` — ``"rbcm"``, ``"bcm"``, ``"gpoe"`` or ``"poe"``
         (Deisenroth & Ng 2015; :mod:`fedgp.models.experts`). Only the clients' predictive means and
-        variances at ``X`` leave them (:mod:`fedgp.run.combined`)."""
+        variances at ``X`` leave them (:mod:`fedgp.run.combined`).
+
+        ``X``: an (n, d) array, tensor or ``DataFrame``. Where the model recorded feature names
+        (:attr:`feature_names`), a ``DataFrame`` with string column names is matched to them by name
+        (reordered; a missing or extra column is refused, naming it) and an unnamed array is read in
+        the recorded order; where it recorded none, a ``DataFrame`` is read by position. A new
+        ``ClientData`` with feature names is put in the model's order the same way."""
         if (client is None) == (combine is None):
             raise InputError(
                 "posterior/predict: pass client=... (that client's personalised prediction) or "
@@ -188,8 +205,9 @@ class FitResult:
         name = client.id if isinstance(client, ClientData) else client
         if combine is not None:
             name = "(combined prediction)"
-        # A copy (pandas and read-only arrays included), checked for dtype and NaN/inf as data are.
-        X = _as_float_tensor(X, name, "X")
+        # Named columns in the model's order; then a copy (pandas and read-only arrays included),
+        # checked for dtype and NaN/inf as data are.
+        X = _as_float_tensor(align(X, self.feature_names, _where(name)), name, "X")
         if X.dim() != 2 or X.shape[1] != d:
             whose = f"client {name!r}, whose model takes" if client is not None else "the model, which takes"
             raise InputError(
@@ -207,8 +225,10 @@ class FitResult:
         )
 
     def _dims(self, client) -> int:
-        """The input width of ``client``'s model; a new client must match the training data's."""
+        """The input width of ``client``'s model; a new client must match the training data's (by
+        name, where both have names)."""
         if isinstance(client, ClientData):
+            client = client.in_order(self.feature_names)  # refuses missing or extra names, naming them
             trained = int(self.roster.dims[0]) if len(self.roster.dims) else client.n_features
             if client.n_features != trained:
                 raise InputError(
@@ -286,9 +306,11 @@ class FitResult:
             ) from None
 
     def client_data(self, client: int | ClientData | Any) -> ClientData:
-        """The ``ClientData`` behind ``client`` (a new ``ClientData`` is returned as it is)."""
+        """The ``ClientData`` behind ``client`` (a new ``ClientData`` as it is, its columns put in the
+        model's order by name)."""
         if isinstance(client, ClientData):
-            return client
+            members = () if self.federation is None else self.federation
+            return client if any(m is client for m in members) else client.in_order(self.feature_names)
         _, _, position, _ = self._resolve(client)
         return self.federation[position]
 
@@ -301,6 +323,11 @@ class FitResult:
         or with ``trainable=True`` free for ``fit_gpytorch_mll`` to fine-tune from them (needs the
         ``botorch`` extra)."""
         return to_botorch(self, client, trainable)
+
+
+def _where(name) -> str:
+    """Who a prediction is for, in an error message."""
+    return name if name == "(combined prediction)" else f"predict for client {name!r}"
 
 
 def _some(ids, k: int = 5) -> str:

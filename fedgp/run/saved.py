@@ -3,8 +3,13 @@
 The file holds what prediction needs and nothing of the clients' data: the spec's description
 (:mod:`fedgp.models.spec_io`) and initial values, the strategy's JSON config, the server state,
 the roster (client ids, sizes, input dimensions: what the server learned at registration), the
-history and failures, the seed, and the data transforms (:mod:`fedgp.transforms`: the learned
-input bounds and outcome mean and sd that the state's units refer to).
+history (values, dtypes, index) and all its ``attrs`` (why the run stopped, the privacy accounting,
+...), the failures, the attackers, the seed, the input columns' names (``feature_names``) and the data
+transforms (:mod:`fedgp.transforms`: the learned input bounds and outcome mean and sd that the
+state's units refer to). So a loaded result reads as the result that was saved:
+``history.attrs["transforms"]`` is rebuilt from the transforms themselves, and every other attr is
+stored as JSON (plain JSON values only: a tuple, a numpy array or an object is refused at ``save``,
+naming it, rather than coming back as something else).
 
 It is fedgp's one container (:mod:`fedgp.messages.container`, format ``"fit-result"``) sealed
 with the SHA-256 of its payload (with ``key=``, its HMAC-SHA256 under that key), which is checked
@@ -12,8 +17,13 @@ before anything is parsed; every field is then checked against :mod:`fedgp.model
 anything is built from it. Loading reads JSON
 and tensors only; the spec and strategy are rebuilt from allow-lists and the server state by
 :mod:`fedgp.messages.codec` (registered or fedgp's own dataclasses, nothing imported), so a
-crafted file cannot run code. Results saved by earlier versions (format version 2: a bare
-safetensors file) are refused, naming the version.
+crafted file cannot run code.
+
+Format versions: 4 (this one) added the feature names, the history's ``attrs`` and column dtypes.
+A file of version 3 is still read, with a :class:`~fedgp.errors.FallbackWarning` saying what it
+lacks (no feature names: ``predict`` reads columns by position; no stop reason or privacy
+accounting); version 2 (a bare safetensors file) and any later version are refused, naming the
+version. An older fedgp refuses a version-4 file by its version, so it never drops the names.
 """
 
 from __future__ import annotations
@@ -21,14 +31,17 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import warnings
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import torch
 from safetensors import safe_open
 
-from fedgp.errors import FileFormatError, InputError, InputTypeError, MissingFileError
+from fedgp.data.names import check_names
+from fedgp.errors import FallbackWarning, FileFormatError, InputError, InputTypeError, MissingFileError
 from fedgp.files import write_atomically
 from fedgp.messages import Roster, decode, encode, from_config
 from fedgp.messages.container import pack, seal, unpack, unseal
@@ -41,19 +54,133 @@ __all__ = ["write_result", "read_result", "FORMAT", "VERSION"]
 
 #: What a saved result's header says it is.
 FORMAT = "fit-result"
-#: The version of a saved result's layout (a file of another version is refused, by name).
-VERSION = 3
+#: The version of a saved result's layout, written by ``save``.
+VERSION = 4
+#: The versions ``load`` reads (3: no feature names, no history attrs but the transforms).
+READS = (3, 4)
 
 
-def _frame(frame: pd.DataFrame) -> dict:
-    # Python's json writes floats exactly (shortest repr); pandas' to_json rounds to 15 digits.
-    return frame.to_dict(orient="split")
+def _plain(value: Any, where: str) -> Any:
+    """``value`` as JSON's own types, numpy scalars as Python's; anything JSON would not give back
+    as it is (a tuple, an array, a non-string key, an object) is refused, naming where."""
+    if isinstance(value, np.generic) and not isinstance(value, (np.str_, np.bytes_)):
+        value = value.item()
+    if value is None or isinstance(value, (str, bool, int, float)):
+        return value
+    if isinstance(value, list):
+        return [_plain(v, f"{where}[{i}]") for i, v in enumerate(value)]
+    if isinstance(value, dict):
+        bad = [k for k in value if not isinstance(k, str)]
+        if bad:
+            raise InputTypeError(
+                f"cannot save {where}: key {bad[0]!r} is not a string (JSON keys are strings, so it would "
+                "come back as another key)"
+            )
+        return {k: _plain(v, f"{where}[{k!r}]") for k, v in value.items()}
+    hint = "; store a list" if isinstance(value, (tuple, np.ndarray)) else ""
+    raise InputTypeError(
+        f"cannot save {where}: a {type(value).__name__}; a saved result keeps it as JSON (dicts with string "
+        f"keys, lists, strings, numbers, booleans, None), which would not give it back as it is{hint}"
+    )
+
+
+def _frame(frame: pd.DataFrame, name: str) -> dict:
+    """A table as JSON: index, columns, rows and each column's dtype (so that it reads back exactly).
+    Python's json writes floats exactly (shortest repr); pandas' to_json rounds to 15 digits."""
+    dtypes = [str(d) for d in frame.dtypes]
+    for column, dtype in zip(frame.columns, dtypes):
+        if dtype not in limits.FRAME_DTYPES:
+            raise InputTypeError(
+                f"cannot save {name} column {column!r} of dtype {dtype}: a saved result's tables hold "
+                f"{', '.join(sorted(limits.FRAME_DTYPES))} columns"
+            )
+    split = frame.to_dict(orient="split")
+    index = frame.index
+    span = [index.start, index.stop, index.step] if isinstance(index, pd.RangeIndex) else None
+    return {**_plain(split, name), "dtypes": dtypes, "range": span}
 
 
 def _read_frame(split: Any, name: str) -> pd.DataFrame:
-    if not isinstance(split, dict) or set(split) != {"index", "columns", "data"}:
+    keys = {"index", "columns", "data"}
+    if not isinstance(split, dict) or set(split) - {"dtypes", "range"} != keys:
         raise FileFormatError(f"saved {name} must be a table with 'index', 'columns' and 'data'")
-    return pd.DataFrame(split["data"], index=split["index"], columns=split["columns"])
+    index, columns, data = split["index"], split["columns"], split["data"]
+    ok = isinstance(index, list) and isinstance(columns, list) and isinstance(data, list)
+    ok = ok and len(data) == len(index) and all(isinstance(r, list) and len(r) == len(columns) for r in data)
+    if not ok:
+        raise FileFormatError(
+            f"saved {name}: 'data' must hold one row of {len(columns)} cells per index entry"
+        )
+    for where, labels in (("index", index), ("columns", columns)):
+        if not all(isinstance(v, (int, str)) and not isinstance(v, bool) for v in labels):
+            raise FileFormatError(f"saved {name}.{where} must hold ints and strings only")
+    limits.plain_json(data, f"saved {name}.data")
+    frame = pd.DataFrame(data, index=index, columns=columns)
+    span = split.get("range")
+    if "dtypes" not in split and index == list(range(len(index))):  # version 3: 0..n-1 was a range
+        span = [0, len(index), 1]
+    if span is not None:
+        if not (isinstance(span, list) and len(span) == 3 and all(type(v) is int for v in span) and span[2]):
+            raise FileFormatError(f"saved {name}.range must be [start, stop, step] (integers, step not 0)")
+        if index != list(range(*span)):
+            raise FileFormatError(f"saved {name}.range {span} is not its index")
+        frame.index = pd.RangeIndex(*span)
+    dtypes = split.get("dtypes")
+    if dtypes is None:  # format version 3: the dtypes pandas infers
+        return frame
+    if not isinstance(dtypes, list) or len(dtypes) != len(columns):
+        raise FileFormatError(f"saved {name}.dtypes must name one dtype per column ({len(columns)})")
+    for position, dtype in enumerate(dtypes):
+        if dtype not in limits.FRAME_DTYPES:
+            allowed = ", ".join(sorted(limits.FRAME_DTYPES))
+            raise FileFormatError(
+                f"saved {name}.dtypes[{position}] is {dtype!r}; a saved table holds {allowed}"
+            )
+        try:
+            frame.isetitem(position, frame.iloc[:, position].astype(dtype))
+        except (ValueError, TypeError, OverflowError) as err:
+            raise FileFormatError(
+                f"saved {name} column {columns[position]!r} is not {dtype} ({err})"
+            ) from None
+    return frame
+
+
+def _attrs(attrs: dict) -> dict:
+    """``history.attrs`` as JSON, but ``transforms``, which the file's transforms describe."""
+    rest = {k: v for k, v in attrs.items() if k != "transforms"}
+    out = _plain(rest, "history.attrs")
+    size = len(json.dumps(out, allow_nan=True))
+    if size > limits.MAX_ATTRS_BYTES:
+        raise InputError(
+            f"cannot save history.attrs: {size} bytes as JSON; the limit is {limits.MAX_ATTRS_BYTES}"
+        )
+    return out
+
+
+def _read_attrs(record: Any, transform: DataTransform) -> dict:
+    if not isinstance(record, dict):
+        raise FileFormatError("history_attrs must be a JSON object")
+    if "transforms" in record:
+        raise FileFormatError("history_attrs holds 'transforms', which the file's transforms describe")
+    return {"transforms": transform.describe(), **limits.plain_json(record, "history_attrs")}
+
+
+def _read_names(names: Any, roster: Roster, transform: DataTransform) -> tuple[str, ...] | None:
+    """The feature names: strings, distinct, one per input of the model (the roster's width)."""
+    if names is None:
+        return None
+    if not isinstance(names, list) or len(names) > limits.MAX_INPUT_DIMS:
+        raise FileFormatError(
+            f"feature_names must be a list of at most {limits.MAX_INPUT_DIMS} strings or null"
+        )
+    widths = set(roster.dims.tolist())
+    if transform.x_offset is not None:
+        widths.add(transform.x_offset.numel())
+    width = widths.pop() if len(widths) == 1 else None
+    try:
+        return check_names(names, width, "feature_names")
+    except (InputError, InputTypeError) as err:
+        raise FileFormatError(str(err)) from None
 
 
 def _read_transform(record: Any, tensors: dict[str, torch.Tensor]) -> DataTransform:
@@ -130,9 +257,11 @@ def write_result(result, path: str | os.PathLike, key: bytes | str | None = None
         "server_state": encode(result.server_state, tensors, "server_state"),  # numbered entries
         "roster": {"ids": _ids(list(roster.ids))},
         "seed": int(result.seed),
-        "history": _frame(result.history),
-        "failures": _frame(result.failures),
+        "history": _frame(result.history, "history"),
+        "history_attrs": _attrs(result.history.attrs),
+        "failures": _frame(result.failures, "failures"),
         "attackers": _ids(list(result.attackers)),
+        "feature_names": None if result.feature_names is None else list(result.feature_names),
         # The data transforms the state's units refer to, as they travel in a task (fedgp.transforms).
         "transforms": {"settings": result.transform.settings(), "note": result.transform.note},
     }
@@ -156,7 +285,7 @@ def read_result(path: str | os.PathLike, key: bytes | str | None = None) -> dict
     if not data.startswith(b"FEDGP "):
         raise FileFormatError(f"{path}: {_older_format(path)}")
     # Both name the file; a bad key= is the caller's error and is raised as it is.
-    header, tensors = unpack(unseal(data, str(path), key), FORMAT, VERSION, str(path))
+    header, tensors = unpack(unseal(data, str(path), key), FORMAT, READS, str(path))
     try:
         parts = _read_parts(header, tensors)
     except InputError as err:  # FileFormatError, and the spec's refusals
@@ -168,6 +297,15 @@ def read_result(path: str | os.PathLike, key: bytes | str | None = None) -> dict
             f"{path}: its seal matches but its contents are not a readable fedgp result "
             f"({type(err).__name__}: {err})"
         ) from None
+    if header["version"] < VERSION:
+        warnings.warn(
+            f"{path}: saved by an earlier fedgp (format version {header['version']}), which recorded no "
+            "feature names (predict reads X's columns by position, in the training order) and of the "
+            "history's attrs only the transforms (no stop reason, no privacy accounting). Save it again "
+            "from a new fit to keep them",
+            FallbackWarning,
+            stacklevel=3,
+        )
     return parts
 
 
@@ -183,7 +321,7 @@ def _read_parts(header: dict[str, Any], tensors: dict[str, torch.Tensor]) -> dic
     roster = _read_roster(header.get("roster"), tensors)
     history, failures = (_read_frame(header[name], name) for name in ("history", "failures"))
     transform = _read_transform(header.get("transforms"), tensors)
-    history.attrs["transforms"] = transform.describe()
+    history.attrs = _read_attrs(header.get("history_attrs", {}), transform)
     d = None if transform.x_offset is None else transform.x_offset.numel()
     if d is not None and len(roster) and set(roster.dims.tolist()) != {d}:
         raise FileFormatError(f"tensor 'transform/x_offset' has {d} inputs; the roster's clients have others")
@@ -192,9 +330,11 @@ def _read_parts(header: dict[str, Any], tensors: dict[str, torch.Tensor]) -> dic
     attackers = header.get("attackers")
     if not isinstance(attackers, list) or not all(isinstance(a, (int, str)) for a in attackers):
         raise FileFormatError("attackers must be a list of client ids")
+    names = _read_names(header.get("feature_names"), roster, transform)
     return dict(
         spec=spec, strategy=strategy, federation=None, server_state=server, history=history, seed=seed,
         engine=None, roster=roster, failures=failures, attackers=list(attackers), transform=transform,
+        feature_names=names,
     )  # fmt: skip
 
 
@@ -213,5 +353,5 @@ def _older_format(path: Path) -> str:
         return "not a saved fedgp result (it does not start with a fedgp seal)"
     return (
         f"a result saved by an earlier fedgp (format version {meta.get('version', '?')}); this fedgp reads "
-        f"version {VERSION}: load it with the fedgp that saved it, or fit again and save"
+        f"version {' or '.join(map(str, READS))}: load it with the fedgp that saved it, or fit again and save"
     )

@@ -150,7 +150,7 @@ def test_loaded_result_refuses_positions_and_evaluation(tmp_path):
 
 def _read(path):
     """A saved result's header and tensors, read the way ``fedgp.load`` reads them (seal checked)."""
-    return unpack(unseal(path.read_bytes(), str(path)), "fit-result", 3, str(path))
+    return unpack(unseal(path.read_bytes(), str(path)), "fit-result", 4, str(path))
 
 
 def _numbers(tree):
@@ -245,9 +245,9 @@ def test_damaged_and_foreign_files_are_refused(tmp_path):
     (tmp_path / "ckpt.st").write_bytes(seal(pack("checkpoint", 3, header, tensors)))
     with pytest.raises(fedgp.FileFormatError, match="is a fedgp 'checkpoint', not a 'fit-result'"):
         fedgp.load(tmp_path / "ckpt.st")
-    (tmp_path / "v4.st").write_bytes(seal(pack("fit-result", 4, header, tensors)))
-    with pytest.raises(fedgp.FileFormatError, match="format version 4; this fedgp reads version 3"):
-        fedgp.load(tmp_path / "v4.st")
+    (tmp_path / "v5.st").write_bytes(seal(pack("fit-result", 5, header, tensors)))
+    with pytest.raises(fedgp.FileFormatError, match="format version 5; this fedgp reads version 3 or 4"):
+        fedgp.load(tmp_path / "v5.st")
     with pytest.raises(fedgp.MissingFileError, match="no saved result at"):
         fedgp.load(tmp_path / "absent.st")
 
@@ -265,7 +265,7 @@ def test_an_unsealed_result_of_format_version_2_is_refused_by_version(tmp_path):
     save_file(tensors, old, metadata={"fedgp": json.dumps(header)})
     assert load_payload(old.read_bytes()).keys() == tensors.keys()  # a plain safetensors file
     with pytest.raises(
-        fedgp.FileFormatError, match=r"earlier fedgp \(format version 2\); this fedgp reads version 3"
+        fedgp.FileFormatError, match=r"earlier fedgp \(format version 2\); this fedgp reads version 3 or 4"
     ):
         fedgp.load(old)
 
