@@ -24,12 +24,15 @@ Choices where scikit-learn has no convention:
   another order are put back in the fitted order (where scikit-learn's own estimators refuse a new
   order), and missing or extra columns are a ``ValueError`` naming them. An unnamed array is read
   in the fitted order.
-* An owner at ``predict`` that was not seen at ``fit`` has no training rows: with
-  ``unknown_groups="prior"`` (default) it gets the cold-start prediction fedgp gives a new client
-  without data (the learned prior predictive; for clustered strategies, the cluster with the most
-  training points); with ``"rbcm"``, ``"bcm"``, ``"gpoe"`` or ``"poe"`` it gets every fitted owner's
-  posterior combined by that rule (``FitResult.posterior(X, combine=...)``); with ``"error"`` it is a
-  ``ValueError`` naming it.
+* An owner at ``predict`` that was not seen at ``fit`` has no training rows, so no personalised
+  prediction exists for it. ``unknown_groups="warn"`` (default) gives it the cold-start prediction
+  fedgp gives a new client without data (the learned prior predictive; for clustered strategies,
+  the cluster with the most training points) and warns (:class:`~fedgp.errors.FallbackWarning`),
+  naming the owners: a label that differs from fit's (``"A"`` for ``"a"``) would otherwise be
+  predicted from the prior without a word. Choosing the fallback explicitly is the informed choice
+  and stays quiet: ``"prior"`` (the same prediction), ``"rbcm"``, ``"bcm"``, ``"gpoe"`` or ``"poe"``
+  (every fitted owner's posterior combined by that rule, ``FitResult.posterior(X, combine=...)``);
+  ``"error"`` is a ``ValueError`` naming them.
 * ``predict(..., return_std=True)`` returns the standard deviation of a new observation
   (the latent function's variance plus the learned noise), as scikit-learn's
   ``GaussianProcessRegressor`` does with a ``WhiteKernel``; the latent one is
@@ -52,7 +55,7 @@ from fedgp import defaults
 from fedgp.data.client import MIN_TRAINING_POINTS, ClientData, Federation
 from fedgp.data.names import frame_names, order_of
 from fedgp.data.table import rows_by_owner
-from fedgp.errors import FedGPWarning, InputError
+from fedgp.errors import FallbackWarning, FedGPWarning, InputError
 from fedgp.models.experts import RULES
 from fedgp.presets import make_spec, make_strategy
 from fedgp.run import Progress, fit
@@ -95,8 +98,9 @@ class FederatedGPRegressor(RegressorMixin, BaseEstimator):
         predictions are in the original units either way.
     faults : fedgp.run.Faults or None, default None
         ``fedgp.fit``'s failure tolerance and simulated faults.
-    unknown_groups : {"prior", "rbcm", "bcm", "gpoe", "poe", "error"}, default "prior"
-        What ``predict`` does for an owner not seen at ``fit`` (see the module docstring).
+    unknown_groups : {"warn", "prior", "rbcm", "bcm", "gpoe", "poe", "error"}, default "warn"
+        What ``predict`` does for an owner not seen at ``fit``: ``"warn"`` the prior with a
+        ``FallbackWarning``, the others as chosen, quietly (see the module docstring).
     callbacks : tuple, default ()
         ``fedgp.fit``'s callbacks; without a ``fedgp.run.Progress`` among them, none is shown.
     """
@@ -113,7 +117,7 @@ class FederatedGPRegressor(RegressorMixin, BaseEstimator):
         stop: Any = _STOP,
         transforms: Any = defaults.TRANSFORMS,
         faults: Any = None,
-        unknown_groups: str = "prior",
+        unknown_groups: str = "warn",
         callbacks: tuple = (),
     ) -> None:
         self.kernel = kernel
@@ -192,9 +196,9 @@ class FederatedGPRegressor(RegressorMixin, BaseEstimator):
         check_is_fitted(self)
         X = self._in_fitted_order(X)
         X = validate_data(self, X, dtype=np.float64, reset=False)
-        if self.unknown_groups not in ("prior", "error", *RULES):
+        if self.unknown_groups not in ("warn", "prior", "error", *RULES):
             raise InputError(
-                f"unknown_groups must be 'prior', 'error' or a combine rule ({', '.join(RULES)}), "
+                f"unknown_groups must be 'warn', 'prior', 'error' or a combine rule ({', '.join(RULES)}), "
                 f"got {self.unknown_groups!r}"
             )
         if groups is None:
@@ -206,20 +210,19 @@ class FederatedGPRegressor(RegressorMixin, BaseEstimator):
             groups = np.full(len(X), self.groups_[0], dtype=object)
         check_consistent_length(X, groups)
         known = {owner: position for position, owner in enumerate(self.groups_)}
+        asked = _owners(groups)
+        unknown = [owner for owner in asked if owner not in known]
+        if unknown and self.unknown_groups in ("warn", "error"):
+            self._unknown(unknown, {owner: len(rows) for owner, rows in asked.items()})
         mean, std = np.empty(len(X)), np.empty(len(X))
-        for owner, rows in _owners(groups).items():
+        for owner, rows in asked.items():
             if owner in known:
                 pred = self.result_.posterior(X[rows], known[owner])
-            elif self.unknown_groups == "prior":  # a new owner without data: fedgp's cold start
-                cold = ClientData(np.empty((0, X.shape[1])), np.empty(0), id=owner)
-                pred = self.result_.posterior(X[rows], cold)
             elif self.unknown_groups in RULES:  # every fitted owner's posterior, combined
                 pred = self.result_.posterior(X[rows], combine=self.unknown_groups)
-            else:
-                raise InputError(
-                    f"groups: owner {owner!r} was not seen in fit (owners: "
-                    f"{', '.join(map(repr, self.groups_[:10]))}{', ...' if len(self.groups_) > 10 else ''})"
-                )
+            else:  # "prior" or "warn": a new owner without data, fedgp's cold start
+                cold = ClientData(np.empty((0, X.shape[1])), np.empty(0), id=owner)
+                pred = self.result_.posterior(X[rows], cold)
             mean[rows] = pred.mean.numpy()
             std[rows] = pred.variance_y.sqrt().numpy()
         return (mean, std) if return_std else mean
@@ -233,6 +236,28 @@ class FederatedGPRegressor(RegressorMixin, BaseEstimator):
             return X
         order = order_of(given, [str(n) for n in fitted], "FederatedGPRegressor.predict")
         return X if order is None else X.iloc[:, order]
+
+    def _unknown(self, owners: list, rows: dict) -> None:
+        """Warn (``"warn"``) or refuse (``"error"``) owners not seen at fit, naming them."""
+        seen = f"{', '.join(map(repr, self.groups_[:10]))}{', ...' if len(self.groups_) > 10 else ''}"
+        named = ", ".join(f"{o!r} ({rows[o]} row{'s' if rows[o] != 1 else ''})" for o in owners[:10])
+        named += f" and {len(owners) - 10} more" if len(owners) > 10 else ""
+        which = "owner" if len(owners) == 1 else "owners"
+        if self.unknown_groups == "error":
+            raise InputError(
+                f"groups: {which} {named} not seen in fit (owners: {seen}). Check the labels (they are "
+                "matched exactly: 'A' is not 'a'), or choose unknown_groups='prior' or a combine rule "
+                "('rbcm', 'bcm', 'gpoe', 'poe') to predict for owners without training rows"
+            )
+        warnings.warn(
+            f"FederatedGPRegressor.predict: {which} {named} not seen in fit (owners: {seen}) got the "
+            "shared prior, not a personalised prediction. Check the labels (they are matched exactly: 'A' "
+            "is not 'a'); to predict for owners without training rows, choose it explicitly: "
+            "unknown_groups='prior' (this prediction, without this warning), a combine rule ('rbcm', "
+            "'bcm', 'gpoe', 'poe': every fitted owner's posterior combined) or 'error'",
+            FallbackWarning,
+            stacklevel=3,
+        )
 
     def score(self, X: Any, y: Any, sample_weight: Any = None, groups: Any = None) -> float:
         """R² of the personalised predictions ``predict(X, groups)``."""

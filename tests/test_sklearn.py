@@ -1,6 +1,8 @@
 """``fedgp.sklearn.FederatedGPRegressor``: scikit-learn's estimator checks, agreement with fedgp.fit,
 groups at fit and predict, and scikit-learn's tools (clone, pipelines, grid search, routing)."""
 
+import warnings
+
 import gpytorch
 import numpy as np
 import pandas as pd
@@ -80,18 +82,28 @@ def test_groups_at_predict_select_each_rows_owner():
         est.predict(x)
 
 
-def test_an_unknown_owner_gets_the_prior_or_an_error():
+def test_an_unknown_owner_gets_the_prior_with_a_warning_quietly_when_chosen_or_an_error():
+    """On 0656142 an owner label fit never saw (``"A"`` where it saw ``"a"``) got the shared prior
+    without a word; the default now says so, naming it and what to do."""
     X, y, groups = owners()
     est = FederatedGPRegressor(rounds=5).fit(X, y, groups=groups)
-    x = np.array([[1.0, 1.0], [4.0, 0.5]])
-    mean, std = est.predict(x, groups=["newcomer", "newcomer"], return_std=True)
-    cold = est.result_.posterior(x, ClientData(np.empty((0, 2)), np.empty(0), id="newcomer"))
-    np.testing.assert_allclose(mean, cold.mean.numpy(), rtol=1e-12)
-    np.testing.assert_allclose(std, cold.variance_y.sqrt().numpy(), rtol=1e-12)
-    with pytest.raises(
-        ValueError, match=r"groups: owner 'newcomer' was not seen in fit \(owners: 'a', 'b', 'c'\)"
+    x = np.array([[1.0, 1.0], [4.0, 0.5], [2.0, 2.0]])
+    with pytest.warns(
+        fedgp.FallbackWarning, match=r"owner 'A' \(2 rows\) not seen in fit \(owners: 'a', 'b', 'c'\)"
     ):
-        est.set_params(unknown_groups="error").predict(x, groups=["a", "newcomer"])
+        mean, std = est.predict(x, groups=["A", "A", "b"], return_std=True)
+    cold = est.result_.posterior(x[:2], ClientData(np.empty((0, 2)), np.empty(0), id="A"))
+    np.testing.assert_allclose(mean[:2], cold.mean.numpy(), rtol=1e-12)
+    np.testing.assert_allclose(std[:2], cold.variance_y.sqrt().numpy(), rtol=1e-12)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # chosen explicitly: the same prediction, no warning
+        chosen = est.set_params(unknown_groups="prior").predict(x, groups=["A", "A", "b"])
+    np.testing.assert_array_equal(chosen, mean)
+    with pytest.raises(
+        ValueError,
+        match=r"groups: owner 'newcomer' \(1 row\) not seen in fit \(owners: 'a', 'b', 'c'\)\. Check",
+    ):
+        est.set_params(unknown_groups="error").predict(x[:2], groups=["a", "newcomer"])
 
 
 def test_an_unknown_owner_can_get_every_owners_posterior_combined():
@@ -103,7 +115,7 @@ def test_an_unknown_owner_can_get_every_owners_posterior_combined():
     np.testing.assert_allclose(mean[1:], combined.mean.numpy(), rtol=1e-12)
     np.testing.assert_allclose(std[1:], combined.variance_y.sqrt().numpy(), rtol=1e-12)
     np.testing.assert_allclose(mean[0], est.result_.posterior(x[:1], 0).mean.numpy(), rtol=1e-12)
-    with pytest.raises(ValueError, match="unknown_groups must be 'prior', 'error' or a combine rule"):
+    with pytest.raises(ValueError, match="unknown_groups must be 'warn', 'prior', 'error' or a combine rule"):
         est.set_params(unknown_groups="nearest").predict(x, groups=["a", "a", "a"])
 
 

@@ -330,6 +330,9 @@ def write_model(result: FitResult, folder: str | Path, columns: Mapping[str, Any
     """What ``fedgp fit`` writes (:func:`fedgp.layout.write_model_folder`, ``model.fedgp`` last),
     with ``metrics.csv`` when owners hold test rows. Returns the paths."""
     metrics = result.evaluate() if bool((result.roster.n_test > 0).any()) else None
+    if metrics is None:  # said where the run's output is read, not left to the folder's silence
+        log(WARNING, "fedgp: no metrics.csv: no owner holds test rows; set the run config's "
+            "test-fraction (e.g. 0.25) to hold out a share of each owner's rows and score them")  # fmt: skip
     return write_model_folder(folder, result, columns, metrics=metrics)
 
 

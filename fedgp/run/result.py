@@ -9,6 +9,7 @@ A result read back by :meth:`FitResult.load` holds no client data and predicts f
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,7 +23,14 @@ from fedgp.data.client import ClientData, Federation, _as_float_tensor, _check_f
 from fedgp.data.names import align, check_names
 from fedgp.engines.base import Engine
 from fedgp.engines.sequential import SequentialEngine
-from fedgp.errors import EngineError, FileFormatError, InputError, RoundFailedError, UnknownClientError
+from fedgp.errors import (
+    EngineError,
+    FallbackWarning,
+    FileFormatError,
+    InputError,
+    RoundFailedError,
+    UnknownClientError,
+)
 from fedgp.export.botorch_model import to_botorch
 from fedgp.export.exact_gp import to_gpytorch
 from fedgp.messages import Roster, ServerContext, read_state
@@ -253,15 +261,33 @@ class FitResult:
 
     def evaluate(self) -> pd.DataFrame:
         """Per-client test RMSE, NLL, 95% coverage and cluster (clients with a test split): columns
-        ``client, n_test, rmse, nll, coverage95, cluster``, also when no client has a test split
-        (then the frame is empty)."""
+        ``client, n_test, rmse, nll, coverage95, cluster``. When no client has a test split the frame
+        is empty, and a client that could not answer is left out (``attrs["failures"]`` says why):
+        both with a :class:`~fedgp.errors.FallbackWarning`, since an empty or short table is easily
+        read as a result. The clients score their own data, whose columns are the model's."""
         if self.engine is None:
             raise InputError(
                 "a loaded result holds no client data to evaluate; predict per ClientData instead"
             )
-        return evaluate_clients(
+        frame = evaluate_clients(
             self.strategy, self.server_state, self.context, self.engine, self.roster, self.transform
         )
+        if not bool((self.roster.n_test > 0).any()):
+            warnings.warn(
+                f"evaluate: none of the {len(self.roster.ids)} clients holds a test split, so there is "
+                "nothing to evaluate and the table is empty. Hold out test rows before fitting: "
+                "fed.split(0.25, seed=0) in Python (fedgp fit --test-fraction 0.25; the Flower app's "
+                "test-fraction); for in-sample figures, result.posterior(client.X, client).rmse(client.y)",
+                FallbackWarning,
+                stacklevel=2,
+            )
+        elif frame.attrs.get("failures"):
+            warnings.warn(
+                f"evaluate: left out the clients that could not evaluate: {frame.attrs['failures']}",
+                FallbackWarning,
+                stacklevel=2,
+            )
+        return frame
 
     def plot(self, axes: Sequence[Axes] | None = None, figsize: tuple[float, float] | None = None) -> Figure:
         """The history against the rounds, one panel each: train NLL; the clients' mean test RMSE and
