@@ -298,3 +298,39 @@ def test_the_flower_apps_model_names_the_nodes_columns(tmp_path):
     X = rows[["x1", "x2", "x3"]].iloc[:4]
     want = model.predict(X.to_numpy(), client=client)[0]
     torch.testing.assert_close(model.predict(X[["x2", "x3", "x1"]], client=client)[0], want)
+
+
+# -- property-based: which labels name columns, and explicit names ----------------------------------------
+LABELS = st.lists(st.one_of(st.text(max_size=4), st.integers(-3, 3)), min_size=1, max_size=5)
+
+
+@given(LABELS)
+def test_a_frame_names_its_columns_only_when_every_label_is_a_distinct_string(labels):
+    from fedgp.data.names import frame_names
+
+    frame = pd.DataFrame(np.zeros((2, len(labels))), columns=labels)
+    strings = [isinstance(label, str) for label in labels]
+    if not any(strings):
+        assert frame_names(frame, "here") is None  # integer labels name nothing: read by position
+    elif not all(strings):
+        with pytest.raises(InputError, match="here: X's column labels mix strings and other values"):
+            frame_names(frame, "here")
+    elif len(set(labels)) < len(labels):
+        with pytest.raises(InputError, match="appear more than once"):
+            frame_names(frame, "here")
+    else:
+        assert frame_names(frame, "here") == tuple(labels)
+
+
+@given(st.lists(st.text(min_size=1, max_size=5), min_size=1, max_size=4, unique=True), st.data())
+def test_explicit_names_put_a_frames_columns_in_their_order(names, data):
+    order = data.draw(st.permutations(names))
+    rng = np.random.default_rng(len(names))
+    X = pd.DataFrame(rng.normal(size=(6, len(names))), columns=names)
+    y = rng.normal(size=6)
+    fed = Federation.from_partition(X[list(order)], y, [np.arange(3), np.arange(3, 6)], feature_names=names)
+    assert fed.feature_names == tuple(names) and all(c.feature_names == tuple(names) for c in fed)
+    torch.testing.assert_close(torch.cat([c.X for c in fed]), torch.tensor(X.to_numpy()))
+    unnamed = Federation.from_partition(X.to_numpy(), y, [np.arange(6)], feature_names=order)
+    assert unnamed.feature_names == tuple(order)  # an unnamed array: the names are its columns, as given
+    torch.testing.assert_close(unnamed[0].X, torch.tensor(X.to_numpy()))

@@ -9,6 +9,8 @@ from __future__ import annotations
 import os
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from tests.silent_paths import PATHS, Env, observe
 
@@ -67,3 +69,34 @@ def test_an_evaluation_that_leaves_clients_out_says_which(env, monkeypatch):
         fedgp.FallbackWarning, match="left out the clients that could not evaluate: {'q': 'could not"
     ):
         dataclasses.replace(env.result, roster=roster).evaluate()
+
+
+@pytest.fixture(scope="module")
+def estimator(env):
+    return env.estimator(False)
+
+
+@given(st.lists(st.sampled_from(["p", "q", "r", "P", "s", "p "]), min_size=1, max_size=8))
+def test_predict_names_exactly_the_owners_fit_never_saw(env, estimator, groups):
+    """Any labels: the known ones get their own posterior, the unknown ones the prior and one warning
+    naming each of them (and no other)."""
+    import warnings
+
+    import numpy as np
+
+    import fedgp
+    from fedgp.data import ClientData
+
+    X = env.X.to_numpy()[: len(groups)]
+    unknown = sorted({g for g in groups if g not in "pqr"}, key=groups.index)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        mean = estimator.predict(X, groups=groups)
+    said = [str(w.message) for w in caught if issubclass(w.category, fedgp.FallbackWarning)]
+    assert len(said) == (1 if unknown else 0)
+    for owner in {"p", "q", "r", "P", "s", "p "}:
+        assert (f"{owner!r} (" in "".join(said)) == (owner in unknown)
+    for i, owner in enumerate(groups):
+        client = owner if owner in "pqr" else ClientData(np.empty((0, 3)), np.empty(0))
+        want = estimator.result_.predict(X[i : i + 1], client=client)[0]
+        np.testing.assert_allclose(mean[i], want.numpy(), rtol=1e-12)
