@@ -11,6 +11,7 @@ column labels) is taken as it is, in the recorded order.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
@@ -69,7 +70,7 @@ def check_names(names: Any, width: int | None, where: str) -> tuple[str, ...]:
         raise InputError(
             f"{where}: a feature name is {len(long[0])} characters long; the limit is {MAX_NAME_CHARS}"
         )
-    twice = sorted({n for n in names if names.count(n) > 1}) if len(set(names)) != len(names) else []
+    twice = sorted(n for n, k in Counter(names).items() if k > 1)  # one pass: a crafted file may hold 10⁵
     if twice:
         raise InputError(
             f"{where}: feature name(s) {_some(twice)} appear more than once; name each column once"
@@ -81,8 +82,9 @@ def check_names(names: Any, width: int | None, where: str) -> tuple[str, ...]:
 
 def mismatch(given: Sequence[str], recorded: Sequence[str], where: str) -> InputError:
     """The error for columns whose names are not the model's: which are missing, which are extra."""
-    missing = [n for n in recorded if n not in set(given)]
-    extra = [n for n in given if n not in set(recorded)]
+    given_set, recorded_set = set(given), set(recorded)
+    missing = [n for n in recorded if n not in given_set]
+    extra = [n for n in given if n not in recorded_set]
     parts = ([f"missing {_some(missing)}"] if missing else []) + (
         [f"not features of the model {_some(extra)}"] if extra else []
     )

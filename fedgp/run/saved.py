@@ -120,9 +120,12 @@ def _read_frame(split: Any, name: str) -> pd.DataFrame:
     if "dtypes" not in split and index == list(range(len(index))):  # version 3: 0..n-1 was a range
         span = [0, len(index), 1]
     if span is not None:
-        if not (isinstance(span, list) and len(span) == 3 and all(type(v) is int for v in span) and span[2]):
+        ints = (
+            isinstance(span, list) and len(span) == 3 and all(type(v) is int and abs(v) < 2**62 for v in span)
+        )
+        if not (ints and span[2]):
             raise FileFormatError(f"saved {name}.range must be [start, stop, step] (integers, step not 0)")
-        if index != list(range(*span)):
+        if len(range(*span)) != len(index) or index != list(range(*span)):  # the length first: no huge list
             raise FileFormatError(f"saved {name}.range {span} is not its index")
         frame.index = pd.RangeIndex(*span)
     dtypes = split.get("dtypes")

@@ -221,6 +221,12 @@ CRAFTED = {
         "history column 'round' is not int64",
     ),
     "ragged rows": (lambda h: h["history"]["data"][0].append(1), "one row of"),
+    "a range of 10¹² rows": (lambda h: h["history"].update(range=[0, 10**12, 1]), "is not its index"),
+    "a range beyond int64": (lambda h: h["history"].update(range=[0, 10**30, 1]), "history.range must be"),
+    "10⁵ names, two alike": (
+        lambda h: h.update(feature_names=[f"x{i}" for i in range(99_999)] + ["x0"]),
+        "'x0' appear more than once",
+    ),
     "failures index": (
         lambda h: h["failures"].update(index=[[1]] * len(h["failures"]["index"])),
         "ints and strings",
