@@ -410,9 +410,12 @@ PATHS: list[SilentPath] = [
 
 
 def _speaks(warning) -> bool:
-    """A warning about the path: fedgp's own, or scikit-learn's about feature names."""
-    from fedgp.errors import FedGPWarning
+    """A warning about the path: fedgp's own (but a fit's verdict on its convergence, which speaks of
+    the training, not of the path), or scikit-learn's about feature names."""
+    from fedgp.errors import ConvergenceWarning, FedGPWarning
 
+    if issubclass(warning.category, ConvergenceWarning):
+        return False
     return issubclass(warning.category, FedGPWarning) or "feature names" in str(warning.message)
 
 
