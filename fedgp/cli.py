@@ -534,10 +534,16 @@ def _flower(module: str) -> ModuleType:
     """``fedgp.flower.<module>``, or a one-line error naming the extra when Flower is missing."""
     import importlib
 
+    from fedgp.errors import MissingExtraError, missing_extra
+
     try:
         return importlib.import_module(f"fedgp.flower.{module}")
     except ModuleNotFoundError as err:
-        raise CommandError(f"needs Flower ({err.name}): pip install 'fedgp-gpytorch[flower]'") from None
+        if (err.name or "").split(".")[0] == "fedgp" or (
+            isinstance(err, MissingExtraError) and err.name != "flwr"
+        ):
+            raise
+        raise missing_extra("flwr", "this command", err.name) from None
 
 
 def _flower_new(args: argparse.Namespace) -> int:
