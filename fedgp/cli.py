@@ -77,13 +77,15 @@ def _demo(args: argparse.Namespace) -> int:
 
 def _fit(args: argparse.Namespace) -> int:
     from fedgp.commands import claim_out, fit_metrics
-    from fedgp.data.table import read_owner_table
+    from fedgp.data.table import CLI_ROLES, read_owner_table
     from fedgp.layout import write_model_folder
     from fedgp.presets import make_spec, make_strategy
     from fedgp.run import Progress, fit
 
     out = claim_out(_out(args), FIT_FILES, args.force)
-    table = read_owner_table(args.data, group=args.group, target=args.target, features=args.features)
+    table = read_owner_table(
+        args.data, group=args.group, target=args.target, features=args.features, roles=CLI_ROLES
+    )
     federation = table.federation(args.test_fraction, args.seed)
     try:
         strategy = make_strategy(
@@ -144,7 +146,7 @@ def _predict(args: argparse.Namespace) -> int:
     import numpy as np
 
     from fedgp.commands import claim_out, predict_owners, read_columns
-    from fedgp.data.table import read_owner_table
+    from fedgp.data.table import CLI_ROLES, read_owner_table
     from fedgp.layout import write_table
     from fedgp.run import load
 
@@ -159,10 +161,13 @@ def _predict(args: argparse.Namespace) -> int:
     except ValueError as err:
         raise CommandError(str(err)) from None
     features = columns["features"]
-    new = read_owner_table(args.new, group=group, features=features)
+    roles = {**CLI_ROLES, "target": "the model's target", "features": "the model's features"}
+    new = read_owner_table(args.new, group=group, features=features, roles=roles)
     data = None
     if args.data is not None:
-        data = read_owner_table(args.data, group=group, target=columns["target"], features=features)
+        data = read_owner_table(
+            args.data, group=group, target=columns["target"], features=features, roles=roles
+        )
     held = {} if data is None else data.rows()
     asked = new.rows()
     missing = [o for o in asked if o not in held]
