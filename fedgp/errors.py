@@ -181,11 +181,26 @@ class ClientTimeout(ClientFailure):
 
 
 class RoundFailedError(FedGPError, RuntimeError):
-    """Too few clients replied for an exchange to count; ``failures`` maps client ids to reasons."""
+    """Too few clients replied for an exchange to count; ``failures`` maps client ids to reasons.
 
-    def __init__(self, message: str, failures: Mapping[Any, str]):
+    ``withheld``: why the exchange's summed fields were not released, when a rule on the fewest
+    contributions to a sum withheld them (``Faults(min_contributors=...)``, secure aggregation's
+    ``min_nodes``) rather than the clients failing; ``bytes_down``/``bytes_up``: what the exchange
+    still sent and received."""
+
+    def __init__(
+        self,
+        message: str,
+        failures: Mapping[Any, str],
+        *,
+        withheld: str | None = None,
+        bytes_down: int = 0,
+        bytes_up: int = 0,
+    ):
         super().__init__(message)
         self.failures = dict(failures)
+        self.withheld = withheld
+        self.bytes_down, self.bytes_up = int(bytes_down), int(bytes_up)
 
 
 class EngineError(FedGPError, RuntimeError):

@@ -162,6 +162,21 @@ class GridEngine(Engine):
         spent[1] += sum(len(message_bytes(m)) for m in replies.values() if not m.has_error())
         return {n: self._failure(n, replies.get(n)) or replies[n].content for n in contents}
 
+    @property
+    def min_nodes_per_sum(self) -> int:
+        """The fewest nodes whose sum a round may release: secure aggregation's ``min_nodes`` (1
+        without it). A round that sampled fewer has its summed fields withheld (``Outcome.withheld``)."""
+        return 1 if self.secure is None else int(self.secure.min_nodes)
+
+    @staticmethod
+    def _withheld(
+        fields: Mapping[str, Field], clients: torch.Tensor, reason: str, spent: list[int]
+    ) -> Outcome:
+        """No reply: every client of the round fails with ``reason``, the sums withheld for it."""
+        out = Outcome.empty(fields, dict.fromkeys(clients.tolist(), reason))
+        out.bytes_down, out.bytes_up, out.withheld = spent[0], spent[1], reason
+        return out
+
     def run(self, task: Task, clients: torch.Tensor, fields: Mapping[str, Field]) -> Outcome:
         clients = torch.as_tensor(clients, dtype=torch.long)
         text = fields_to_json(fields)
@@ -177,8 +192,8 @@ class GridEngine(Engine):
             )
             try:
                 carry = secure.setup()
-            except EngineError as err:
-                return Outcome.empty(fields, dict.fromkeys(clients.tolist(), str(err)))
+            except EngineError as err:  # too few nodes: the round's sums are not released
+                return self._withheld(fields, clients, str(err), spent)
         messages = []
         for node, rows in members.items():
             if secure is not None and node not in carry:
@@ -204,8 +219,9 @@ class GridEngine(Engine):
         if secure is not None:
             try:
                 sums = secure.finish(masked, fields)
-            except EngineError as err:
-                return Outcome.empty(fields, dict.fromkeys(clients.tolist(), str(err)))
+            except EngineError as err:  # too few survivors: the round's sums are not released
+                spent[0], spent[1] = spent[0] + out.bytes_down, spent[1] + out.bytes_up
+                return self._withheld(fields, clients, str(err), spent)
             out.sums = sums if len(out.clients) else {}
             # The protocol's own messages (keys, shares, unmask), as Flower serialises them.
             out.bytes_down += spent[0]
