@@ -20,6 +20,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING
 
+from fedgp._cli_flower import add_flower
 from fedgp.errors import CommandError, FedGPError
 from fedgp.layout import COLUMNS_FILE, HISTORY_FILE, MODEL_FILE, TRANSFORMS_FILE
 from fedgp.version import __version__
@@ -535,69 +536,12 @@ def _add_download(sub) -> None:
     dl.set_defaults(func=_download)
 
 
-def _flower(module: str) -> ModuleType:
-    """``fedgp.flower.<module>``, or a one-line error naming the extra when Flower is missing."""
-    import importlib
-
-    from fedgp.errors import MissingExtraError, missing_extra
-
-    try:
-        return importlib.import_module(f"fedgp.flower.{module}")
-    except ModuleNotFoundError as err:
-        if (err.name or "").split(".")[0] == "fedgp" or (
-            isinstance(err, MissingExtraError) and err.name != "flwr"
-        ):
-            raise
-        raise missing_extra("flwr", "this command", err.name) from None
-
-
-def _flower_new(args: argparse.Namespace) -> int:
-    path = _flower("template").write_app(args.folder, args.name)
-    print(f"wrote {path}: edit its [tool.flwr.app.config], then see the Deployment guide")
-    return 0
-
-
-def _flower_status(args: argparse.Namespace) -> int:
-    from fedgp.layout import run_state
-
-    state, detail = run_state(args.folder)
-    if state == "none":
-        raise CommandError(f"{detail}: give the out-dir of a run of fedgp's Flower app")
-    print(f"{state}: {detail}")
-    return 1 if state == "failed" else 0
-
-
-def _add_flower(sub) -> None:
-    flower = sub.add_parser(
-        "flower",
-        help="fedgp on Flower: fedgp flower new DIR, fedgp flower status OUT_DIR, fedgp flower supernode",
-    )
-    actions = flower.add_subparsers(dest="action", required=True)
-    new = actions.add_parser("new", help="write a ready Flower app folder (pyproject.toml) running fedgp")
-    new.add_argument("folder", metavar="DIR", help="the app folder to create")
-    new.add_argument("--name", default=None, help="the app's name (default: the folder's name)")
-    new.set_defaults(func=_flower_new)
-    status = actions.add_parser(
-        "status",
-        help="the state of a run of fedgp's Flower app from its out-dir: running, finished or failed",
-        description="Read a run's out-dir (on the SuperLink's machine): 'running: N round(s) completed' "
-        "(progress.txt), 'finished: ...' (model.fedgp, written last) or 'failed: <why>' (error.txt, one "
-        "line). Exit status 0 when running or finished, 1 when failed, 2 when the folder holds no run. "
-        "flwr run exits 0 whatever the ServerApp does: this is where a failure shows.",
-    )
-    status.add_argument("folder", metavar="OUT_DIR", help="the run config's out-dir")
-    status.set_defaults(func=_flower_status)
-    node = actions.add_parser("supernode", help="Flower's SuperNode, fast (fedgp.flower.fast)")
-    node.add_argument("args", nargs=argparse.REMAINDER, help="flower-supernode's arguments")
-    node.set_defaults(func=lambda args: _flower("fast").main(["supernode", *args.args[1:]]) or 0)
-
-
 def build_parser() -> argparse.ArgumentParser:
     """The ``fedgp`` argument parser: fit, predict, demo, reproduce, download, flower."""
     parser = argparse.ArgumentParser(prog="fedgp", description="Federated Gaussian-process regression.")
     parser.add_argument("--version", action="version", version=f"fedgp {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
-    for add in (_add_fit, _add_predict, _add_demo, _add_reproduce, _add_download, _add_flower):
+    for add in (_add_fit, _add_predict, _add_demo, _add_reproduce, _add_download, add_flower):
         add(sub)
     return parser
 

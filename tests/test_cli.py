@@ -430,7 +430,7 @@ def test_predict_refuses_unknown_owners_and_names_them(data_csv, tmp_path, capsy
     [
         ("no folder", r"no such folder"),
         ("not a model", r"not a folder written by fedgp fit"),
-        ("missing feature", r"new\.csv: no column 'x2' \(feature\)"),
+        ("missing feature", r"new\.csv: no column 'x2' \(the model's features\)"),
         ("text cell", r"new\.csv: column 'x2', line 2 \(owner 'north'\): 'high' is not a number"),
     ],
 )
