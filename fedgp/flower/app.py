@@ -212,6 +212,8 @@ class AppSettings:
             "clusters": "num_clusters",
         }
         given = {name: self[key] for key, name in settings.items() if self[key]}
+        if "num_clusters" in given and self["strategy"] != "ifca":  # named as the run config names it
+            raise InputError(f"run config 'clusters' applies to strategy 'ifca', not to {self['strategy']!r}")
         return make_strategy(self["strategy"], **given)
 
     def fit_options(self) -> dict[str, Any]:

@@ -228,6 +228,7 @@ def test_the_app_aggregates_dp_updates_and_the_summary_securely(tmp_path):
         ({"model": "{not json"}, "run config 'model' is not JSON"),
         ({"secure-aggregation": "[0.6]"}, "secure-aggregation settings must be a JSON object"),
         ({"secure-aggregation": '{"threshold": 0.3}'}, "SecureAggregation.threshold must be in [0.5, 1"),
+        ({"clusters": 3}, "run config 'clusters' applies to strategy 'ifca', not to 'fgpr'"),
     ],
 )
 def test_bad_run_config_is_refused_naming_the_key(config, message):
