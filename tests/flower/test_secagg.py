@@ -302,6 +302,10 @@ def test_under_client_dp_a_round_whose_sum_is_withheld_is_skipped_not_the_end_of
     assert (history.filter(like="covar_module") == first).all().all()
     assert list(history["epsilon"]) == [epsilon_spent(1.0, 1.0, t, 1e-3) for t in (1, 2, 3)]
     assert len(result.failures) == 27 and set(result.failures["round"]) == {1, 2, 3}
+    # Sampling on an engine that may skip is accounted without amplification (ClientDP.accounted_rate).
+    sampled = fedgp.run.ClientDP(epsilon=4.0, delta=1e-3, rate=0.5)
+    run = fit(federation, SecureAggregation(), rounds=1, privacy=sampled, callbacks=quiet)
+    assert run.history.attrs["privacy"]["accounted_rate"] == 1.0 and Flower().min_nodes_per_sum == 1
     # Without privacy a withheld sum still ends the run (here the transforms' summary), as min_replies says.
     with pytest.raises(RoundFailedError, match="left after the masked-input"):
         fit(federation, SecureAggregation(), lost, rounds=1)
