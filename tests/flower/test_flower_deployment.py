@@ -138,7 +138,9 @@ class Deployment:
                 pass
 
     def node(self, owner: str) -> psutil.Process:
-        found = [p for p in self.ours() if f"keys/{owner}" in " ".join(p.cmdline())]
+        # The command lines process_iter read: a ClientApp that exits meanwhile is a zombie, whose
+        # cmdline() raises psutil.ZombieProcess (seen at 0656142).
+        found = [p for p in self.ours() if f"keys/{owner}" in " ".join(p.info["cmdline"] or [])]
         assert len(found) == 1, f"SuperNode of {owner}: {found}"
         return found[0]
 
