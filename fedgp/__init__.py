@@ -18,7 +18,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING
 
-from fedgp.errors import MissingExtraError
+from fedgp.errors import MissingExtraError, missing_extra
 from fedgp.errors import __all__ as _ERRORS
 from fedgp.version import DISTRIBUTION, __version__
 
@@ -90,8 +90,8 @@ _SUBMODULES = (
     "version",
 )
 
-#: Subpackages that need an optional extra, named in the error when it is missing.
-_EXTRAS = {"flower": "flower", "sklearn": "sklearn"}
+#: Subpackages that need an optional extra: the module it brings, named in the error when it is missing.
+_EXTRAS = {"flower": "flwr", "sklearn": "sklearn"}
 
 __all__ = [
     "fit",
@@ -129,9 +129,10 @@ def __getattr__(name: str):
         except ModuleNotFoundError as err:
             if err.name is None or err.name.split(".")[0] == __name__:
                 raise
-            missing, extra = err.name.split(".")[0], _EXTRAS.get(name)
-            fix = f"pip install 'fedgp-gpytorch[{extra}]'" if extra else f"install {missing}"
-            raise MissingExtraError(f"fedgp.{name} needs {missing!r}: {fix}", name=missing) from err
+            if isinstance(err, MissingExtraError):  # the module said which extra it needs
+                raise
+            needs = _EXTRAS.get(name, err.name)  # the extra's module, or the one that is missing
+            raise missing_extra(needs, f"fedgp.{name}", err.name) from err
     if name in _OBJECTS:
         module, attribute = _OBJECTS[name]
         value = getattr(importlib.import_module(module), attribute)

@@ -21,6 +21,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING
 
 from fedgp import defaults
+from fedgp._cli_flower import add_flower
 from fedgp.errors import CommandError, ConvergenceWarning, FedGPError
 from fedgp.layout import COLUMNS_FILE, HISTORY_FILE, MODEL_FILE, TRANSFORMS_FILE
 from fedgp.version import __version__
@@ -78,14 +79,16 @@ def _demo(args: argparse.Namespace) -> int:
 
 def _fit(args: argparse.Namespace) -> int:
     from fedgp.commands import claim_out, fit_metrics
-    from fedgp.data.table import read_owner_table
+    from fedgp.data.table import CLI_ROLES, read_owner_table
     from fedgp.layout import write_model_folder
     from fedgp.presets import make_spec, make_strategy
     from fedgp.run import Progress, fit
     from fedgp.transforms import Transforms
 
     out = claim_out(_out(args), FIT_FILES, args.force)
-    table = read_owner_table(args.data, group=args.group, target=args.target, features=args.features)
+    table = read_owner_table(
+        args.data, group=args.group, target=args.target, features=args.features, roles=CLI_ROLES
+    )
     federation = table.federation(args.test_fraction, args.seed)
     try:
         strategy = make_strategy(
@@ -165,7 +168,7 @@ def _predict(args: argparse.Namespace) -> int:
     import numpy as np
 
     from fedgp.commands import claim_out, predict_owners, read_columns, read_new_table
-    from fedgp.data.table import read_owner_table
+    from fedgp.data.table import CLI_ROLES, read_owner_table
     from fedgp.layout import write_table
     from fedgp.run import load
 
@@ -180,10 +183,13 @@ def _predict(args: argparse.Namespace) -> int:
     except ValueError as err:
         raise CommandError(str(err)) from None
     features = columns["features"]
-    new = read_new_table(args.new, model, columns, folder, group)  # by the model's feature names
+    roles = {**CLI_ROLES, "target": "the model's target", "features": "the model's features"}
+    new = read_new_table(args.new, model, columns, folder, group, roles)  # by the model's feature names
     data = None
     if args.data is not None:
-        data = read_owner_table(args.data, group=group, target=columns["target"], features=features)
+        data = read_owner_table(
+            args.data, group=group, target=columns["target"], features=features, roles=roles
+        )
     held = {} if data is None else data.rows()
     asked = new.rows()
     missing = [o for o in asked if o not in held]
@@ -579,40 +585,12 @@ def _add_download(sub) -> None:
     dl.set_defaults(func=_download)
 
 
-def _flower(module: str) -> ModuleType:
-    """``fedgp.flower.<module>``, or a one-line error naming the extra when Flower is missing."""
-    import importlib
-
-    try:
-        return importlib.import_module(f"fedgp.flower.{module}")
-    except ModuleNotFoundError as err:
-        raise CommandError(f"needs Flower ({err.name}): pip install 'fedgp-gpytorch[flower]'") from None
-
-
-def _flower_new(args: argparse.Namespace) -> int:
-    path = _flower("template").write_app(args.folder, args.name)
-    print(f"wrote {path}: edit its [tool.flwr.app.config], then see the Deployment guide")
-    return 0
-
-
-def _add_flower(sub) -> None:
-    flower = sub.add_parser("flower", help="fedgp on Flower: fedgp flower new DIR, fedgp flower supernode")
-    actions = flower.add_subparsers(dest="action", required=True)
-    new = actions.add_parser("new", help="write a ready Flower app folder (pyproject.toml) running fedgp")
-    new.add_argument("folder", metavar="DIR", help="the app folder to create")
-    new.add_argument("--name", default=None, help="the app's name (default: the folder's name)")
-    new.set_defaults(func=_flower_new)
-    node = actions.add_parser("supernode", help="Flower's SuperNode, fast (fedgp.flower.fast)")
-    node.add_argument("args", nargs=argparse.REMAINDER, help="flower-supernode's arguments")
-    node.set_defaults(func=lambda args: _flower("fast").main(["supernode", *args.args[1:]]) or 0)
-
-
 def build_parser() -> argparse.ArgumentParser:
     """The ``fedgp`` argument parser: fit, predict, demo, reproduce, download, flower."""
     parser = argparse.ArgumentParser(prog="fedgp", description="Federated Gaussian-process regression.")
     parser.add_argument("--version", action="version", version=f"fedgp {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
-    for add in (_add_fit, _add_predict, _add_demo, _add_reproduce, _add_download, _add_flower):
+    for add in (_add_fit, _add_predict, _add_demo, _add_reproduce, _add_download, add_flower):
         add(sub)
     return parser
 

@@ -81,12 +81,15 @@ def read_columns(folder: Path) -> dict:
     return columns
 
 
-def read_new_table(path: str | Path, model: Any, columns: dict, folder: Path, group: str) -> Any:
+def read_new_table(
+    path: str | Path, model: Any, columns: dict, folder: Path, group: str, roles: dict | None = None
+) -> Any:
     """The table ``fedgp predict`` predicts (an :class:`~fedgp.data.table.OwnerTable`), its feature
     columns read by name in the model's order (any order in the file). A model folder whose
     ``model.fedgp`` names other features than its ``columns.json`` (files of two folders mixed) is
     refused; columns that are not features are named on stderr (the model does not read them, and a
-    user who thinks it does would otherwise never learn it)."""
+    user who thinks it does would otherwise never learn it). ``roles``: how the door names the
+    columns' roles in messages (:func:`~fedgp.data.table.read_owner_table`)."""
     from fedgp.data.table import read_owner_table
 
     features = list(columns["features"])
@@ -96,7 +99,7 @@ def read_new_table(path: str | Path, model: Any, columns: dict, folder: Path, gr
             f"lists {features}: the folder's files do not belong together (copy the whole folder that "
             "fedgp fit wrote)"
         )
-    table = read_owner_table(path, group=group, features=features)
+    table = read_owner_table(path, group=group, features=features, roles=roles)
     unused = [c for c in table.frame.columns if c not in {*features, group, columns["target"]}]
     if unused:
         print(

@@ -11,8 +11,10 @@ This module imports nothing of fedgp, so every layer can raise these without an 
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Mapping
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 __all__ = [
@@ -180,11 +182,26 @@ class ClientTimeout(ClientFailure):
 
 
 class RoundFailedError(FedGPError, RuntimeError):
-    """Too few clients replied for an exchange to count; ``failures`` maps client ids to reasons."""
+    """Too few clients replied for an exchange to count; ``failures`` maps client ids to reasons.
 
-    def __init__(self, message: str, failures: Mapping[Any, str]):
+    ``withheld``: why the exchange's summed fields were not released, when a rule on the fewest
+    contributions to a sum withheld them (``Faults(min_contributors=...)``, secure aggregation's
+    ``min_nodes``) rather than the clients failing; ``bytes_down``/``bytes_up``: what the exchange
+    still sent and received."""
+
+    def __init__(
+        self,
+        message: str,
+        failures: Mapping[Any, str],
+        *,
+        withheld: str | None = None,
+        bytes_down: int = 0,
+        bytes_up: int = 0,
+    ):
         super().__init__(message)
         self.failures = dict(failures)
+        self.withheld = withheld
+        self.bytes_down, self.bytes_up = int(bytes_down), int(bytes_up)
 
 
 class EngineError(FedGPError, RuntimeError):
@@ -192,7 +209,8 @@ class EngineError(FedGPError, RuntimeError):
 
 
 class MissingExtraError(FedGPError, ModuleNotFoundError):
-    """A feature needs an optional dependency; the message names the ``pip install`` that adds it."""
+    """A feature needs an optional dependency; the message names the ``pip install`` that adds it
+    (:func:`missing_extra` writes it, the same in every door: Python, the CLI, the Flower app)."""
 
 
 class CommandError(FedGPError):
@@ -226,3 +244,56 @@ class FallbackWarning(FedGPWarning):
     no rows of, an empty evaluation where no client holds a test split, a file that lacks what a
     newer one records — and the message says why and what to do instead (name the owner's rows,
     split the federation, or choose the default explicitly where the door offers that)."""
+
+
+# -- optional extras ---------------------------------------------------------------------------------
+
+#: The optional extras of the ``fedgp-gpytorch`` distribution (``pip install
+#: "fedgp-gpytorch[<extra>]"``) and the modules each one brings, by the name ``import`` uses. A
+#: test checks that these are the extras ``pyproject.toml`` declares (``dev`` is all of them).
+EXTRAS: dict[str, tuple[str, ...]] = {
+    "fast": ("numba",),
+    "gpu": ("triton",),
+    "ray": ("ray",),
+    "flower": ("flwr",),
+    "parquet": ("pyarrow",),
+    "privacy": ("dp_accounting",),
+    "botorch": ("botorch",),
+    "sklearn": ("sklearn",),
+    "bench": ("statsmodels",),
+    "notebooks": ("ipykernel", "nbclient", "nbformat"),
+    "docs": ("mkdocs", "material", "mkdocstrings", "mkdocs_jupyter", "latex2mathml"),
+}
+
+
+def extra_of(module: str) -> str | None:
+    """The extra that brings ``module`` (a dotted name counts by its top-level package), or ``None``."""
+    top = module.split(".")[0]
+    return next((extra for extra, modules in EXTRAS.items() if top in modules), None)
+
+
+def missing_extra(module: str, needed_by: str, missing: str | None = None) -> MissingExtraError:
+    """fedgp's one-line error for ``needed_by`` (a feature: ``"ClientDP"``, ``"fedgp.flower"``,
+    ``"reading Parquet"``) when ``module`` cannot be imported: it names the module and the
+    ``pip install "fedgp-gpytorch[<extra>]"`` that adds it (a module of no extra is named alone).
+    ``missing``: the module that was not found, when it is one ``module`` imports."""
+    top = module.split(".")[0]
+    extra = extra_of(top)
+    if extra is None:
+        fix = f": pip install {top}"
+    else:
+        fix = f' (the {extra!r} extra): pip install "fedgp-gpytorch[{extra}]"'
+    lost = missing.split(".")[0] if missing else top
+    why = "" if lost == top else f" ({top!r} is there but cannot import {lost!r})"
+    return MissingExtraError(f"{needed_by} needs {top!r}{fix}{why}", name=lost)
+
+
+def import_extra(module: str, needed_by: str) -> ModuleType:
+    """``importlib.import_module(module)``, or :func:`missing_extra`'s error when it (or a module
+    it imports) is not installed."""
+    try:
+        return importlib.import_module(module)
+    except ModuleNotFoundError as err:
+        if isinstance(err, MissingExtraError):
+            raise
+        raise missing_extra(module, needed_by, err.name) from err

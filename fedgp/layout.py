@@ -22,6 +22,11 @@ __all__ = [
     "HISTORY_FILE",
     "TRANSFORMS_FILE",
     "TRANSFORMS_FORMAT",
+    "PROGRESS_FILE",
+    "ERROR_FILE",
+    "write_progress",
+    "write_error",
+    "run_state",
     "owner_metrics",
     "write_columns",
     "write_history",
@@ -43,6 +48,55 @@ HISTORY_FILE = "history.csv"
 TRANSFORMS_FILE = "transforms.json"
 #: The ``format`` field of a ``transforms.json``.
 TRANSFORMS_FORMAT = "fedgp.cli.transforms"
+#: fedgp's Flower app, while its run goes: the number of rounds completed (0 once the run has
+#: started), rewritten after every round.
+PROGRESS_FILE = "progress.txt"
+#: fedgp's Flower app, when its run fails: why, on one line (removed when a run starts).
+ERROR_FILE = "error.txt"
+
+
+def write_progress(folder: Path, completed: int) -> Path:
+    """``progress.txt``: ``completed`` rounds, atomically (a reader never sees it half-written)."""
+    path = Path(folder) / PROGRESS_FILE
+    write_atomically(path, f"{int(completed)}\n".encode())
+    return path
+
+
+def write_error(folder: Path, reason: str) -> Path:
+    """``error.txt``: why the run failed, on one line, atomically."""
+    path = Path(folder) / ERROR_FILE
+    line = "; ".join(part.strip() for part in str(reason).splitlines() if part.strip())
+    write_atomically(path, f"{line}\n".encode())
+    return path
+
+
+def run_state(folder: str | Path) -> tuple[str, str]:
+    """The state of a run of fedgp's Flower app, from its ``out-dir`` (``fedgp flower status``):
+    ``("failed", why)`` when ``error.txt`` is there, ``("finished", ...)`` when ``model.fedgp`` was
+    written after the last ``progress.txt``, ``("running", ...)`` when only ``progress.txt`` is
+    there or it is newer (a later run), ``("none", ...)`` when the folder holds none of them."""
+    import datetime
+    import time
+
+    folder = Path(folder)
+    error, progress, model = folder / ERROR_FILE, folder / PROGRESS_FILE, folder / MODEL_FILE
+    if not folder.is_dir():
+        return "none", f"{folder}: no such folder"
+    if error.is_file():
+        return "failed", error.read_text(errors="replace").strip() or "(error.txt is empty)"
+    try:
+        rounds = int(progress.read_text().strip()) if progress.is_file() else None
+    except ValueError:
+        rounds = None
+    if model.is_file() and (not progress.is_file() or model.stat().st_mtime >= progress.stat().st_mtime):
+        when = datetime.datetime.fromtimestamp(model.stat().st_mtime).isoformat(" ", "seconds")
+        done = f"{rounds} round(s), " if rounds is not None else ""
+        return "finished", f"{done}{MODEL_FILE} written {when}"
+    if progress.is_file():
+        ago = max(0.0, time.time() - progress.stat().st_mtime)
+        completed = "?" if rounds is None else rounds
+        return "running", f"{completed} round(s) completed, the last update {ago:.0f} s ago"
+    return "none", f"{folder}: no {PROGRESS_FILE}, {MODEL_FILE} or {ERROR_FILE} (no run has started here)"
 
 
 def write_table(frame: pd.DataFrame, path: Path) -> Path:

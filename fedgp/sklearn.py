@@ -47,15 +47,20 @@ import warnings
 from typing import Any
 
 import numpy as np
-from sklearn.base import BaseEstimator, RegressorMixin
-from sklearn.metrics import r2_score
-from sklearn.utils.validation import check_consistent_length, check_is_fitted, validate_data
+
+from fedgp.errors import FallbackWarning, FedGPWarning, InputError, missing_extra
+
+try:
+    from sklearn.base import BaseEstimator, RegressorMixin
+    from sklearn.metrics import r2_score
+    from sklearn.utils.validation import check_consistent_length, check_is_fitted, validate_data
+except ModuleNotFoundError as err:  # one line naming the extra, in every door
+    raise missing_extra("sklearn", "fedgp.sklearn", err.name) from err
 
 from fedgp import defaults
 from fedgp.data.client import MIN_TRAINING_POINTS, ClientData, Federation
 from fedgp.data.names import frame_names, order_of
 from fedgp.data.table import rows_by_owner
-from fedgp.errors import FallbackWarning, FedGPWarning, InputError
 from fedgp.models.experts import RULES
 from fedgp.presets import make_spec, make_strategy
 from fedgp.run import Progress, fit

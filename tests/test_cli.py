@@ -356,7 +356,7 @@ def _malformed(frame: pd.DataFrame, case: str) -> pd.DataFrame:
             r"data\.csv: no column 'z' \(--target\); its columns are 'x1', 'x2', 'owner', 'y'",
         ),
         ("fine", ["--group", "site"], r"data\.csv: no column 'site' \(--group\)"),
-        ("fine", ["--features", "x1", "x3"], r"data\.csv: no column 'x3' \(feature\)"),
+        ("fine", ["--features", "x1", "x3"], r"data\.csv: no column 'x3' \(--features\)"),
         ("text cell", [], r"data\.csv: column 'x1', line 6 \(owner 'north'\): '4,7' is not a number"),
         ("empty cell", [], r"data\.csv: column 'y', line 8 \(owner 'north'\): missing value"),
         ("inf", [], r"data\.csv: column 'x1', line 4 \(owner 'north'\): inf is not a finite number"),
@@ -433,7 +433,7 @@ def test_predict_refuses_unknown_owners_and_names_them(data_csv, tmp_path, capsy
     [
         ("no folder", r"no such folder"),
         ("not a model", r"not a folder written by fedgp fit"),
-        ("missing feature", r"new\.csv: no column 'x2' \(feature\)"),
+        ("missing feature", r"new\.csv: no column 'x2' \(the model's features\)"),
         ("text cell", r"new\.csv: column 'x2', line 2 \(owner 'north'\): 'high' is not a number"),
     ],
 )
@@ -615,7 +615,34 @@ def test_a_missing_extra_is_one_line_naming_the_install(tmp_path, capsys, monkey
     monkeypatch.setattr(pd, "read_parquet", no_pyarrow)
     assert main(["fit", str(path), "--target", "y", "--group", "owner", *ROUNDS, "--quiet"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "pip install 'fedgp-gpytorch[parquet]'" in err[0] and str(path) in err[0]
+    assert len(err) == 1 and 'pip install "fedgp-gpytorch[parquet]"' in err[0] and str(path) in err[0]
+
+
+def test_a_tab_separated_table_fits_and_a_text_column_points_to_features(tmp_path, capsys):
+    """Issue 49: a TSV reads as its CSV twin (it reported "no column" and one tab-joined column), and
+    a text column read as a feature by default says to choose the features with --features."""
+    owners_frame().to_csv(tmp_path / "data.tsv", sep="\t", index=False)
+    assert fit_cli(tmp_path / "data.tsv", tmp_path / "m") == 0
+    assert json.loads((tmp_path / "m" / "columns.json").read_text())["features"] == ["x1", "x2"]
+    capsys.readouterr()
+    owners_frame().assign(site="plant").to_csv(tmp_path / "site.csv", index=False)
+    _one_line_exit_2(
+        capsys,
+        [
+            "fit",
+            str(tmp_path / "site.csv"),
+            "--target",
+            "y",
+            "--group",
+            "owner",
+            *ROUNDS,
+            "--out",
+            str(tmp_path / "s"),
+        ],
+        r"column 'site', line 2 \(owner 'north'\): 'plant' is not a number; a feature must be a number: "
+        r"choose the feature columns with --features",
+    )
+    assert fit_cli(tmp_path / "site.csv", tmp_path / "s", "--features", "x1", "x2") == 0
 
 
 # -- issue 35, item 5: the command line's own boundaries --------------------------------------------

@@ -53,6 +53,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "fedgp.experiments",
             "fedgp.sklearn",
             "fedgp.commands",
+            "fedgp._cli_flower",
             "fedgp.cli",
         ),  # fmt: skip
     ),

@@ -6,13 +6,18 @@ refuses (a missing column, a cell that is not a number, an empty cell, inf, an o
 train on), as a :class:`TableError`. Lines are the file's own: the header is line 1, the first
 row line 2 (what a text editor and a spreadsheet both show). :func:`rows_by_owner` groups rows by
 owner label for any caller (the scikit-learn estimator too).
+
+The separator is sniffed from the header line: a comma unless the header has none and splits on a
+tab or a semicolon (or the file ends in ``.tsv``: tabs), so a TSV or a ``;``-separated export reads
+as it is. Messages name the columns' roles as the caller's door names them (``roles``: the CLI's
+flags, the Flower app's run-config keys, Python's argument names).
 """
 
 from __future__ import annotations
 
 import csv
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,9 +26,28 @@ import numpy as np
 import pandas as pd
 
 from fedgp.data.client import MIN_TRAINING_POINTS, ClientData, Federation
-from fedgp.errors import InputError, MissingExtraError, TableError
+from fedgp.errors import InputError, TableError, import_extra, missing_extra
 
-__all__ = ["OwnerTable", "read_owner_table", "rows_by_owner"]
+__all__ = [
+    "OwnerTable",
+    "read_owner_table",
+    "rows_by_owner",
+    "PYTHON_ROLES",
+    "CLI_ROLES",
+    "RUN_CONFIG_ROLES",
+]
+
+#: How each door names the roles of a table's columns, for its messages: ``group`` (the owner
+#: column), ``target`` and ``features``. Python: :func:`read_owner_table`'s arguments.
+PYTHON_ROLES = {"group": "group=", "target": "target=", "features": "features=[...]"}
+#: ``fedgp fit`` and ``fedgp predict``: their flags.
+CLI_ROLES = {"group": "--group", "target": "--target", "features": "--features"}
+#: fedgp's Flower app: its run-config keys.
+RUN_CONFIG_ROLES = {
+    "group": "run config 'group'",
+    "target": "run config 'target'",
+    "features": "run config 'features'",
+}
 
 
 def rows_by_owner(labels: Any) -> dict[Any, np.ndarray]:
@@ -109,6 +133,7 @@ def read_owner_table(
     group: str,
     target: str | None = None,
     features: Sequence[str] | None = None,
+    roles: Mapping[str, str] | None = None,
 ) -> OwnerTable:
     """Read and check a CSV file (or a Parquet file, ``.parquet``/``.pq``, with pyarrow) with an
     owner column ``group``.
@@ -117,13 +142,23 @@ def read_owner_table(
     text (so ``7`` and ``007`` are different owners, and a label is the same in every file), the
     feature and target columns as numbers; an owner labelled ``NA``, ``None``, ``null``, ``nan`` ...
     keeps that label (only an empty owner cell is missing). Blank lines are skipped. A column named
-    twice in the header, or ``target`` equal to ``group``, is refused. Raises :class:`TableError`.
+    twice in the header, or ``target`` equal to ``group``, is refused. The separator is a comma, or
+    a tab or a semicolon when the header line has no comma and splits on one (a ``.tsv`` file: tabs).
+    ``roles``: how the caller's door names the ``group``, ``target`` and ``features`` settings in
+    messages (:data:`CLI_ROLES`, :data:`RUN_CONFIG_ROLES`; default :data:`PYTHON_ROLES`). Raises
+    :class:`TableError`.
     """
+    names = {**PYTHON_ROLES, **(roles or {})}
     source = str(path)
     path = Path(path)
     if not path.is_file():
         raise TableError(f"{source}: {'is a folder, not a file' if path.is_dir() else 'no such file'}")
-    frame = _read_parquet(path, group) if path.suffix.lower() in PARQUET else _read_csv(path, group)
+    separator = ","
+    if path.suffix.lower() in PARQUET:
+        frame = _read_parquet(path, group)
+    else:
+        separator = _separator(path)
+        frame = _read_csv(path, group, separator)
     lines = np.arange(len(frame)) + 2  # the header is line 1
     blank = frame.isna().all(axis=1).to_numpy()
     frame, lines = frame.loc[~blank].reset_index(drop=True), lines[~blank]
@@ -131,30 +166,43 @@ def read_owner_table(
     frame.columns = columns
     if target is not None and target == group:
         raise TableError(
-            f"{source}: --target and --group both name column {group!r}; the owner column says who holds "
-            "each row and cannot also be the value to predict"
+            f"{source}: {names['target']} and {names['group']} both name column {group!r}; the owner column "
+            "says who holds each row and cannot also be the value to predict"
         )
-    roles = {group: "--group", **({target: "--target"} if target is not None else {})}
-    wanted = list(features) if features is not None else [c for c in columns if c not in roles]
+    roles_of = {group: names["group"], **({target: names["target"]} if target is not None else {})}
+    wanted = list(features) if features is not None else [c for c in columns if c not in roles_of]
     if features is not None and len(set(wanted)) != len(wanted):
-        raise TableError(f"{source}: a feature column is named twice in {wanted}")
-    for name, role in [*roles.items(), *((f, "feature") for f in wanted)]:
+        raise TableError(f"{source}: a feature column is named twice in {wanted} ({names['features']})")
+    for name, role in [*roles_of.items(), *((f, names["features"]) for f in wanted)]:
         if name not in frame.columns:
+            read_as = "" if separator == "," else f", read as {SEPARATORS[separator]}-separated"
             raise TableError(
                 f"{source}: no column {name!r} ({role}); its columns are {', '.join(map(repr, columns))}"
+                f"{read_as}"
             )
     if target in wanted or group in wanted:
         clash = target if target in wanted else group
-        raise TableError(f"{source}: column {clash!r} cannot be both a feature and the {roles[clash]}")
+        what = "target" if clash == target else "owner column"
+        raise TableError(
+            f"{source}: column {clash!r} cannot be both a feature ({names['features']}) and the {what} "
+            f"({roles_of[clash]})"
+        )
     if not wanted:
-        raise TableError(f"{source}: no feature columns (the table has only {', '.join(roles)})")
+        raise TableError(f"{source}: no feature columns (the table has only {', '.join(roles_of)})")
     if not len(frame):
         raise TableError(f"{source}: the table has a header but no rows")
     owners = frame[group]
     missing = owners.isna().to_numpy()
     if missing.any():
         raise TableError(f"{source}: column {group!r}, line {int(lines[missing][0])}: no owner (empty cell)")
-    X = np.column_stack([_numbers(frame, c, source, lines, owners, group) for c in wanted])
+    if features is None:  # a text column among the defaults: say how to leave it out
+        text = (
+            f"a feature must be a number: choose the feature columns with {names['features']} (by "
+            "default every column but the owner and target columns is one)"
+        )
+    else:
+        text = f"every feature ({names['features']}) must be a number"
+    X = np.column_stack([_numbers(frame, c, source, lines, owners, group, text) for c in wanted])
     y = None if target is None else _numbers(frame, target, source, lines, owners, group)
     return OwnerTable(source, group, tuple(wanted), target, X, y, owners.to_numpy(dtype=object), lines, frame)
 
@@ -172,8 +220,32 @@ except ImportError:  # pragma: no cover - pandas moved it
                  "1.#QNAN", "<NA>", "N/A", "NA", "NULL", "NaN", "None", "n/a", "nan", "null"}  # fmt: skip
 
 
-def _read_csv(path: Path, group: str) -> pd.DataFrame:
-    header = _csv_header(path)
+#: The separators a CSV file's header line is sniffed for, in order, and their names in messages.
+SEPARATORS = {",": "comma", "\t": "tab", ";": "semicolon"}
+
+
+def _separator(path: Path) -> str:
+    """The file's separator: a tab for ``.tsv``; else the first of :data:`SEPARATORS` that splits the
+    header (the first non-blank line) into more than one column; a comma for a one-column header.
+    A comma-separated file is read as a comma-separated file whatever else its header holds."""
+    if path.suffix.lower() == ".tsv":
+        return "\t"
+    try:
+        with open(path, newline="", encoding="utf-8-sig") as handle:
+            line = next((text for text in handle if text.strip()), "").rstrip("\r\n")
+    except (UnicodeDecodeError, OSError) as err:
+        raise TableError(f"{path}: cannot be read as a CSV table ({str(err).strip()})") from None
+    for separator in SEPARATORS:
+        try:
+            if len(next(csv.reader([line], delimiter=separator), [])) > 1:
+                return separator
+        except csv.Error:
+            continue
+    return ","
+
+
+def _read_csv(path: Path, group: str, separator: str = ",") -> pd.DataFrame:
+    header = _csv_header(path, separator)
     twice = sorted({name for name in header if header.count(name) > 1})
     if twice:
         raise TableError(
@@ -185,18 +257,19 @@ def _read_csv(path: Path, group: str) -> pd.DataFrame:
     try:
         # pandas' default float parser reads what to_csv/repr write back exactly (tested).
         return pd.read_csv(
-            path, dtype={group: str}, skip_blank_lines=False, keep_default_na=False, na_values=na
-        )
+            path, sep=separator, dtype={group: str}, skip_blank_lines=False, keep_default_na=False,
+            na_values=na,
+        )  # fmt: skip
     except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError, OSError) as err:
         raise TableError(f"{path}: cannot be read as a CSV table ({str(err).strip()})") from None
 
 
-def _csv_header(path: Path) -> list[str]:
+def _csv_header(path: Path, separator: str = ",") -> list[str]:
     """The column names of the CSV file's header (its first non-blank line) as written, before pandas
     renames a repeated one (``y``, ``y`` becomes ``y``, ``y.1``)."""
     try:
         with open(path, newline="", encoding="utf-8-sig") as handle:
-            for row in csv.reader(handle):
+            for row in csv.reader(handle, delimiter=separator):
                 if any(cell.strip() for cell in row):
                     return row
     except (csv.Error, UnicodeDecodeError, OSError) as err:
@@ -205,12 +278,11 @@ def _csv_header(path: Path) -> list[str]:
 
 
 def _read_parquet(path: Path, group: str) -> pd.DataFrame:
+    import_extra("pyarrow", f"{path}: reading Parquet")
     try:
         frame = pd.read_parquet(path)
-    except ImportError:
-        raise MissingExtraError(
-            f"{path}: reading Parquet needs pyarrow (pip install 'fedgp-gpytorch[parquet]')"
-        ) from None
+    except ImportError as err:  # pandas found no usable engine (a pyarrow too old, or broken)
+        raise missing_extra("pyarrow", f"{path}: reading Parquet", getattr(err, "name", None)) from None
     except (OSError, ValueError) as err:
         raise TableError(f"{path}: cannot be read as a Parquet table ({str(err).strip()})") from None
     twice = sorted({str(c) for c in frame.columns[frame.columns.duplicated()]})
@@ -221,8 +293,11 @@ def _read_parquet(path: Path, group: str) -> pd.DataFrame:
     return frame
 
 
-def _numbers(frame: pd.DataFrame, column: str, source: str, lines, owners, group: str) -> np.ndarray:
-    """Column ``column`` as float64, refusing the first cell that is not a finite number by line."""
+def _numbers(
+    frame: pd.DataFrame, column: str, source: str, lines, owners, group: str, text: str = ""
+) -> np.ndarray:
+    """Column ``column`` as float64, refusing the first cell that is not a finite number by line
+    (``text``: what to do about a cell of text, added to its message)."""
     values = frame[column]
 
     def where(mask) -> str:
@@ -239,7 +314,9 @@ def _numbers(frame: pd.DataFrame, column: str, source: str, lines, owners, group
         bad = (values.notna() & numbers.isna()).to_numpy()
         if bad.any():
             i = int(np.flatnonzero(bad)[0])
-            raise TableError(f"{where(bad)}: {values.iloc[i]!r} is not a number")
+            raise TableError(
+                f"{where(bad)}: {values.iloc[i]!r} is not a number" + (f"; {text}" if text else "")
+            )
         values = numbers
     array = values.to_numpy(dtype=np.float64, na_value=np.nan)
     if np.isnan(array).any():

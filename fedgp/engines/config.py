@@ -22,7 +22,7 @@ import torch
 
 from fedgp.data.client import ClientData
 from fedgp.engines.base import Engine
-from fedgp.errors import InputError, InputTypeError, MissingExtraError
+from fedgp.errors import EXTRAS, InputError, InputTypeError, missing_extra
 from fedgp.models.spec import GPSpec
 
 __all__ = [
@@ -149,10 +149,8 @@ def engine_config(name: str) -> EngineConfig:
         module, attribute, extra = EXTRA_ENGINES[name]
         try:
             return getattr(importlib.import_module(module), attribute)()
-        except ImportError as err:
-            raise MissingExtraError(
-                f"engine {name!r} needs {err.name!r}: pip install 'fedgp-gpytorch[{extra}]'", name=err.name
-            ) from err
+        except ModuleNotFoundError as err:
+            raise missing_extra(EXTRAS[extra][0], f"engine {name!r}", err.name) from err
     known = ", ".join(["auto", *ENGINES, *EXTRA_ENGINES])
     raise InputError(f"unknown engine {name!r}; available: {known}, or a fedgp.engines config")
 

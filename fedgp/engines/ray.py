@@ -42,7 +42,7 @@ import torch
 from fedgp.data.client import ClientData
 from fedgp.engines.base import Engine
 from fedgp.engines.batched import check_against_gpytorch
-from fedgp.errors import FedGPWarning, InputError, MissingExtraError
+from fedgp.errors import FedGPWarning, InputError, import_extra
 from fedgp.messages import (
     Field,
     Outcome,
@@ -79,13 +79,7 @@ _KEYS = itertools.count()
 
 
 def _ray() -> ModuleType:
-    try:
-        import ray
-    except ImportError:  # pragma: no cover - exercised only without the extra
-        raise MissingExtraError(
-            "engine='ray' needs Ray: pip install 'fedgp-gpytorch[ray]'", name="ray"
-        ) from None
-    return ray
+    return import_extra("ray", "engine 'ray'")
 
 
 def _session() -> str:

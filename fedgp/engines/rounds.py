@@ -37,7 +37,7 @@ def choose(
     elif cpu and not gp.compiled:
         why = "the compiled step is off (compiled=False)"
     elif not cpu and importlib.util.find_spec("triton") is None:
-        why = f"on {device} it needs Triton (pip install triton)"
+        why = f"on {device} it needs Triton (the 'gpu' extra: pip install \"fedgp-gpytorch[gpu]\")"
     elif minibatch_dtype != torch.float64:
         why = "minibatch_dtype is not float64"
     elif not isinstance(found := fused.layout(spec), str):

@@ -37,6 +37,7 @@ import pandas as pd
 import torch
 
 from fedgp.data import ClientData, Federation
+from fedgp.errors import import_extra
 from fedgp.experiments.common import Report, fit_study, reproduction
 from fedgp.experiments.metrics import markdown_table
 from fedgp.models import GPSpec
@@ -140,6 +141,7 @@ def run_seed(
     seed: int, iterations: int = 10, rounds: int = 60, methods=METHODS, engine: str = "batched"
 ) -> list[dict]:
     """Regret after every iteration, per method, for one seed."""
+    import_extra("botorch", "the botorch-loop study")  # before the federated prior's minutes of training
     began = time.perf_counter()
     prior = federated_prior(seed, rounds, engine) if "federated" in methods else None
     fit_seconds = time.perf_counter() - began

@@ -32,7 +32,7 @@ import pandas as pd
 import torch
 
 from fedgp.data import ClientData, Federation
-from fedgp.errors import MissingExtraError, MLEError
+from fedgp.errors import MLEError, import_extra
 from fedgp.experiments.common import paper_spec
 from fedgp.models.objective import minibatch_nll
 from fedgp.models.spec import GPSpec
@@ -133,14 +133,8 @@ def synthetic(seed: int = 0) -> Federation:
 
 
 def _statsmodels():
-    try:
-        import statsmodels.datasets as datasets
-    except ImportError as error:  # pragma: no cover - dev installs have it
-        raise MissingExtraError(
-            "the grunfeld and fertility federations read statsmodels' copies of the data: "
-            "pip install 'fedgp-gpytorch[bench]'"
-        ) from error
-    return datasets
+    # the grunfeld and fertility federations read statsmodels' copies of the data
+    return import_extra("statsmodels.datasets", "fedgp.experiments.convergence (grunfeld, fertility)")
 
 
 def grunfeld(seed: int = 0) -> Federation:

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from fedgp.errors import InputTypeError, MissingExtraError
+from fedgp.errors import InputTypeError, import_extra
 
 if TYPE_CHECKING:
     from botorch.models import SingleTaskGP
@@ -31,14 +31,9 @@ __all__ = ["to_botorch", "fixed_standardize"]
 
 
 def _botorch():
-    try:
-        import botorch.models
-        import botorch.models.transforms
-    except ImportError:
-        raise MissingExtraError(
-            "to_botorch needs BoTorch, an optional extra: pip install 'botorch==0.18.1' "
-            "(or install fedgp with its 'botorch' extra)"
-        ) from None
+    import_extra("botorch.models.transforms", "to_botorch")
+    import botorch.models
+
     return botorch
 
 

@@ -12,17 +12,25 @@
 * :class:`SecureAggregation` — the server learns summed fields only as the sum over the nodes that
   completed a round (:mod:`fedgp.flower.secagg`), on a deployment and in process.
 
-Needs the extra: ``pip install 'fedgp-gpytorch[flower]'``.
+Needs the extra: ``pip install "fedgp-gpytorch[flower]"`` (without it, importing this package raises
+fedgp's :class:`~fedgp.errors.MissingExtraError` saying so).
 """
 
-from fedgp.flower.app import AppSettings, RoundLog, TableLoader, write_model
-from fedgp.flower.capture import capture_mod
-from fedgp.flower.client import client_app, npz_loader, read_npz_clients, save_npz_clients
-from fedgp.flower.grid_engine import GridEngine
-from fedgp.flower.local import Flower, FlowerEngine, LocalGrid
-from fedgp.flower.secagg import SecureAggregation
-from fedgp.flower.server import server_app, write_outputs
-from fedgp.flower.template import write_app
+from fedgp.errors import MissingExtraError, missing_extra
+
+try:
+    from fedgp.flower.app import AppSettings, RoundLog, TableLoader, write_model
+    from fedgp.flower.capture import capture_mod
+    from fedgp.flower.client import client_app, npz_loader, read_npz_clients, save_npz_clients
+    from fedgp.flower.grid_engine import GridEngine
+    from fedgp.flower.local import Flower, FlowerEngine, LocalGrid
+    from fedgp.flower.secagg import SecureAggregation
+    from fedgp.flower.server import server_app, write_outputs
+    from fedgp.flower.template import write_app
+except ModuleNotFoundError as err:  # one line naming the extra, in every door
+    if isinstance(err, MissingExtraError) or (err.name or "").split(".")[0] == "fedgp":
+        raise
+    raise missing_extra("flwr", "fedgp.flower", err.name) from err
 
 __all__ = [
     "AppSettings",

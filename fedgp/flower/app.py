@@ -21,13 +21,28 @@ lists every run-config key with its default (:data:`RUN_CONFIG`). What each side
   ``secure-aggregation`` (:class:`fedgp.flower.SecureAggregation` as JSON, ``{}`` for its defaults:
   the server learns summed fields only as the sum over the nodes of a round).
 
-The ServerApp first asks the nodes for their data's width and columns (a ``hello``), builds the
-model, runs ``fedgp.fit`` over the grid and writes into ``out-dir`` what ``fedgp fit`` writes:
-``model.fedgp`` (:meth:`FitResult.save`), ``columns.json``, ``history.csv`` and ``transforms.json``
-(:func:`fedgp.layout.write_history`), ``failures.csv`` and
+The ServerApp first checks every run-config setting, asks the nodes for their data's width and
+columns (a ``hello``), builds the model, runs ``fedgp.fit`` over the grid and writes into ``out-dir``
+what ``fedgp fit`` writes: ``model.fedgp`` (:meth:`FitResult.save`), ``columns.json``,
+``history.csv`` and ``transforms.json`` (:func:`fedgp.layout.write_history`), ``failures.csv`` and
 ``metrics.csv`` (owners with a test split) — so ``fedgp.load``, ``fedgp predict OUT NEW.csv --data
 ...``, ``to_gpytorch`` and ``to_botorch`` use a deployment's model as they use a local one. Each
 round logs one INFO line through Flower's logger (``flwr log <run-id>`` shows it).
+
+``flwr run`` returns as soon as the run is submitted, with exit status 0 whatever the ServerApp
+then does, so the run's state is kept in ``out-dir`` too (``fedgp flower status OUT_DIR`` reads it):
+
+* ``progress.txt`` — the number of rounds completed: ``0`` once the run has started (any
+  ``error.txt`` of an earlier run is removed then), rewritten after every round;
+* ``model.fedgp`` — written last: the run has finished and the folder is complete;
+* ``error.txt`` — the run failed: why, on one line (a bad setting or table names the run-config
+  key, file and column; a missing extra names its ``pip install``), also logged as one ERROR line.
+
+Under ``privacy`` and ``secure-aggregation``, a round whose sum secure aggregation withholds (the
+sampling drew one node, or nodes were lost mid-round) is skipped, never the end of the run: the state
+kept, its ε accounted, ``skipped`` in ``history.csv`` and the reason in ``failures.csv``. With
+sampling (``rate`` below 1) ε is then accounted without amplification by sampling
+(:meth:`fedgp.run.ClientDP.accounted_rate` says why).
 """
 
 from __future__ import annotations
@@ -36,7 +51,7 @@ import json
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from logging import INFO, WARNING
+from logging import ERROR, INFO, WARNING
 from pathlib import Path
 from typing import Any
 
@@ -48,14 +63,14 @@ from flwr.serverapp import Grid, ServerApp
 
 from fedgp import defaults
 from fedgp.data.client import ClientData
-from fedgp.data.table import read_owner_table
+from fedgp.data.table import RUN_CONFIG_ROLES, read_owner_table
 from fedgp.errors import EngineError, InputError
 from fedgp.flower.capture import capture_mod
 from fedgp.flower.client import client_app, read_npz_clients
 from fedgp.flower.fast import short_object_pulls
 from fedgp.flower.grid_engine import GridEngine
 from fedgp.flower.secagg import SecureAggregation
-from fedgp.layout import write_model_folder
+from fedgp.layout import ERROR_FILE, write_error, write_model_folder, write_progress
 from fedgp.messages import config_json, from_config
 from fedgp.models.spec import GPSpec
 from fedgp.models.spec_io import build_spec
@@ -64,7 +79,16 @@ from fedgp.run import Callback, ClientDP, Evaluate, Faults, FitResult, Progress,
 from fedgp.strategies.base import Strategy
 from fedgp.transforms import Transforms
 
-__all__ = ["RUN_CONFIG", "AppSettings", "TableLoader", "RoundLog", "clientapp", "serverapp", "write_model"]
+__all__ = [
+    "RUN_CONFIG",
+    "AppSettings",
+    "TableLoader",
+    "RoundLog",
+    "clientapp",
+    "main",
+    "serverapp",
+    "write_model",
+]
 
 #: The run-config keys of the app and their defaults (``fedgp flower new`` writes them out; a key
 #: left out of a run's config takes its default). Zero means "the strategy's default" for the
@@ -191,6 +215,8 @@ class AppSettings:
             "clusters": "num_clusters",
         }
         given = {name: self[key] for key, name in settings.items() if self[key]}
+        if "num_clusters" in given and self["strategy"] != "ifca":  # named as the run config names it
+            raise InputError(f"run config 'clusters' applies to strategy 'ifca', not to {self['strategy']!r}")
         return make_strategy(self["strategy"], **given)
 
     def fit_options(self) -> dict[str, Any]:
@@ -281,7 +307,7 @@ class TableLoader:
                 columns = [f"x{i}" for i in range(clients[0].X.shape[-1])]
             else:
                 table = read_owner_table(path, group=settings["group"], target=settings["target"],
-                                         features=settings.features)  # fmt: skip
+                                         features=settings.features, roles=RUN_CONFIG_ROLES)  # fmt: skip
                 fraction = settings["test-fraction"] or None
                 clients = list(table.federation(fraction, settings["seed"]))
                 columns = list(table.features)
@@ -320,6 +346,10 @@ class RoundLog(Callback):
         failed = int(row.get("failed", 0))
         participants = int(row.get("participants", 0))
         nll = row.get("train_nll", float("nan"))
+        if row.get("skipped"):  # ClientDP: too few nodes for the round's sum; accounted, state kept
+            log(WARNING, "fedgp round %d/%d skipped (state unchanged, ε accounted): %s", run.completed,
+                run.rounds, row.get("failures", ""))  # fmt: skip
+            return
         log(INFO, "fedgp round %d/%d: %d participants, %d replies, %d failed, train_nll %.6g, %.2f s",
             run.completed, run.rounds, participants, participants - failed, failed, nll, seconds)  # fmt: skip
         if failed:
@@ -359,7 +389,7 @@ def _main(grid: Grid, context: Context) -> None:
     callbacks: list = [Evaluate(every=settings["eval-every"]), RoundLog(), Progress(False)]
     out = Path(settings["out-dir"]).expanduser()
     out.mkdir(parents=True, exist_ok=True)
-    callbacks.append(lambda run: (out / "progress.txt").write_text(str(run.completed)))
+    callbacks.append(lambda run: write_progress(out, run.completed))
     log(INFO, "fedgp: %d features (%s), strategy %s", width, ", ".join(features), config_json(strategy))
     engine = GridEngine(grid, spec, settings["timeout"], secure)
     result = fit(spec, None, strategy, engine=engine, callbacks=callbacks, **settings.fit_options())
@@ -370,9 +400,46 @@ def _main(grid: Grid, context: Context) -> None:
         log(INFO, "fedgp: wrote %s", path)
 
 
+def _out_dir(context: Context) -> Path:
+    """``out-dir`` of the run config as given (or its default), read leniently: a failure is
+    reported there even when the run config itself is what failed."""
+    return Path(str(context.run_config.get("out-dir", RUN_CONFIG["out-dir"]))).expanduser()
+
+
+def _one_line(err: BaseException) -> str:
+    text = "; ".join(line.strip() for line in str(err).splitlines() if line.strip())
+    return f"{type(err).__name__}: {text}" if text else type(err).__name__
+
+
+def main(grid: Grid, context: Context) -> None:
+    """The ServerApp's ``main``: :func:`_main`, with the run's state kept in ``out-dir``
+    (``progress.txt``, ``error.txt``; module docstring). Every run-config setting is checked before
+    any message goes out. A failure leaves ``error.txt``, one line, and one ERROR line in the log,
+    and is raised for Flower to mark the run failed (a missing extra as an :class:`EngineError`:
+    Flower would answer an ``ImportError`` by advising to edit the app's ``pyproject.toml``)."""
+    out = _out_dir(context)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / ERROR_FILE).unlink(missing_ok=True)
+        write_progress(out, 0)
+        settings = AppSettings.of(context)
+        settings.strategy(), settings.secure(), settings.fit_options()  # before any exchange
+        _main(grid, context)
+    except Exception as err:
+        reason = _one_line(err)
+        try:
+            where = write_error(out, reason)
+        except OSError as unwritable:
+            where = f"not written: {unwritable}"
+        log(ERROR, "fedgp: the run failed: %s (%s)", reason, where)
+        if isinstance(err, ImportError):
+            raise EngineError(reason) from err
+        raise
+
+
 #: The ServerApp (``fedgp.flower.app:serverapp`` in an app's ``pyproject.toml``).
 serverapp = ServerApp()
-serverapp.main()(_main)
+serverapp.main()(main)
 #: The ClientApp: owners from ``data-path`` in the node config; messages kept in ``capture-dir``
 #: when the node config names one.
 clientapp: ClientApp = client_app(

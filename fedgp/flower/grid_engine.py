@@ -17,6 +17,7 @@ and only their sum over the nodes that completed the round is ever decoded.
 from __future__ import annotations
 
 import json
+import re
 import time
 import warnings
 from collections.abc import Mapping
@@ -35,7 +36,33 @@ from fedgp.messages.remote import fields_to_json
 from fedgp.models.spec import GPSpec
 from fedgp.strategies.base import Strategy
 
-__all__ = ["GridEngine"]
+__all__ = ["GridEngine", "plain_reason", "by_reason"]
+
+#: Flower's form of a ClientApp's exception in an error reply: ``<class 'pkg.Name'>:<'message'>``.
+_FLOWER_REASON = re.compile(r"<class '(?:[\w.]+\.)?(\w+)'>:<'(.*)'>", re.S)
+
+
+def plain_reason(reason: str) -> str:
+    """A node's error reason as one readable line: Flower's ``<class 'fedgp.errors.TableError'>:<'...'>``
+    becomes ``TableError: ...``, and a traceback after the message is left out (the node's log has it)."""
+    text = str(reason).strip()
+    found = _FLOWER_REASON.fullmatch(text)
+    if found:
+        text = f"{found.group(1)}: {found.group(2)}"
+    text = text.split("\nTraceback (most recent call last)")[0]
+    return "; ".join(line.strip() for line in text.splitlines() if line.strip())
+
+
+def by_reason(failures: Mapping[int, str]) -> str:
+    """Nodes' failures grouped by reason, one clause per reason: ``node 1, node 2: TableError: ...``."""
+    grouped: dict[str, list[int]] = {}
+    for node, reason in failures.items():
+        grouped.setdefault(plain_reason(reason), []).append(node)
+    return "; ".join(
+        f"{'node' if len(nodes) == 1 else 'nodes'} {', '.join(map(str, nodes))}: {reason}"
+        for reason, nodes in grouped.items()
+    )
+
 
 #: Seconds before the first pull for a round's replies (Flower's own grid waits 3 s); later pulls
 #: come at intervals growing by :data:`POLL_GROWTH` up to :data:`POLL_CAP`. Every pull is a request
@@ -116,10 +143,10 @@ class GridEngine(Engine):
             if n not in replies or replies[n].has_error()
         }
         if missing:  # a node that cannot register sits the run out; the others go ahead
-            warnings.warn(f"Flower nodes not registered: {missing}", FedGPWarning, stacklevel=2)
+            warnings.warn(f"Flower nodes not registered: {by_reason(missing)}", FedGPWarning, stacklevel=2)
         nodes = [n for n in nodes if n not in missing]
         if not nodes:
-            raise EngineError(f"no Flower node registered: {missing}")
+            raise EngineError(f"no Flower node registered: {by_reason(missing)}")
         outcomes = {n: outcome_from_content(replies[n].content) for n in nodes}
         ranks = {}
         for n in nodes:
@@ -153,7 +180,7 @@ class GridEngine(Engine):
         """Why ``node`` has no usable reply (``None`` when it has one)."""
         if reply is None:
             return f"no reply from Flower node {node} (timeout {self.timeout} s or node lost)"
-        return f"Flower node {node}: {reply.error.reason}" if reply.has_error() else None
+        return f"Flower node {node}: {plain_reason(reply.error.reason)}" if reply.has_error() else None
 
     def _secagg_exchange(
         self, contents: Mapping[int, RecordDict], rnd: int, spent: list[int]
@@ -168,6 +195,21 @@ class GridEngine(Engine):
         replies, _ = self._exchange(messages)
         spent[1] += sum(len(message_bytes(m)) for m in replies.values() if not m.has_error())
         return {n: self._failure(n, replies.get(n)) or replies[n].content for n in contents}
+
+    @property
+    def min_nodes_per_sum(self) -> int:
+        """The fewest nodes whose sum a round may release: secure aggregation's ``min_nodes`` (1
+        without it). A round that sampled fewer has its summed fields withheld (``Outcome.withheld``)."""
+        return 1 if self.secure is None else int(self.secure.min_nodes)
+
+    @staticmethod
+    def _withheld(
+        fields: Mapping[str, Field], clients: torch.Tensor, reason: str, spent: list[int]
+    ) -> Outcome:
+        """No reply: every client of the round fails with ``reason``, the sums withheld for it."""
+        out = Outcome.empty(fields, dict.fromkeys(clients.tolist(), reason))
+        out.bytes_down, out.bytes_up, out.withheld = spent[0], spent[1], reason
+        return out
 
     def run(self, task: Task, clients: torch.Tensor, fields: Mapping[str, Field]) -> Outcome:
         clients = torch.as_tensor(clients, dtype=torch.long)
@@ -184,8 +226,8 @@ class GridEngine(Engine):
             )
             try:
                 carry = secure.setup()
-            except EngineError as err:
-                return Outcome.empty(fields, dict.fromkeys(clients.tolist(), str(err)))
+            except EngineError as err:  # too few nodes: the round's sums are not released
+                return self._withheld(fields, clients, str(err), spent)
         messages = []
         for node, rows in members.items():
             if secure is not None and node not in carry:
@@ -211,8 +253,9 @@ class GridEngine(Engine):
         if secure is not None:
             try:
                 sums = secure.finish(masked, fields)
-            except EngineError as err:
-                return Outcome.empty(fields, dict.fromkeys(clients.tolist(), str(err)))
+            except EngineError as err:  # too few survivors: the round's sums are not released
+                spent[0], spent[1] = spent[0] + out.bytes_down, spent[1] + out.bytes_up
+                return self._withheld(fields, clients, str(err), spent)
             out.sums = sums if len(out.clients) else {}
             # The protocol's own messages (keys, shares, unmask), as Flower serialises them.
             out.bytes_down += spent[0]

@@ -166,6 +166,11 @@ class FlowerEngine(Engine):
         self.grid = LocalGrid(apps)
         self.inner = GridEngine(self.grid, spec, timeout, secure)
 
+    @property
+    def min_nodes_per_sum(self) -> int:
+        """The fewest nodes whose sum a round may release (:attr:`GridEngine.min_nodes_per_sum`)."""
+        return self.inner.min_nodes_per_sum
+
     def start(self, strategy: Strategy, seed: int) -> Roster:
         return self.inner.start(strategy, seed)
 
@@ -187,6 +192,11 @@ class Flower(EngineConfig):
     timeout: float | None = None
     secure: SecureAggregation | None = None
     name: ClassVar[str] = "flower"
+
+    @property
+    def min_nodes_per_sum(self) -> int:
+        """The fewest nodes whose sum a round may release: ``secure.min_nodes`` (1 without it)."""
+        return 1 if self.secure is None else int(self.secure.min_nodes)
 
     def build(self, spec, clients, seed=0, keys=None) -> Engine:
         if keys is not None:

@@ -16,7 +16,9 @@ __all__ = ["Outcome", "merge_outcomes"]
 class Outcome:
     """What came back from one task: ``clients`` (positions that replied, ascending), their
     ``individual`` fields (rows aligned with ``clients``), ``sums`` of the summed fields over them,
-    ``failures`` (position -> reason), and the bytes of every message down and every reply up."""
+    ``failures`` (position -> reason), the bytes of every message down and every reply up, and
+    ``withheld``: why the summed fields were not released when a rule on the fewest contributions
+    to a sum withheld them (too few clients or nodes; ``None`` otherwise)."""
 
     clients: torch.Tensor
     individual: dict[str, torch.Tensor]
@@ -24,6 +26,7 @@ class Outcome:
     failures: dict[int, str] = field(default_factory=dict)
     bytes_down: int = 0
     bytes_up: int = 0
+    withheld: str | None = None
 
     @classmethod
     def empty(cls, fields: Mapping[str, Field], failures: Mapping[int, str] | None = None) -> Outcome:

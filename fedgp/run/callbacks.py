@@ -163,6 +163,8 @@ class Stopping(Callback):
             run.stop(self.reason)
 
     def on_round(self, run, row):
+        if row.get("skipped"):  # a round skipped under ClientDP left the state as it was: no evidence
+            return
         if self.rule.memory:
             self.recent = [*self.recent, state_rows(run.state)][-self.rule.memory :]
         nll = self._nll(run)

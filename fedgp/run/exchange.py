@@ -125,6 +125,9 @@ def exchange(
             f"{len(unique)} clients replied, fewer than the "
             f"{needed} required; {_NOT_DONE.get(kind, 'nothing was applied')}. Failed: {listing}{more}",
             named,
+            withheld=outcome.withheld,
+            bytes_down=outcome.bytes_down,
+            bytes_up=outcome.bytes_up,
         )
     return Exchange(_replies(plan, participants, outcome), len(unique), outcome.bytes_down, outcome.bytes_up)
 
@@ -150,6 +153,7 @@ def withhold_small_sums(outcome: Outcome, fields: Mapping[str, Field], min_contr
     failures = {**outcome.failures, **dict.fromkeys(outcome.clients.tolist(), reason)}
     withheld = Outcome.empty(fields, failures)
     withheld.bytes_down, withheld.bytes_up = outcome.bytes_down, outcome.bytes_up  # spent all the same
+    withheld.withheld = reason
     return withheld
 
 

@@ -26,7 +26,7 @@ from fedgp import defaults
 from fedgp.data.client import Federation, check_trainable
 from fedgp.engines.base import Engine
 from fedgp.engines.config import EngineConfig, build_engine
-from fedgp.errors import ConvergenceWarning, DivergenceWarning, InputError, InputTypeError
+from fedgp.errors import ConvergenceWarning, DivergenceWarning, InputError, InputTypeError, RoundFailedError
 from fedgp.messages import ServerContext
 from fedgp.models.spec import GPSpec
 from fedgp.models.state import HyperState
@@ -115,10 +115,14 @@ class Run:
                 f"federation must be a fedgp.data.Federation, got {type(federation).__name__}"
             )
         spec = _sized(spec, federation, engine)
+        self.accounted_rate: float | None = None  # the sampling rate the privacy accountant may use
         if privacy is not None:
             if not isinstance(privacy, ClientDP):
                 raise InputTypeError(f"privacy must be a fedgp.run.ClientDP, got {type(privacy).__name__}")
-            strategy = privacy.strategy(strategy, rounds)
+            # An engine that releases no sum of fewer than m nodes (secure aggregation) skips rounds
+            # that sampled fewer: no amplification by sampling then (ClientDP.accounted_rate).
+            self.accounted_rate = privacy.accounted_rate(getattr(engine, "min_nodes_per_sum", 1))
+            strategy = privacy.strategy(strategy, rounds, self.accounted_rate)
             transforms = privacy.transforms(Transforms.of(transforms))
         self.privacy = privacy
         faults = Faults() if faults is None else faults
@@ -151,7 +155,7 @@ class Run:
         if self.rule is not None:
             built_in.append(Stopping(self.rule))
         if self.privacy is not None:
-            built_in.append(PrivacyAccounting(self.privacy))
+            built_in.append(PrivacyAccounting(self.privacy, self.accounted_rate))
         # Under ClientDP per-client test metrics leave the clients outside the guarantee: only when asked.
         defaults = (Progress,) if self.privacy is not None else (Evaluate, Progress)
         for kind in defaults:  # defaults, unless the user configured their own
@@ -193,10 +197,15 @@ class Run:
         rnd = self.completed
         plan = self.strategy.configure(rnd, self.server, self.context, generator(self.seed, "configure", rnd))
         tamper = None if self.attack is None else self.attack.tamper(rnd, plan)
-        sent = exchange(
-            self.engine, "train", rnd, plan, self.roster.ids, self.faults.min_replies, self.options, tamper,
-            self.transform, self._min_contributors(),
-        )  # fmt: skip
+        try:
+            sent = exchange(
+                self.engine, "train", rnd, plan, self.roster.ids, self.faults.min_replies, self.options,
+                tamper, self.transform, self._min_contributors(),
+            )  # fmt: skip
+        except RoundFailedError as err:
+            if self.privacy is None or err.withheld is None:
+                raise
+            return self._skip(rnd, plan, err)
         self.server, metrics = self.strategy.aggregate(rnd, self.server, plan, sent.replies, self.context)
         failed = sent.replies.failures
         ids = self.roster.ids
@@ -208,12 +217,37 @@ class Run:
             bytes_down=sent.bytes_down,
             bytes_up=sent.bytes_up,
         )
+        if self.privacy is not None:
+            row["skipped"] = False
         self.failures.extend({"round": rnd + 1, "client": ids[p], "reason": r} for p, r in failed.items())
-        self.completed = rnd + 1
+        return self._complete(row)
+
+    def _complete(self, row: dict[str, Any]) -> dict[str, Any]:
+        self.completed = row["round"]
         self.history.append(row)
         for callback in self.callbacks:
             callback.on_round(self, row)
         return row
+
+    def _skip(self, rnd: int, plan, err: RoundFailedError) -> dict[str, Any]:
+        """Round ``rnd + 1`` of a run under :class:`ClientDP` whose sums were withheld (Poisson
+        sampling drew fewer nodes than secure aggregation releases a sum of, or nodes were lost
+        mid-protocol): skipped, not the end of the run. The server state stays as it was, the row
+        says ``skipped`` and its failures say why, and the round is accounted like every other (its
+        sampling happened); :meth:`ClientDP.accounted_rate` gives the privacy argument, and why the
+        round is not topped up instead."""
+        failures = err.failures
+        row = {
+            "round": rnd + 1,
+            "participants": len(distinct_participants(plan)[0]),
+            "failed": len(failures),
+            "failures": " | ".join(f"{cid!r}: {reason}" for cid, reason in failures.items()),
+            "bytes_down": err.bytes_down,
+            "bytes_up": err.bytes_up,
+            "skipped": True,
+        }
+        self.failures.extend({"round": rnd + 1, "client": cid, "reason": r} for cid, r in failures.items())
+        return self._complete(row)
 
     def _min_contributors(self) -> int:
         """The fewest contributions a training round's sums may add up. Under client-level DP the

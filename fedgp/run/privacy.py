@@ -13,7 +13,10 @@ arithmetic: a round is ``PoissonSampledDpEvent(rate, GaussianDpEvent(noise))`` (
 DP accountant, add-or-remove-one-client neighbours. Every row of ``result.history`` has
 ``epsilon``, the budget spent after that round. Given both ``noise`` and ``epsilon``, the run
 stops, with a :class:`~fedgp.errors.PrivacyBudgetWarning`, after the last round the budget affords
-(its state is the result).
+(its state is the result). On an engine that releases no sum of fewer than two nodes (secure
+aggregation on Flower), a round whose sample or surviving nodes fall short is skipped, not the end
+of the run, and still accounted; with sampling such a run is accounted without amplification
+(:meth:`ClientDP.accounted_rate` gives the argument; ``history.attrs["privacy"]["accounted_rate"]``).
 
 What else would leave a client is closed or refused: the transforms send nothing (``"auto"``
 becomes each client's own standardisation and the inputs as they are; ``Normalize(bounds=...)``
@@ -33,7 +36,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import lru_cache
 
-from fedgp.errors import InputError, MissingExtraError, PrivacyBudgetWarning
+from fedgp.errors import InputError, PrivacyBudgetWarning, import_extra
 from fedgp.run.callbacks import Callback
 from fedgp.strategies.base import Strategy
 from fedgp.strategies.fgpr import FGPR
@@ -55,31 +58,42 @@ REFUSED = {
 
 
 @contextmanager
-def _quiet_absl():
-    """dp-accounting logs (through absl) every RDP order it drops while a calibration tries small
-    noise multipliers; the orders it keeps give the answer, so the log is noise to a user."""
+def _absl_contained(quiet: bool = True):
+    """Around every call into dp-accounting, which logs through absl.
+
+    ``quiet``: below ERROR, absl's records are dropped (a calibration trying small noise multipliers
+    logs every RDP order it excludes; the orders it keeps give the answer, so the log is noise to a
+    user). And whatever the level, absl's logging functions call ``logging.basicConfig()`` when the
+    root logger has no handler, before they look at the record's level: one call into
+    dp-accounting would leave a stderr handler on the root logger of the whole process, and every
+    record of a logger that has a handler of its own and propagates to the root (Flower's: each
+    ``flwr log`` line) would then print twice. The handlers the call added to the root logger are
+    removed again."""
     logger = logging.getLogger("absl")
     level = logger.level
-    logger.setLevel(logging.ERROR)
+    before = list(logging.root.handlers)
+    if quiet:
+        logger.setLevel(logging.ERROR)
     try:
         yield
     finally:
         logger.setLevel(level)
+        for handler in [h for h in logging.root.handlers if h not in before]:
+            logging.root.removeHandler(handler)
+            handler.close()
+
+
+def _dp_accounting(module: str = "dp_accounting"):
+    """``module`` of dp-accounting, or fedgp's one-line error naming the ``privacy`` extra."""
+    return import_extra(module, "ClientDP")
 
 
 def _accountant():
-    try:
-        from dp_accounting import rdp
-    except ImportError as err:  # pragma: no cover - dp-accounting is a dev dependency
-        raise MissingExtraError(
-            "ClientDP needs Google's dp-accounting: pip install 'fedgp-gpytorch[privacy]'"
-        ) from err
-    return rdp.RdpAccountant()
+    return _dp_accounting("dp_accounting.rdp").RdpAccountant()
 
 
 def _event(noise: float, rate: float, rounds: int = 1):
-    import dp_accounting
-
+    dp_accounting = _dp_accounting()
     one = dp_accounting.GaussianDpEvent(noise)
     if rate < 1.0:
         one = dp_accounting.PoissonSampledDpEvent(rate, one)
@@ -91,7 +105,7 @@ def _one_round(noise: float, rate: float):
     """The RDP accountant after one round: its orders and RDP curve (a round with q < 1 takes the
     library about 70 ms, so a run's rounds reuse it)."""
     accountant = _accountant()
-    with _quiet_absl():
+    with _absl_contained():
         accountant.compose(_event(noise, rate))
     return accountant
 
@@ -107,18 +121,17 @@ def epsilon_spent(noise: float, rate: float, rounds: int, delta: float) -> float
         return 0.0
     if noise == 0:
         return math.inf
-    from dp_accounting.rdp.rdp_privacy_accountant import compute_epsilon
-
+    compute_epsilon = _dp_accounting("dp_accounting.rdp.rdp_privacy_accountant").compute_epsilon
     one = _one_round(float(noise), float(rate))
-    return float(compute_epsilon(one._orders, rounds * one._rdp, delta)[0])  # noqa: SLF001
+    with _absl_contained(quiet=False):
+        return float(compute_epsilon(one._orders, rounds * one._rdp, delta)[0])  # noqa: SLF001
 
 
 def calibrate_noise(epsilon: float, delta: float, rate: float, rounds: int) -> float:
     """The smallest noise multiplier whose ``rounds`` rounds at ``rate`` cost at most ``epsilon``
     at ``delta`` (dp-accounting's ``calibrate_dp_mechanism``, to 1e-4, rounded up)."""
-    import dp_accounting
-
-    with _quiet_absl():
+    dp_accounting = _dp_accounting()
+    with _absl_contained():
         noise = dp_accounting.calibrate_dp_mechanism(
             _accountant, lambda z: _event(z, rate, rounds), epsilon, delta, tol=1e-4
         )
@@ -181,10 +194,37 @@ class ClientDP:
             )
         if self.noise_at == "server" and self.noise_shares is not None:
             raise InputError("ClientDP(noise_shares=...) applies only with noise_at='clients'")
+        _dp_accounting()  # the accountant's library, checked where the option is made: before any round
 
-    def strategy(self, strategy: Strategy, rounds: int) -> DPFGPR:
-        """``strategy`` with this privacy: the noise calibrated for ``rounds`` unless given; a
-        strategy the analysis does not cover is refused, saying why."""
+    def accounted_rate(self, min_nodes_per_sum: int = 1) -> float:
+        """The sampling rate the accountant may use: ``rate``, or 1 (no amplification by sampling)
+        when clients are sampled and the engine releases no sum of fewer than
+        ``min_nodes_per_sum`` > 1 nodes (secure aggregation on Flower).
+
+        On such an engine a round whose sample holds fewer nodes is **skipped**: the server state
+        stays as it was, the history row says ``skipped`` and the failures why, and the round is
+        accounted (its sampling happened). Whether a round is skipped depends only on which clients
+        were sampled and which nodes answered, never on a client's data, and a skipped round releases
+        nothing computed from data; a round that runs releases one noised sum in which any client's
+        clipped update appears at most once. Between two federations of the same owners (the roster
+        is public: registration is outside the guarantee) that differ in one owner's data, every
+        round is therefore within the bound of the Gaussian mechanism of noise multiplier z, which
+        is what is accounted. Amplification by sampling cannot be claimed: it needs who was sampled
+        to stay hidden, and that a round ran tells that enough nodes were sampled, a given owner's
+        node more likely among them than ``rate`` (on 3 nodes at rate 0.5 a round that runs holds a
+        given node with probability 0.75). At rate 1 nothing changes (every round is the Gaussian
+        mechanism already).
+
+        Topping such a round up instead was refused: adding nodes that were not sampled changes who
+        takes part in it (the sampling the accountant assumes), and adding nodes that contribute
+        zeros lets the server, which knows the sample, read the one sampled node's own sum, which
+        secure aggregation exists to prevent."""
+        return self.rate if min_nodes_per_sum <= 1 else 1.0
+
+    def strategy(self, strategy: Strategy, rounds: int, accounted_rate: float | None = None) -> DPFGPR:
+        """``strategy`` with this privacy: the noise calibrated for ``rounds`` (at
+        ``accounted_rate``, by default ``rate``) unless given; a strategy the analysis does not
+        cover is refused, saying why."""
         name = type(strategy).__name__
         if name in REFUSED:
             raise InputError(f"ClientDP does not apply to {name}: {REFUSED[name]}")
@@ -198,10 +238,11 @@ class ClientDP:
                 "client's reply (a median, Krum), which the noise on the sum does not cover; the "
                 "clipping already bounds any one client's influence"
             )
+        account = self.rate if accounted_rate is None else accounted_rate
         noise = (
             self.noise
             if self.noise is not None
-            else calibrate_noise(self.epsilon, self.delta, self.rate, rounds)
+            else calibrate_noise(self.epsilon, self.delta, account, rounds)
         )
         shares = 1 if self.noise_shares is None else self.noise_shares
         return DPFGPR(strategy, self.clip, noise, self.rate, self.reproducible, self.noise_at, shares)
@@ -247,12 +288,19 @@ class PrivacyAccounting(Callback):
 
     order = -40  # before the stopping rule: a spent budget ends the run whatever the rule says
 
-    def __init__(self, privacy: ClientDP):
+    def __init__(self, privacy: ClientDP, accounted_rate: float | None = None):
         self.privacy = privacy
+        #: The sampling rate each round is accounted at (``None``: the strategy's ``rate``; 1 when
+        #: the engine may skip rounds, :meth:`ClientDP.accounted_rate`).
+        self.accounted_rate = accounted_rate
+
+    def _rate(self, run) -> float:
+        return float(run.strategy.rate if self.accounted_rate is None else self.accounted_rate)
 
     def _spent(self, run, rounds: int) -> float:
-        s = run.strategy
-        return epsilon_spent(float(s.noise), float(s.rate), int(rounds), float(self.privacy.delta))
+        return epsilon_spent(
+            float(run.strategy.noise), self._rate(run), int(rounds), float(self.privacy.delta)
+        )
 
     def on_start(self, run) -> None:
         self.privacy.check_federation(len(run.roster.ids))
@@ -275,8 +323,11 @@ class PrivacyAccounting(Callback):
         run.privacy_summary = {
             "epsilon": self._spent(run, run.completed), "delta": self.privacy.delta, "noise": s.noise,
             "clip": s.clip, "rate": s.rate, "rounds": run.completed, "accountant": "dp-accounting RDP",
-            "noise_at": s.noise_at,
+            "noise_at": s.noise_at, "accounted_rate": self._rate(run),
         }  # fmt: skip
 
     def fingerprint(self, run) -> dict[str, str]:
-        return {"privacy": repr(self.privacy)}
+        out = {"privacy": repr(self.privacy)}
+        if self._rate(run) != float(run.strategy.rate):  # absent at the default, as in older checkpoints
+            out["privacy.accounted_rate"] = repr(self._rate(run))
+        return out

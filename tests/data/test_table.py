@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from fedgp.data.table import read_owner_table, rows_by_owner
+from fedgp.data.table import CLI_ROLES, RUN_CONFIG_ROLES, read_owner_table, rows_by_owner
 from fedgp.errors import TableError
 
 # Labels pandas would read as missing (its default NA strings) are not owner names.
@@ -137,3 +137,78 @@ def test_rows_by_owner_keeps_first_appearance_and_python_labels():
     assert [g.tolist() for g in groups.values()] == [[0, 2], [1, 4], [3]]
     with pytest.raises(ValueError, match="row 1 has no owner label"):
         rows_by_owner(["a", None, "b"])
+
+
+# -- issue 49: separators, and messages in the words of the caller's door --------------------------
+
+
+def _plants(folder: Path) -> pd.DataFrame:
+    frame = pd.DataFrame(
+        {"era": ["old", "old", "new", "new", "new"], "weight": [1.5, 2.25, 3.0, -4.0, 5.5],
+         "mpg": [10.0, 12.5, 14.0, 9.75, 11.0]}
+    )  # fmt: skip
+    frame.to_csv(folder / "comma.csv", index=False)
+    return frame
+
+
+@pytest.mark.parametrize(
+    "name, sep", [("tabs.tsv", "\t"), ("tabs.csv", "\t"), ("semicolons.csv", ";"), ("tabs.txt", "\t")]
+)
+def test_a_tab_or_semicolon_separated_file_reads_as_its_comma_twin(tmp_path, name, sep):
+    """The header line decides: no comma and a tab (or ``;``) that splits it, or a ``.tsv`` name."""
+    frame = _plants(tmp_path)
+    frame.to_csv(tmp_path / name, sep=sep, index=False)
+    comma = read_owner_table(tmp_path / "comma.csv", group="era", target="mpg")
+    table = read_owner_table(tmp_path / name, group="era", target="mpg")
+    assert table.features == comma.features == ("weight",)
+    np.testing.assert_array_equal(table.X, comma.X)
+    np.testing.assert_array_equal(table.y, comma.y)
+    assert table.owners.tolist() == comma.owners.tolist()
+
+
+def test_a_comma_separated_file_stays_comma_separated(tmp_path):
+    """A comma in the header wins, whatever else the header holds (a ``;`` or a tab in a name)."""
+    path = tmp_path / "odd.csv"
+    path.write_text("era,w;kg,mpg\ta\nold,1,2\nold,3,4\n")
+    table = read_owner_table(path, group="era", target="mpg\ta")
+    assert table.features == ("w;kg",) and table.y.tolist() == [2.0, 4.0]
+
+
+def test_a_missing_column_says_which_separator_the_file_was_read_with(tmp_path):
+    _plants(tmp_path).to_csv(tmp_path / "semi.csv", sep=";", index=False)
+    with pytest.raises(TableError) as caught:
+        read_owner_table(tmp_path / "semi.csv", group="owner", target="mpg")
+    assert str(caught.value) == (
+        f"{tmp_path / 'semi.csv'}: no column 'owner' (group=); its columns are 'era', 'weight', 'mpg', "
+        "read as semicolon-separated"
+    )
+
+
+@pytest.mark.parametrize(
+    "roles, group, features",
+    [
+        (None, "group=", "features=[...]"),
+        (CLI_ROLES, "--group", "--features"),
+        (RUN_CONFIG_ROLES, "run config 'group'", "run config 'features'"),
+    ],
+)
+def test_messages_name_the_roles_as_the_callers_door_does(tmp_path, roles, group, features):
+    """The CLI's flags, the Flower app's run-config keys, Python's argument names; a text column
+    read as a feature by default says how to choose the features."""
+    frame = _plants(tmp_path).assign(site=["north", "south", "north", "east", "west"])
+    frame.to_csv(tmp_path / "t.csv", index=False)
+    with pytest.raises(TableError, match=re.escape(f"no column 'owner' ({group})")):
+        read_owner_table(tmp_path / "t.csv", group="owner", target="mpg", roles=roles)
+    with pytest.raises(TableError) as caught:
+        read_owner_table(tmp_path / "t.csv", group="era", target="mpg", roles=roles)
+    assert str(caught.value) == (
+        f"{tmp_path / 't.csv'}: column 'site', line 2 (era 'old'): 'north' is not a number; a feature must "
+        f"be a number: choose the feature columns with {features} (by default every column but the owner "
+        "and target columns is one)"
+    )
+    with pytest.raises(TableError, match=re.escape(f"'north' is not a number; every feature ({features})")):
+        read_owner_table(
+            tmp_path / "t.csv", group="era", target="mpg", features=["weight", "site"], roles=roles
+        )
+    table = read_owner_table(tmp_path / "t.csv", group="era", target="mpg", features=["weight"], roles=roles)
+    assert table.features == ("weight",)

@@ -228,6 +228,7 @@ def test_the_app_aggregates_dp_updates_and_the_summary_securely(tmp_path):
         ({"model": "{not json"}, "run config 'model' is not JSON"),
         ({"secure-aggregation": "[0.6]"}, "secure-aggregation settings must be a JSON object"),
         ({"secure-aggregation": '{"threshold": 0.3}'}, "SecureAggregation.threshold must be in [0.5, 1"),
+        ({"clusters": 3}, "run config 'clusters' applies to strategy 'ifca', not to 'fgpr'"),
     ],
 )
 def test_bad_run_config_is_refused_naming_the_key(config, message):
@@ -313,3 +314,173 @@ def test_a_node_reads_a_folder_of_npz_clients(tmp_path):
     assert [c.id for c in clients] == list(draws.federation.ids) and loader.columns(context) == ["x0", "x1"]
     assert all(torch.equal(a.y_test, b.y_test) for a, b in zip(clients, draws.federation))
     assert spec.kernel.base_kernel.ard_num_dims is None
+
+
+# -- issue 49: privacy where the guide runs it, and a deployment that fails loudly -----------------
+
+
+def one_owner_per_node(folder, nodes: int = 3) -> list:
+    """The deployment guide's shape: ``nodes`` nodes, one owner each."""
+    paths = owner_tables(folder, nodes=nodes)
+    for path in paths:
+        table = pd.read_csv(path, dtype={"owner": str})
+        table[table["owner"] == table["owner"].iloc[0]].to_csv(path, index=False)
+    return paths
+
+
+def test_dp_sampling_with_secure_aggregation_skips_the_rounds_that_drew_one_node(tmp_path):
+    """The guide's recipe (``privacy='{"epsilon": 4, "rate": 0.5}' secure-aggregation='{}'`` on 3
+    nodes of one owner each): Poisson sampling often draws one node, secure aggregation releases no
+    sum of one, and the RoundFailedError ended the run. Now such a round is skipped (the state kept,
+    ``skipped`` in the history, the reason in failures.csv), accounted (ε grows every round, as the
+    unamplified Gaussian mechanism: a round that may be skipped hides no sampling), and the run
+    finishes. The same run on the sequential engine samples the same owners every round, skips
+    none (it needs no secure aggregation) and keeps the amplification."""
+    from fedgp.run.privacy import epsilon_spent
+
+    paths = one_owner_per_node(tmp_path)
+    out = tmp_path / "model"
+    privacy = {"epsilon": 4, "rate": 0.5}
+    config = {"rounds": 8, "stop": "none", "seed": 1, "out-dir": str(out), "secure-aggregation": "{}",
+              "privacy": json.dumps(privacy)}  # fmt: skip
+    flower_app.main(deploy(paths, config), Context(0, 0, {}, RecordDict(), config))
+    model = fedgp.load(out / "model.fedgp")
+    history = pd.read_csv(out / "history.csv")
+    assert len(history) == 8 and not (out / "error.txt").exists()
+    skipped = history["skipped"].astype(bool)
+    assert skipped.any() and (~skipped).any(), history[["participants", "skipped"]]
+    assert (skipped == (history["participants"] == 1)).all()  # one node drawn: no sum of one released
+    state = [c for c in history.columns if c.startswith(("covar_module", "mean_module", "likelihood"))]
+    assert state
+    for i in np.flatnonzero(skipped.to_numpy()):
+        if i:
+            pd.testing.assert_series_equal(
+                history[state].iloc[i], history[state].iloc[i - 1], check_names=False
+            )
+    failures = pd.read_csv(out / "failures.csv")
+    assert sorted(set(failures["round"])) == list(history["round"][skipped])
+    assert failures["reason"].str.contains("secure aggregation: 1 node").all()
+    noise, delta = float(model.strategy.noise), 1e-5
+    expected = [epsilon_spent(noise, 1.0, t, delta) for t in range(1, 9)]
+    np.testing.assert_allclose(history["epsilon"], expected, rtol=1e-12)
+    assert expected[-1] <= privacy["epsilon"]
+    assert model.history.attrs.get("privacy", {}).get("accounted_rate", 1.0) == 1.0
+
+    # The sequential engine: the same sampled owners, no skip, amplification by sampling kept.
+    from fedgp.data.table import read_owner_table
+
+    clients = [c for p in paths for c in read_owner_table(p, group="owner", target="y").federation()]
+    settings = flower_app.AppSettings(config)
+    reference = fedgp.fit(settings.spec(3), fedgp.data.Federation(clients), settings.strategy(),
+                          engine="sequential", **settings.fit_options())  # fmt: skip
+    ref = reference.history
+    assert list(ref["participants"]) == list(history["participants"])
+    assert not ref["skipped"].any() and reference.history.attrs["privacy"]["accounted_rate"] == 0.5
+    ref_noise = float(reference.strategy.noise)
+    np.testing.assert_allclose(ref["epsilon"], [epsilon_spent(ref_noise, 0.5, t, delta) for t in range(1, 9)])
+    assert ref_noise < noise  # amplification buys less noise for the same ε where no round may be skipped
+
+
+def test_a_failed_serverapp_leaves_one_line_in_out_dir_and_a_later_run_clears_it(tmp_path, capsys):
+    """The guide's ``flwr run`` with a table whose owner column is not ``owner`` failed in the
+    ServerApp, visible only in ``flwr log``, while ``flwr run`` exits 0: now ``error.txt`` in
+    ``out-dir`` says why on one line, naming the run-config key, and ``fedgp flower status`` reads it."""
+    paths = owner_tables(tmp_path, nodes=2)
+    for path in paths:
+        pd.read_csv(path).rename(columns={"owner": "plant"}).to_csv(path, index=False)
+    out = tmp_path / "model"
+    config = {"rounds": 2, "stop": "none", "out-dir": str(out)}
+    with pytest.warns(fedgp.errors.FedGPWarning), pytest.raises(fedgp.errors.EngineError):
+        flower_app.main(deploy(paths, config), Context(0, 0, {}, RecordDict(), config))
+    error = (out / "error.txt").read_text()
+    assert error.count("\n") == 1 and "Traceback" not in error
+    assert error.startswith(f"EngineError: no Flower node registered: node 100: TableError: {paths[0]}: ")
+    assert f"; node 101: TableError: {paths[1]}: " in error
+    assert "no column 'owner' (run config 'group'); its columns are 'plant', 'x1', 'x2', 'x3', 'y'" in error
+    assert cli(["flower", "status", str(out)]) == 1
+    assert capsys.readouterr().out == f"failed: {error}"
+
+    config["group"] = "plant"  # the same out-dir, the owner column named: the old reason goes
+    flower_app.main(deploy(paths, config), Context(0, 0, {}, RecordDict(), config))
+    assert not (out / "error.txt").exists() and (out / "progress.txt").read_text() == "2\n"
+    assert cli(["flower", "status", str(out)]) == 0
+    assert capsys.readouterr().out.startswith("finished: 2 round(s), model.fedgp written ")
+
+    config["colour"] = "red"  # a bad run config fails before any message goes out
+    grid = deploy(paths, config)
+    with pytest.raises(InputError):
+        flower_app.main(grid, Context(0, 0, {}, RecordDict(), config))
+    assert grid.bytes_down == 0
+    assert (out / "error.txt").read_text().startswith("InputError: unknown run config keys ['colour']")
+
+
+def test_status_says_running_from_progress_and_refuses_a_folder_without_a_run(tmp_path, capsys):
+    from fedgp.layout import run_state, write_progress
+
+    assert cli(["flower", "status", str(tmp_path)]) == 2
+    assert "no progress.txt, model.fedgp or error.txt" in capsys.readouterr().err
+    write_progress(tmp_path, 3)
+    assert run_state(tmp_path)[0] == "running"
+    assert cli(["flower", "status", str(tmp_path)]) == 0
+    assert capsys.readouterr().out.startswith("running: 3 round(s) completed, the last update ")
+
+
+def test_the_flower_app_without_dp_accounting_says_which_extra_before_any_message(tmp_path, monkeypatch):
+    """It failed with ``ModuleNotFoundError: dp_accounting`` mid-run, and Flower then advised editing the
+    app's pyproject.toml (its answer to an ImportError): now the ServerApp stops before the hello,
+    with fedgp's one line, raised as an EngineError."""
+    import sys
+
+    for name in [m for m in sys.modules if m == "dp_accounting" or m.startswith("dp_accounting.")]:
+        monkeypatch.setitem(sys.modules, name, None)
+    paths = owner_tables(tmp_path, nodes=2)
+    out = tmp_path / "model"
+    config = {"rounds": 2, "out-dir": str(out), "privacy": json.dumps({"epsilon": 4, "rate": 0.5})}
+    grid = deploy(paths, config)
+    with pytest.raises(fedgp.errors.EngineError) as caught:
+        flower_app.main(grid, Context(0, 0, {}, RecordDict(), config))
+    assert not isinstance(caught.value, ImportError) and grid.bytes_down == 0
+    assert (out / "error.txt").read_text() == (
+        "MissingExtraError: ClientDP needs 'dp_accounting' (the 'privacy' extra): "
+        'pip install "fedgp-gpytorch[privacy]"\n'
+    )
+
+
+def test_a_node_without_pyarrow_names_the_parquet_extra(tmp_path, monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "pyarrow", None)
+    path = tmp_path / "owners.parquet"
+    path.write_bytes(b"PAR1")
+    out = tmp_path / "model"
+    config = {"out-dir": str(out)}
+    with pytest.warns(fedgp.errors.FedGPWarning), pytest.raises(fedgp.errors.EngineError):
+        flower_app.main(deploy([path], config), Context(0, 0, {}, RecordDict(), config))
+    assert (out / "error.txt").read_text() == (
+        f"EngineError: no Flower node registered: node 100: MissingExtraError: {path}: reading Parquet needs "
+        "'pyarrow' (the 'parquet' extra): pip install \"fedgp-gpytorch[parquet]\"\n"
+    )
+
+
+def test_a_flower_log_line_prints_once_after_dp_accounting_ran():
+    """absl's logging calls ``logging.basicConfig()`` on a root logger without handlers, before it
+    checks a record's level: after fedgp's first call into dp-accounting every Flower log line (Flower's
+    logger has its own handler and propagates) printed twice."""
+    import subprocess
+    import sys
+
+    code = (
+        "import logging\n"
+        "from flwr.common.logger import log\n"
+        "from fedgp.run.privacy import calibrate_noise, epsilon_spent\n"
+        "calibrate_noise(4.0, 1e-5, 0.5, 20)\n"
+        "epsilon_spent(1.0, 0.5, 3, 1e-5)\n"
+        "log(logging.INFO, 'fedgp-marker-line')\n"
+        "print(len(logging.root.handlers))\n"
+    )
+    repo = flower_app.Path(__file__).resolve().parents[2]
+    env = {"PYTHONPATH": str(repo), "PATH": "/usr/bin:/bin", "FLWR_TELEMETRY_ENABLED": "0"}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stderr.count("fedgp-marker-line") == 1, done.stderr[-2000:]
+    assert done.stdout.strip() == "0"  # the root logger as it was: no handler left behind

@@ -14,7 +14,12 @@ must own are changed: the addresses and ports (free ones), a short run, and each
 * with ``secure-aggregation``, no node's own summed value is in anything it sends, and the model is
   the in-process run's;
 * a node killed mid-run (secure aggregation and client-level DP on) fails its owner for the
-  remaining rounds, and the run finishes.
+  remaining rounds, and the run finishes;
+* ``fedgp flower status`` (section 5) says the run finished; a run whose run config names an owner
+  column the tables lack leaves ``error.txt`` in its ``out-dir`` (one line naming the run-config
+  key), and the status says it failed, with exit status 1;
+* section 5's client-level DP with secure aggregation at rate 0.5 runs on the three nodes: the
+  round that drew one node is skipped and accounted, and the run finishes.
 
 Every process the test starts is killed, by PID (the guide's ``&`` processes are found by their
 working folder). Telemetry and update checks are off (there is no network).
@@ -133,7 +138,9 @@ class Deployment:
                 pass
 
     def node(self, owner: str) -> psutil.Process:
-        found = [p for p in self.ours() if f"keys/{owner}" in " ".join(p.cmdline())]
+        # The command lines process_iter read: a ClientApp that exits meanwhile is a zombie, whose
+        # cmdline() raises psutil.ZombieProcess (seen at 0656142).
+        found = [p for p in self.ours() if f"keys/{owner}" in " ".join(p.info["cmdline"] or [])]
         assert len(found) == 1, f"SuperNode of {owner}: {found}"
         return found[0]
 
@@ -155,6 +162,14 @@ class Deployment:
         # The guide's `&` processes are not our children: wait for them to be gone after SIGKILL.
         _, alive = psutil.wait_procs(self.ours(), timeout=30)
         assert not alive, f"processes left running: {alive}"
+
+
+def rounds_done(out: Path) -> int:
+    """The rounds a run into ``out`` has completed, by its ``progress.txt`` (0 before it exists)."""
+    try:
+        return int((out / "progress.txt").read_text())
+    except (FileNotFoundError, ValueError):
+        return 0
 
 
 def wait_for(predicate, timeout: float, what: str, poll: float = 1.0):
@@ -311,6 +326,39 @@ def test_the_deployment_guide_runs_as_written_and_its_model_predicts(tmp_path):
             for needle in (np.float64(y_sum).tobytes(), np.int64(round(y_sum * 2.0**bits)).tobytes()):
                 assert not any(needle in blob for blob in new), f"{owner}'s own Σy left its node"
 
+        # Section 5's status block: the run above finished.
+        status = dep.bash(dep.block("fedgp flower status"))
+        assert status.startswith("finished: 3 round(s), model.fedgp written "), status
+
+        # A run that fails fails loudly: the owner column the run config names is not in the tables.
+        # flwr run exits 0 all the same; out-dir/error.txt says why on one line, naming the run-config
+        # key, and fedgp flower status prints it with exit status 1.
+        failed = root / "failed"
+        dep.bash(f"flwr run fedgp-app fedgp --run-config \"out-dir='{failed}' group='plant'\"")
+        wait_for(lambda: (failed / "error.txt").exists(), 300, "the failed run's error.txt", poll=0.1)
+        error = (failed / "error.txt").read_text()
+        assert error.count("\n") == 1 and error.startswith("EngineError: no Flower node registered: "), error
+        assert error.count("no column 'plant' (run config 'group')") == len(OWNERS), error
+        state = subprocess.run([str(BIN / "fedgp"), "flower", "status", str(failed)], cwd=root, env=dep.env,
+                               capture_output=True, text=True, timeout=120)  # fmt: skip
+        assert state.returncode == 1 and state.stdout == f"failed: {error}", state
+
+        # Section 5's client-level DP with secure aggregation, as written but for the round budget: at
+        # rate 0.5 on three nodes (the seed's draws: 0, 3, 2, 1, 2 owners) round 4 drew one node, whose
+        # sum secure aggregation does not release. It is skipped and accounted; the run finishes.
+        recipe = dep.block('flwr run fedgp-app fedgp --run-config "rounds=40')
+        assert "privacy='{\\\"epsilon\\\": 4, \\\"rate\\\": 0.5}' secure-aggregation='{}'" in recipe, recipe
+        dep.bash(recipe.replace("rounds=40", "rounds=5"))
+        private = root / "private-model"
+        wait_for(lambda: (private / "model.fedgp").exists(), 600, "the DP run's model", poll=0.1)
+        history = pd.read_csv(private / "history.csv")
+        assert list(history["participants"]) == [0, 3, 2, 1, 2], history
+        assert list(history["skipped"]) == [False, False, False, True, False], history
+        assert history["epsilon"].is_monotonic_increasing and history["epsilon"].iloc[-1] <= 4.0
+        failures = pd.read_csv(private / "failures.csv")
+        assert list(failures["round"]) == [4] and "secure aggregation: 1 node" in failures["reason"].iloc[0]
+        assert not (private / "error.txt").exists()
+
         # A node lost mid-run, with secure aggregation and client-level DP (every round's clipped
         # updates are summed fields, so the protocol runs each round): its owner fails the remaining
         # rounds, the others' rounds complete.
@@ -318,7 +366,7 @@ def test_the_deployment_guide_runs_as_written_and_its_model_predicts(tmp_path):
         privacy = '{\\"noise\\": 1.0, \\"delta\\": 0.01}'  # TOML literal strings inside bash's double quotes
         dep.bash(f"flwr run fedgp-app fedgp --run-config \"out-dir='{lost}' rounds=3 stop='none' "
                  f"timeout=30.0 secure-aggregation='{{}}' privacy='{privacy}'\"")  # fmt: skip
-        wait_for(lambda: (lost / "progress.txt").exists(), 600, "round 1 of the last run")
+        wait_for(lambda: rounds_done(lost) >= 1, 600, "round 1 of the last run", poll=0.1)
         dep.kill_tree(dep.node("plant-c").pid)
         wait_for(lambda: (lost / "model.fedgp").exists(), 600, "the end of the run with a lost node")
         history = pd.read_csv(lost / "history.csv")

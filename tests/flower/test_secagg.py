@@ -281,3 +281,31 @@ def test_a_node_never_reveals_both_shares_of_a_peer_nor_twice():
     unmask(5, [5, 6], [7])
     with pytest.raises(EngineError, match="already answered"):
         unmask(5, [5, 6, 7], [])
+
+
+def test_under_client_dp_a_round_whose_sum_is_withheld_is_skipped_not_the_end_of_the_run(federation):
+    """Issue 49: with ClientDP the RoundFailedError of a round secure aggregation withholds ended the
+    run. Two nodes lost mid-protocol every round (at rate 1: no sampling to account for): every round
+    is skipped, the state never moves, ε is accounted for each, and the run ends at its budget."""
+    pytest.importorskip("dp_accounting")
+    from fedgp.run.privacy import epsilon_spent
+
+    privacy = fedgp.run.ClientDP(noise=1.0, delta=1e-3)
+    lost = [Recorder(fail={1: "masked-input", 2: "masked-input"})]
+    quiet = [fedgp.run.Progress(False)]
+    result = fit(federation, SecureAggregation(), lost, rounds=3, privacy=privacy, callbacks=quiet)
+    history = result.history
+    assert list(history["skipped"]) == [True] * 3 and (history["failed"] == 9).all()
+    assert history["failures"].str.contains("1 node\\(s\\) left after the masked-input step").all()
+    assert history["bytes_down"].gt(0).all()  # the protocol's messages went out all the same
+    first = history.filter(like="covar_module").iloc[0]
+    assert (history.filter(like="covar_module") == first).all().all()
+    assert list(history["epsilon"]) == [epsilon_spent(1.0, 1.0, t, 1e-3) for t in (1, 2, 3)]
+    assert len(result.failures) == 27 and set(result.failures["round"]) == {1, 2, 3}
+    # Sampling on an engine that may skip is accounted without amplification (ClientDP.accounted_rate).
+    sampled = fedgp.run.ClientDP(epsilon=4.0, delta=1e-3, rate=0.5)
+    run = fit(federation, SecureAggregation(), rounds=1, privacy=sampled, callbacks=quiet)
+    assert run.history.attrs["privacy"]["accounted_rate"] == 1.0 and Flower().min_nodes_per_sum == 1
+    # Without privacy a withheld sum still ends the run (here the transforms' summary), as min_replies says.
+    with pytest.raises(RoundFailedError, match="left after the masked-input"):
+        fit(federation, SecureAggregation(), lost, rounds=1)
