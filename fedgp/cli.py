@@ -15,13 +15,12 @@ import argparse
 import datetime
 import sys
 import warnings
-from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING
 
-from fedgp import defaults
 from fedgp._cli_flower import add_flower
+from fedgp._cli_training import add_model_options, add_training_options, not_converged
 from fedgp.errors import CommandError, ConvergenceWarning, FedGPError
 from fedgp.layout import COLUMNS_FILE, HISTORY_FILE, MODEL_FILE, TRANSFORMS_FILE
 from fedgp.version import __version__
@@ -116,7 +115,7 @@ def _fit(args: argparse.Namespace) -> int:
         )
     for warning in caught:  # fedgp's warnings, one line each, saying what to change in this command
         if issubclass(warning.category, ConvergenceWarning):
-            print(f"fedgp fit: warning: {_not_converged(result, args, out)}", file=sys.stderr)
+            print(f"fedgp fit: warning: {not_converged(result, args, out)}", file=sys.stderr)
         elif issubclass(warning.category, UserWarning):
             print(f"fedgp fit: warning: {warning.message}", file=sys.stderr)
     metrics = fit_metrics(result, federation, bool(args.test_fraction), _progress(args))
@@ -140,22 +139,6 @@ def _fit(args: argparse.Namespace) -> int:
     for path in written:
         print(f"wrote {path}")
     return 0
-
-
-def _not_converged(result, args: argparse.Namespace, out: Path) -> str:
-    """A ``ConvergenceWarning`` (or ``DivergenceWarning``) for a command-line user: the stop reason,
-    and what to change in the command rather than in Python objects."""
-    reason = result.history.attrs.get("stop_reason", "")
-    where = f"{out / HISTORY_FILE} shows every round (its stop_* columns: the rule's statistics)"
-    if result.history.attrs.get("diverging"):
-        return (
-            f"training did not converge, it diverges ({reason}). Lower --lr, or take fewer --local-steps; "
-            f"{where}"
-        )
-    return (
-        f"training did not converge within --rounds {args.rounds} ({reason}). Raise --rounds, or --lr or "
-        f"--local-steps; {where}"
-    )
 
 
 def _pd() -> ModuleType:
@@ -356,24 +339,7 @@ def _force_option(parser: argparse.ArgumentParser, files: tuple[str, ...]) -> No
     )
 
 
-def _count(minimum: int) -> Callable[[str], int]:
-    """An argparse type: an integer >= ``minimum``, refused by argparse (exit status 2) otherwise."""
-
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            value = None
-        if value is None or value < minimum:
-            raise argparse.ArgumentTypeError(f"must be an integer >= {minimum}, got {text!r}")
-        return value
-
-    return parse
-
-
 def _add_fit(sub) -> None:
-    from fedgp.presets import KERNELS, MEANS, STRATEGIES
-
     fit = sub.add_parser(
         "fit",
         help="train on a CSV table whose owner column says which client holds each row",
@@ -393,64 +359,8 @@ def _add_fit(sub) -> None:
     fit.add_argument("--target", required=True, help="the column to predict")
     fit.add_argument("--group", required=True, help="the owner column: rows with one label are one client")
     fit.add_argument("--features", nargs="+", default=None, help="input columns (default: all the others)")
-    fit.add_argument(
-        "--kernel",
-        default=defaults.KERNEL,
-        choices=list(KERNELS),
-        help=f"ScaleKernel(...) (default {defaults.KERNEL})",
-    )
-    fit.add_argument(
-        "--ard",
-        action=argparse.BooleanOptionalAction,
-        default=defaults.ARD,
-        help="one lengthscale per feature (default: on, as in every door of fedgp)",
-    )
-    fit.add_argument(
-        "--mean", default=defaults.MEAN, choices=list(MEANS), help=f"mean function (default {defaults.MEAN})"
-    )
-    fit.add_argument(
-        "--strategy",
-        default=defaults.STRATEGY,
-        choices=list(STRATEGIES),
-        help=f"{' or '.join(STRATEGIES)} (default {defaults.STRATEGY})",
-    )
-    fit.add_argument("--clusters", type=int, default=None, help="ifca: number of clusters (default 2)")
-    fit.add_argument(
-        "--rounds",
-        type=_count(1),
-        default=defaults.ROUNDS,
-        help=f"the round budget (default {defaults.ROUNDS}): the run ends there if --stop has not ended "
-        "it before; with --stop none, exactly this many rounds",
-    )
-    fit.add_argument(
-        "--stop",
-        default=defaults.value("stop", "cli"),
-        choices=["auto", "none"],
-        help="auto (default): end the run at the first round where training has converged (fedgp.run."
-        "stopping.auto_rule), with a warning if the --rounds budget runs out first; none: run every round. "
-        "This default differs from Python's fedgp.fit, which runs every round unless told to stop: a "
-        "command hands back a finished model",
-    )
-    fit.add_argument(
-        "--hide-discrete",
-        action=argparse.BooleanOptionalAction,
-        default=defaults.value("hide_discrete", "cli"),
-        help="move integer-valued features' box ends out by 0-3 grid steps so that no owner's extreme "
-        "values can be read from the input transform (default: off, as in Python; fedgp's Flower app, "
-        "whose server is another party, turns it on)",
-    )
-    fit.add_argument("--local-steps", type=int, default=None, help="local steps per round (default 1)")
-    fit.add_argument("--batch-size", type=int, default=None, help="minibatch size (default 256)")
-    fit.add_argument("--lr", type=float, default=None, help="learning rate (default 0.3)")
-    fit.add_argument(
-        "--engine",
-        default=defaults.ENGINE,
-        choices=["auto", "sequential", "batched"],
-        help=f"default {defaults.ENGINE}",
-    )
-    fit.add_argument(
-        "--seed", type=_count(0), default=defaults.SEED, help="master seed (training and the test split)"
-    )
+    add_model_options(fit)
+    add_training_options(fit)
     fit.add_argument(
         "--test-fraction",
         type=float,

@@ -54,6 +54,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "fedgp.sklearn",
             "fedgp.commands",
             "fedgp._cli_flower",
+            "fedgp._cli_training",
             "fedgp.cli",
         ),  # fmt: skip
     ),
