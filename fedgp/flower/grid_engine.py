@@ -70,6 +70,11 @@ def by_reason(failures: Mapping[int, str]) -> str:
 #: 3-node loopback benchmark 0.05 s x1.1 up to 0.2 s gave 0.99 s per round, 0.1 s x1.25 up to 1 s
 #: 1.03-1.07 s (each pull late by up to a quarter of a growing interval).
 FIRST_POLL, POLL_GROWTH, POLL_CAP = 0.05, 1.1, 0.2
+#: Seconds the grid's node count must stay the same before ``start`` says hello to them (Flower's
+#: simulation runtime registers its SuperNodes one by one, after the ServerApp's thread started).
+NODE_SETTLE = 0.2
+#: Seconds ``start`` waits for a first node when the engine has no ``timeout``.
+NODE_WAIT = 300.0
 
 
 class GridEngine(Engine):
@@ -124,10 +129,30 @@ class GridEngine(Engine):
             wait = min(wait * POLL_GROWTH, POLL_CAP)
         return replies
 
+    def _registered_nodes(self) -> list[int]:
+        """The grid's nodes, once some have registered and their number has stopped changing for
+        :data:`NODE_SETTLE` seconds. A ServerApp may start before its nodes: Flower's simulation
+        runtime starts the ServerApp's thread, then registers the simulated SuperNodes; in a
+        deployment a SuperNode may connect after ``flwr run``. Waits up to ``timeout`` seconds (a
+        grid with no node after it is an error that says what to start)."""
+        patience = NODE_WAIT if self.timeout is None else self.timeout
+        end = time.monotonic() + patience
+        seen, wait = sorted(int(n) for n in self.grid.get_node_ids()), FIRST_POLL
+        while time.monotonic() < end:
+            time.sleep(NODE_SETTLE if seen else wait)
+            now = sorted(int(n) for n in self.grid.get_node_ids())
+            if now and now == seen:
+                return now
+            seen, wait = now, min(wait * POLL_GROWTH, POLL_CAP)
+        if not seen:
+            raise EngineError(
+                f"the Flower grid has no nodes: none registered within {patience:g} s; start the "
+                "SuperNodes (flwr supernode list shows the registered ones)"
+            )
+        return seen
+
     def start(self, strategy: Strategy, seed: int) -> Roster:
-        nodes = sorted(int(n) for n in self.grid.get_node_ids())
-        if not nodes:
-            raise EngineError("the Flower grid has no nodes")
+        nodes = self._registered_nodes()
         head = {
             "strategy": config_json(strategy.client_view()),
             "seed": int(seed),

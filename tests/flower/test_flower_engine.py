@@ -54,3 +54,38 @@ def test_a_lost_node_fails_its_clients_and_the_run_goes_on():
     assert set(result.failures["client"]) == set(draws.federation.ids[4:])
     assert result.failures["reason"].str.startswith(f"no reply from Flower node {last_node}").all()
     assert engine.grid.bytes_down > 0 and engine.grid.bytes_up > 0
+
+
+class _LateNodes:
+    """A grid whose nodes register one at a time after the ServerApp started, as Flower's simulation
+    runtime registers its SuperNodes after starting the ServerApp's thread."""
+
+    def __init__(self, grid, quiet_calls: int):
+        self.grid, self.calls, self.quiet = grid, 0, quiet_calls
+
+    def get_node_ids(self):
+        self.calls += 1
+        nodes = sorted(self.grid.get_node_ids())
+        return nodes[: max(0, self.calls - self.quiet)]
+
+    def __getattr__(self, name):
+        return getattr(self.grid, name)
+
+
+def test_the_server_waits_for_nodes_that_register_after_it_started():
+    """The ServerApp's thread may ask for the nodes before any has registered (the full suite on a
+    busy machine once failed "the Flower grid has no nodes" in Flower's simulation runtime)."""
+    from fedgp.flower import FlowerEngine
+    from fedgp.flower.grid_engine import GridEngine
+
+    draws = fedgp.data.gp_federation(num_clients=6, n=20, d=1, seed=1)
+    local = FlowerEngine(draws.spec, draws.federation, num_nodes=3).grid
+    late = _LateNodes(local, quiet_calls=3)
+    roster = GridEngine(late, draws.spec, timeout=30).start(fedgp.strategies.FGPR(), 0)
+    assert roster.ids == draws.federation.ids and late.calls > 6  # all three, once their count settled
+    with pytest.raises(
+        fedgp.EngineError, match=r"no nodes: none registered within 0.3 s; start the SuperNodes"
+    ):
+        GridEngine(_LateNodes(local, quiet_calls=10**6), draws.spec, timeout=0.3).start(
+            fedgp.strategies.FGPR(), 0
+        )
