@@ -14,7 +14,8 @@ The same table goes through every door with that door's defaults, as the docs de
 3. the CLI: ``fedgp fit`` / ``fedgp predict`` (NEW.csv with its columns in another order);
 4. the saved file: ``fedgp.load`` of the CLI's ``model.fedgp``;
 5. Flower: ``fedgp flower new`` and ``flwr run APP local`` (Flower's simulation runtime, the
-   Deployment guide's section 7), then ``fedgp flower status``.
+   Deployment guide's section 7), then ``fedgp flower status``: with the app's defaults, and with
+   ``hide-discrete=false`` (the one default the app does not share with Python).
 
 It prints, per door, the rounds run, why the run stopped, the recorded feature names, and the
 largest difference of its predictions at the new rows from Python's (each era conditioned on its
@@ -22,7 +23,7 @@ own training rows), and what each door said (warnings). Run from the repository 
 
     .venv/bin/python benchmarks/doors_trial.py [--keep DIR]
 
-About 2 minutes on the 2-core VM (Flower's simulation starts Ray and a local SuperLink).
+About 3 minutes on the 2-core VM (Flower's simulation starts Ray and a local SuperLink).
 """
 
 from __future__ import annotations
@@ -106,19 +107,20 @@ def stop_local_superlink(home: Path) -> None:
             continue
 
 
-def flower_door(folder: Path, csv: Path) -> Path:
+def flower_door(folder: Path, csv: Path, name: str, extra: str = "") -> Path:
     """The Deployment guide's section 7: the app in Flower's simulation runtime via ``flwr run``."""
     path = f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"
     env = {**os.environ, "FLWR_HOME": str(folder / "flwr-home"), "FLWR_TELEMETRY_ENABLED": "0",
            "FLWR_DISABLE_UPDATE_CHECK": "1", "PATH": path}  # fmt: skip
-    (folder / "flwr-home").mkdir()
+    (folder / "flwr-home").mkdir(exist_ok=True)
     (folder / "flwr-home" / "config.toml").write_text(
         '[superlink]\ndefault = "local"\n\n[superlink.local]\naddress = ":local:"\n'
     )
-    sh(BIN / "fedgp", "flower", "new", folder / "app", env=env)
-    out = folder / "flower-model"
+    if not (folder / "app").exists():
+        sh(BIN / "fedgp", "flower", "new", folder / "app", env=env)
+    out = folder / name
     columns = "group='era' target='infl' features='unemp,tbilrate,quarter'"
-    config = f'simulation-data="{csv}" {columns} out-dir="{out}"'
+    config = f'simulation-data="{csv}" {columns} out-dir="{out}" {extra}'.strip()
     sh(BIN / "flwr", "run", folder / "app", "local", "--federation-config",
        "num-supernodes=3 init-args-num-cpus=2", "--run-config", config, env=env)  # fmt: skip
     try:
@@ -172,10 +174,14 @@ def main() -> None:
     rows.append(("CLI (fedgp predict's predictions.csv)", loaded, said, cli_mean))
     rows.append(("saved file (fedgp.load of the CLI's model)", loaded, [], predictions(loaded, train, new)))
 
-    out = flower_door(folder, csv)
-    if (out / "model.fedgp").exists():
-        deployed = fedgp.load(out / "model.fedgp")
-        rows.append(("Flower app (flwr run ... local)", deployed, [], predictions(deployed, train, new)))
+    for name, extra, door in (
+        ("flower-model", "", "Flower app (flwr run ... local), its defaults"),
+        ("flower-plain", "hide-discrete=false", "Flower app with hide-discrete=false (Python's setting)"),
+    ):
+        out = flower_door(folder, csv, name, extra)
+        if (out / "model.fedgp").exists():
+            deployed = fedgp.load(out / "model.fedgp")
+            rows.append((door, deployed, [], predictions(deployed, train, new)))
 
     print()
     for door, result, said, mean in rows:
