@@ -21,7 +21,7 @@ It prints, per door, the rounds run, why the run stopped, the recorded feature n
 largest difference of its predictions at the new rows from Python's (each era conditioned on its
 own training rows), and what each door said (warnings). Run from the repository root:
 
-    .venv/bin/python benchmarks/doors_trial.py [--keep DIR]
+    .venv/bin/python benchmarks/doors_trial.py [--keep DIR] [--long 3000]
 
 About 3 minutes on the 2-core VM (Flower's simulation starts Ray and a local SuperLink).
 """
@@ -138,6 +138,13 @@ def flower_door(folder: Path, csv: Path, name: str, extra: str = "") -> Path:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--keep", type=Path, default=None, help="keep the files in this folder")
+    parser.add_argument(
+        "--long",
+        type=int,
+        default=0,
+        help="also fit in Python for this many rounds with and without hide_discrete: the difference "
+        "the Flower app's default makes once training has gone on, and the quarter's lengthscale",
+    )
     args = parser.parse_args()
     folder = args.keep or Path(tempfile.mkdtemp(prefix="fedgp-doors-"))
     folder.mkdir(parents=True, exist_ok=True)
@@ -199,8 +206,30 @@ def main() -> None:
             )
         for line in said:
             print(f"   said: {line}")
+    if args.long:
+        long_runs(train, new, fed, args.long)
     if args.keep is None:
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def long_runs(train: pd.DataFrame, new: pd.DataFrame, fed, rounds: int) -> None:
+    """Python with and without ``hide_discrete`` for ``rounds`` rounds (``stop="auto"``)."""
+    from fedgp.transforms import Transforms
+
+    means, name = {}, "covar_module.base_kernel.lengthscale[2]"
+    for hide in (False, True):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            quiet = [fedgp.run.Progress(False)]
+            result = fedgp.fit(fedgp.GPSpec(), fed, rounds=rounds, stop="auto",
+                               transforms=Transforms(hide_discrete=hide), callbacks=quiet)  # fmt: skip
+        means[hide] = predictions(result, train, new)
+        trace = result.history[name].iloc[[99, len(result.history) // 3 - 1, -1]].round(2).tolist()
+        print(f"== Python, {rounds} rounds, hide_discrete={hide}: {len(result.history)} rounds run, stopped "
+              f"{result.history.attrs['stopped']}; the quarter's lengthscale (model units) at rounds 100, "
+              f"{len(result.history) // 3}, {len(result.history)}: {trace}")  # fmt: skip
+    gap = np.abs(means[True] - means[False]).max()
+    print(f"   max |difference| hide_discrete makes at the new rows: {gap:.3g}")
 
 
 if __name__ == "__main__":
