@@ -389,3 +389,17 @@ def test_page_examples_run_as_written(name, tmp_path, monkeypatch, capsys):
         if output is not None:
             shown = [row.strip() for row in output.splitlines() if row.strip()]
             assert set(shown) <= printed, f"docs/{name}:{line} prints\n" + "\n".join(sorted(printed))
+
+
+def test_pages_that_say_which_fedgp_ran_them_name_this_version():
+    """A page that shows printed output says which fedgp printed it; that is this version, or the
+    output must be run again (files-and-sklearn.md said 0.1.0 after 0.2.0's defaults changed it)."""
+    import tomllib
+
+    version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    stale = []
+    for page in (ROOT / "docs").rglob("*.md"):
+        for said in re.findall(r"run as shown \(fedgp (\d+\.\d+\.\d+)", page.read_text()):
+            if said != version:
+                stale.append(f"{page.relative_to(ROOT)}: fedgp {said}")
+    assert not stale, f"pages whose output another fedgp printed (this is {version}): {stale}"

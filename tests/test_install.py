@@ -79,3 +79,20 @@ def test_pip_install_in_a_clean_venv_runs_the_readme_example(tmp_path):
         == f"fedgp {project['version']}"
     )
     assert project["name"] == "fedgp-gpytorch"
+
+
+def test_the_readmes_install_from_a_clone_writes_nothing_into_the_checkout(tmp_path):
+    """The README's line for installing a clone elsewhere builds from a temporary copy of the
+    committed HEAD (``pip install -c constraints.txt "git+file://$PWD"``): no ``build/`` in the
+    checkout, whose stale files could reach a later wheel. (``pip wheel`` with the same URL: the
+    build, without installing torch again.)"""
+    if not (ROOT / ".git").exists():
+        pytest.skip("not a git checkout: the README's line installs a clone")
+    readme = (ROOT / "README.md").read_text()
+    assert 'pip install -c constraints.txt "git+file://$PWD"' in readme
+    before = {p.name for p in ROOT.iterdir()}
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
+    _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", tmp_path,
+          f"git+file://{ROOT}"], env=env, timeout=600)  # fmt: skip
+    assert [p.name for p in tmp_path.glob("fedgp_gpytorch-*.whl")], "no wheel was built"
+    assert {p.name for p in ROOT.iterdir()} - before == set(), "the build wrote into the checkout"
