@@ -157,8 +157,8 @@ class Run:
         if self.privacy is not None:
             built_in.append(PrivacyAccounting(self.privacy, self.accounted_rate))
         # Under ClientDP per-client test metrics leave the clients outside the guarantee: only when asked.
-        defaults = (Progress,) if self.privacy is not None else (Evaluate, Progress)
-        for kind in defaults:  # defaults, unless the user configured their own
+        standard = (Progress,) if self.privacy is not None else (Evaluate, Progress)
+        for kind in standard:  # the standard ones, unless the user configured their own
             if not any(isinstance(c, kind) for c in chosen):
                 built_in.append(kind())
         return sorted(built_in + chosen, key=lambda c: c.order)
