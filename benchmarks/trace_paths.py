@@ -10,8 +10,8 @@ first-call set-up does not count), and one ``result.predict(X, client=1)`` on th
 is *fedgp's* when its code lives in the package. The counts:
 
 - ``files``: the distinct fedgp files with a frame that ran;
-- ``moves``: the times the innermost fedgp frame changed file (a call into another fedgp file, or
-  the return from it): the back-and-forth a reader follows;
+- ``moves``: the calls from one fedgp file into another (the innermost fedgp frame's file differs
+  from the callee's): the hops a reader follows, each return back being the end of its hop;
 - ``calls``: the fedgp function calls.
 
 Calls into torch, GPyTorch or the standard library are not counted and do not break a stay in one
@@ -76,10 +76,7 @@ class Tracer:
                 if before is not None and name != before:
                     self.moves += 1
         elif event == "return" and self.stack:
-            name = self.stack.pop()
-            after = self._current()
-            if name is not None and after is not None and after != name:
-                self.moves += 1
+            self.stack.pop()
 
     def __enter__(self) -> Tracer:
         sys.setprofile(self)

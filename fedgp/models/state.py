@@ -18,18 +18,22 @@ from fedgp.errors import InputError
 __all__ = ["HyperState"]
 
 
-class HyperState(Mapping[str, torch.Tensor]):
-    """Named hyper-parameter values with an optional common batch shape."""
+class HyperState(dict):
+    """Named hyper-parameter values with an optional common batch shape.
 
-    __slots__ = ("_values", "_events")
+    A read-only ``dict`` (name → tensor): reading a value, iterating and ``len`` are the built-in
+    dict's, with no Python call in between — states are read in every local step of every client.
+    Writing is refused; :meth:`map` and friends make new states."""
+
+    __slots__ = ("_events",)
 
     def __init__(self, values: Mapping[str, torch.Tensor], event_shapes: Mapping[str, Sequence[int]]):
         if set(values) != set(event_shapes):
             raise InputError(f"values {sorted(values)} and event shapes {sorted(event_shapes)} differ")
-        self._values = {k: torch.as_tensor(v) for k, v in values.items()}
+        super().__init__((k, torch.as_tensor(v)) for k, v in values.items())
         self._events = {k: torch.Size(event_shapes[k]) for k in values}
         batch = None
-        for name, value in self._values.items():
+        for name, value in dict.items(self):
             event = self._events[name]
             if tuple(value.shape[value.dim() - len(event) :]) != tuple(event):
                 raise InputError(f"{name}: shape {tuple(value.shape)} does not end in {tuple(event)}")
@@ -38,15 +42,22 @@ class HyperState(Mapping[str, torch.Tensor]):
                 raise InputError(f"{name}: batch shape {tuple(this)} differs from {tuple(batch)}")
             batch = this
 
-    # -- mapping protocol -----------------------------------------------------------------------
-    def __getitem__(self, name: str) -> torch.Tensor:
-        return self._values[name]
+    # -- read-only ------------------------------------------------------------------------------
+    def _read_only(self, *args, **kwargs):
+        raise TypeError("a HyperState is read-only: make a new one (state.map(...), HyperState({...}, shapes))")
 
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._values)
+    __setitem__ = __delitem__ = clear = pop = popitem = setdefault = update = __ior__ = _read_only  # type: ignore[assignment]
 
-    def __len__(self) -> int:
-        return len(self._values)
+    def __reduce__(self):
+        return (HyperState, (dict(self), self._events))
+
+    def __eq__(self, other) -> bool:
+        """Same names, event shapes and values (element-wise equal tensors)."""
+        if not isinstance(other, Mapping) or set(self) != set(other):
+            return False
+        return all(torch.equal(v, torch.as_tensor(other[k])) for k, v in self.items())
+
+    __hash__ = None  # type: ignore[assignment]
 
     @property
     def event_shapes(self) -> dict[str, torch.Size]:
@@ -56,14 +67,14 @@ class HyperState(Mapping[str, torch.Tensor]):
     @property
     def batch_shape(self) -> torch.Size:
         """The leading dimensions shared by every value: ``()`` for one state, ``(k,)`` for k clusters, ..."""
-        name = next(iter(self._values))
-        value = self._values[name]
+        name = next(iter(self))
+        value = self[name]
         return value.shape[: value.dim() - len(self._events[name])]
 
     # -- functional helpers -----------------------------------------------------------------------
     def map(self, fn: Callable[[torch.Tensor, int], torch.Tensor]) -> HyperState:
         """Apply ``fn(value, event_ndim)`` to every entry (batch dims lead)."""
-        return HyperState({k: fn(v, len(self._events[k])) for k, v in self._values.items()}, self._events)
+        return HyperState({k: fn(v, len(self._events[k])) for k, v in self.items()}, self._events)
 
     def index(self, idx) -> HyperState:
         """Index the leading batch dimension(s): ``state.index(3)``, ``state.index(mask)``."""
@@ -122,7 +133,7 @@ class HyperState(Mapping[str, torch.Tensor]):
                 f"to_dict needs an unbatched state, this one has batch {tuple(self.batch_shape)}"
             )
         out: dict[str, float] = {}
-        for name, value in self._values.items():
+        for name, value in self.items():
             flat = value.detach().reshape(-1)
             if flat.numel() == 1:
                 out[name] = float(flat[0])
@@ -133,9 +144,9 @@ class HyperState(Mapping[str, torch.Tensor]):
     def __repr__(self) -> str:
         batch = f", batch_shape={tuple(self.batch_shape)}" if self.batch_shape else ""
         if self.batch_shape:
-            body = ", ".join(f"{k}: {tuple(v.shape)}" for k, v in self._values.items())
+            body = ", ".join(f"{k}: {tuple(v.shape)}" for k, v in self.items())
         else:
-            body = ", ".join(f"{k}={_short(v)}" for k, v in self._values.items())
+            body = ", ".join(f"{k}={_short(v)}" for k, v in self.items())
         return f"HyperState({body}{batch})"
 
 
