@@ -26,7 +26,8 @@ import torch
 import fedgp
 from fedgp.data import gp_federation
 from fedgp.engines.ray import RayEngine, shutdown
-from fedgp.messages import HELLO_FIELDS, Task
+from fedgp.engines.tasks import HELLO_FIELDS
+from fedgp.messages import Task
 from fedgp.strategies import FGPR
 
 OUT = Path(__file__).resolve().parents[1] / "results" / "benchmarks" / "ray_engine.csv"

@@ -27,9 +27,9 @@ import pandas as pd
 import torch
 
 import fedgp
+from fedgp.engines.tasks import summary_fields
 from fedgp.flower import Flower, SecureAggregation
 from fedgp.messages import Record, Task
-from fedgp.messages.kinds import summary_fields
 from fedgp.run import ClientDP
 
 OUT = Path(__file__).resolve().parents[1] / "results" / "benchmarks" / "secure_aggregation.csv"

@@ -132,7 +132,9 @@ def main() -> None:
     traces = trace()
     rows = []
     for path, t in traces.items():
-        rows.append({"path": path, "files": len(t.files), "moves": t.moves, "calls": t.calls, "commit": commit()})
+        rows.append(
+            {"path": path, "files": len(t.files), "moves": t.moves, "calls": t.calls, "commit": commit()}
+        )
         print(f"{path:8s} files {len(t.files):3d}  moves {t.moves:4d}  calls {t.calls:5d}")
         if args.detail:
             for name, count in t.files.most_common():

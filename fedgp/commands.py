@@ -133,7 +133,7 @@ def _batched_in_sample(result: Any, federation: Any, progress: bool | None) -> p
     import pandas as pd
 
     from fedgp.engines import Batched
-    from fedgp.run.exchange import personal_exchange
+    from fedgp.run.exchange import ask
 
     clients = [_in_sample(client) for client in federation]
     engine = Batched(check=False).build(result.spec, clients, 0)
@@ -146,13 +146,9 @@ def _batched_in_sample(result: Any, federation: Any, progress: bool | None) -> p
         with bar:
             for start in range(0, len(clients), OWNERS_PER_STEP):
                 positions = torch.arange(start, min(start + OWNERS_PER_STEP, len(clients)))
-                replies = personal_exchange(
-                    result.strategy, result.server_state, result.context, engine, result.roster,
-                    "evaluate", positions, positions, result.transform,
-                ).replies  # fmt: skip
-                answered = torch.as_tensor(replies.participants, dtype=torch.long)
+                replies = ask(result, "evaluate", positions, engine=engine)
                 for name, column in columns.items():
-                    column[answered] = replies[name].to(torch.float64)
+                    column[replies.clients] = replies.individual[name].to(torch.float64)
                 failures.update({federation.ids[p]: reason for p, reason in replies.failures.items()})
                 bar.update(len(positions))
     finally:

@@ -306,7 +306,7 @@ def client_summaries(
     hide_discrete: bool = False,
 ) -> dict[str, torch.Tensor]:
     """A batch of clients' reply to the ``summarise`` task (one row per client, tensors), from their
-    raw data (:func:`fedgp.messages.summary_fields` declares it).
+    raw data (:func:`fedgp.engines.tasks.summary_fields` declares it).
 
     Clients of equal size are reduced together, as rows of one stacked tensor: a row's sum, minimum
     and maximum have the bits of the client's own, so a reply does not depend on which clients

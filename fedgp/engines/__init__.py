@@ -5,7 +5,7 @@
 (:mod:`fedgp.engines.config`).
 """
 
-from fedgp.engines.base import Engine, InProcessEngine
+from fedgp.engines.base import Engine, InProcessEngine, faulted_ops
 from fedgp.engines.config import (
     ENGINES,
     Batched,
@@ -21,6 +21,7 @@ from fedgp.engines.sequential import SequentialEngine, SequentialOps
 __all__ = [
     "Engine",
     "InProcessEngine",
+    "faulted_ops",
     "EngineConfig",
     "Sequential",
     "Batched",

@@ -22,10 +22,18 @@ from collections.abc import Iterator, Mapping, Sequence
 
 import torch
 
+from fedgp.attacks.labels import flipped_ops
 from fedgp.data.client import ClientData
-from fedgp.engines.client import handle
 from fedgp.engines.deadline import Abandoned, run_within
-from fedgp.errors import ClientFailure, EngineError, FactorizationError, InputError, UnknownClientError
+from fedgp.engines.tasks import handle, reply_fields
+from fedgp.errors import (
+    ClientFailure,
+    EngineError,
+    FactorizationError,
+    InputError,
+    SimulatedFailure,
+    UnknownClientError,
+)
 from fedgp.messages import (
     Field,
     Outcome,
@@ -37,22 +45,25 @@ from fedgp.messages import (
     from_config,
     record_from_bytes,
     record_to_bytes,
-    reply_fields,
     reply_structure,
     task_from_bytes,
     task_to_bytes,
 )
 from fedgp.models.spec import GPSpec
+from fedgp.rng import client_uniform
 from fedgp.strategies.base import ClientOps, Strategy
 from fedgp.transforms import DataTransform
 
-__all__ = ["Engine", "InProcessEngine"]
+__all__ = ["Engine", "InProcessEngine", "faulted_ops"]
 
 
 class Engine(ABC):
     """Who runs the clients' side of the rounds. See the module docstring for the contract."""
 
     name: str = "engine"
+    #: The transform this engine's clients last received (a ``transform`` task), as the server
+    #: recorded it (:func:`fedgp.run.exchange.send_transform`); registration resets the clients.
+    transform_sent = None
 
     @abstractmethod
     def start(self, strategy: Strategy, seed: int) -> Roster:
@@ -118,7 +129,8 @@ class InProcessEngine(Engine):
         self.spec, self.clients, self.seed = spec, clients, seed
         # The clients' own data; ``clients`` is what the current task's transform made of them.
         self.raw_clients = clients
-        self._transform_key = DataTransform().key()
+        self.transform = DataTransform()
+        self._transform_key = self.transform.key()
         self.outcome_offset = torch.zeros(len(clients), dtype=torch.float64)
         self.outcome_scale = torch.ones(len(clients), dtype=torch.float64)
         self.ids = [c.id for c in clients]
@@ -153,13 +165,19 @@ class InProcessEngine(Engine):
 
     def use_transform(self, transform: DataTransform) -> None:
         """Hold the clients' data in the units of ``transform`` (a no-op when already so): what a
-        client does with the transform a task carries (:mod:`fedgp.transforms`)."""
+        client does with a ``transform`` task, once per run (:mod:`fedgp.transforms`)."""
         key = transform.key()
         if key == self._transform_key:
             return
         self.clients, self.outcome_offset, self.outcome_scale = transform.apply_all(self.raw_clients)
-        self._transform_key = key
+        self.transform, self._transform_key = transform, key
         self.data_changed()
+
+    def client_ops(self, clients: torch.Tensor, task: Task) -> ClientOps:
+        """The operations ``task`` runs on: :meth:`ops`, and for training the faults a run injects —
+        a simulated failure raises, a label flip's clients see −y (:mod:`fedgp.attacks.labels`) — so
+        the task kinds answer as honest clients do."""
+        return faulted_ops(self.ops(clients, task.round), task)
 
     def chunks(self, clients: torch.Tensor, rnd: int) -> Iterator[ClientOps]:
         """The round's clients as :class:`~fedgp.strategies.ClientOps`, ``chunk_size`` at a time."""
@@ -172,6 +190,7 @@ class InProcessEngine(Engine):
         client would (a host that already registered its clients needs no second ``hello``)."""
         self.seed = seed
         self.client_strategy = from_config(strategy.client_view().to_config())
+        self.use_transform(DataTransform())  # a new run starts from the data as they are
 
     def start(self, strategy: Strategy, seed: int) -> Roster:
         self.prepare(strategy, seed)
@@ -191,7 +210,8 @@ class InProcessEngine(Engine):
         if self.client_strategy is None:
             raise EngineError(f"{type(self).__name__}.start(strategy, seed) must come first")
         clients = torch.as_tensor(clients, dtype=torch.long)
-        self.use_transform(DataTransform.from_parts(task.shared.tensors, task.shared.settings))
+        if task.kind == "transform":
+            return self._hold_transform(task, clients, fields)
         summed = {k for k, f in fields.items() if f.summed}
         out = Outcome.empty(fields)
         replied, rows = [], {k: [] for k in fields if k not in summed}
@@ -232,6 +252,16 @@ class InProcessEngine(Engine):
             out.clients = torch.cat(replied)[order]
             out.individual = {k: torch.cat(v)[order] for k, v in rows.items()}
             out.sums = sums
+        return out
+
+    def _hold_transform(self, task: Task, clients: torch.Tensor, fields: Mapping[str, Field]) -> Outcome:
+        """A ``transform`` task: this host's clients hold their data in its units from now on. One
+        message per client and an empty reply each, counted as the wire would carry them."""
+        self.use_transform(DataTransform.from_parts(task.shared.tensors, task.shared.settings))
+        out = Outcome.empty(fields)
+        out.clients = torch.sort(clients).values
+        out.bytes_down = _message_size(task) * len(clients)
+        out.bytes_up = len(record_to_bytes(Record())) * len(clients)
         return out
 
     # -- running a chunk, isolating the clients that fail ----------------------------------------------
@@ -279,7 +309,8 @@ class InProcessEngine(Engine):
         units = (self.outcome_offset[clients], self.outcome_scale[clients])
 
         def work() -> Record:
-            return Record(handle(self.client_strategy, self.ops(clients, task.round), task, units))
+            ops = self.client_ops(clients, task)
+            return Record(handle(self.client_strategy, ops, task, units, self.transform))
 
         if self.timeout is None:
             return work()
@@ -309,6 +340,23 @@ class InProcessEngine(Engine):
     def config(self) -> str:
         """The client-side strategy as JSON (what a remote client would have received)."""
         return config_json(self.client_strategy)
+
+
+def faulted_ops(ops: ClientOps, task: Task) -> ClientOps:
+    """``ops`` with the faults a run injects into training, where an engine builds its clients'
+    operations (before :func:`fedgp.engines.tasks.handle`): ``Faults(simulate_failures=p)`` — the
+    clients whose draw falls below ``p`` raise :class:`~fedgp.errors.SimulatedFailure` — and a
+    label flip's attacked clients see −y (:mod:`fedgp.attacks.labels`). Other kinds run as they are."""
+    if task.kind != "train":
+        return ops
+    p = float(task.options.get("simulate_failures", 0.0))
+    if p > 0:
+        # A function of (seed, round, client key) only: the same clients fail whatever the engine.
+        u = client_uniform(ops.seed, "simulated failure", task.round, ops.indices, ())
+        failing = ops.indices[u < p]
+        if len(failing):
+            raise SimulatedFailure(f"simulated failure (p = {p:g})", failing.tolist())
+    return flipped_ops(ops, task)
 
 
 # -- bytes ---------------------------------------------------------------------------------------------

@@ -260,6 +260,7 @@ class RayEngine(Engine):
             ]
             self._loaded.extend([None] * len(self.shards))
             self._strategy: str | None = None
+            self._transform: Task | None = None
             self._modules: list[str] = []
             for i in range(len(self.shards)):
                 self._load(i)
@@ -297,6 +298,8 @@ class RayEngine(Engine):
             if self._strategy is not None:  # else its run says start must come first
                 local.seed = self.seed
                 local.client_strategy = from_config(json.loads(self._strategy))
+            if self._transform is not None:  # the run's units, as the actors held them
+                local.run(self._transform, torch.arange(len(self.clients)), {})
             self._local = local
         return self._local
 
@@ -309,6 +312,9 @@ class RayEngine(Engine):
         ray.get(actor.load.remote(self.key, self.spec, self._records[i], keys, self.options))
         if self._strategy is not None:
             ray.get(actor.start.remote(self.key, self._strategy, self.seed, self._modules))
+        if self._transform is not None:  # a reloaded shard holds its data in the run's units again
+            rows = list(range(len(keys)))
+            ray.get(actor.run.remote(self.key, task_to_bytes(self._transform), rows, fields_to_json({})))
         self._loaded[i] = actor
         return actor
 
@@ -334,7 +340,7 @@ class RayEngine(Engine):
         if self._closed:  # a new run on the actors: the shards reload as they are needed
             self._closed, self._local = False, None
             self._finalizer = weakref.finalize(self, _drop, self.key, self._loaded)
-        self.seed = seed
+        self.seed, self._transform = seed, None  # registration resets the actors' units
         self._strategy = config_json(strategy.client_view())
         self._modules = _modules(json.loads(self._strategy))
         refs = [
@@ -353,6 +359,8 @@ class RayEngine(Engine):
         if self._closed:
             return self._in_process().run(task, clients, fields)
         ray = _ray()
+        if task.kind == "transform":  # held by the actors; re-sent to a shard that reloads
+            self._transform = task
         clients = torch.as_tensor(clients, dtype=torch.long)
         text = fields_to_json(fields)
         sent = []

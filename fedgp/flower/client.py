@@ -25,14 +25,16 @@ from fedgp.engines.config import Batched, Sequential
 from fedgp.errors import EngineError, InputError, MissingFileError
 from fedgp.flower.records import KIND_OF, outcome_to_content, task_from_content
 from fedgp.flower.secagg import RECORD, handle_stage, mask_reply
-from fedgp.messages import from_config
+from fedgp.messages import from_config, task_from_bytes, task_to_bytes
 from fedgp.messages.remote import fields_from_json
 from fedgp.models.spec import GPSpec
+from fedgp.transforms import DataTransform
 
 __all__ = ["client_app", "node_engine", "npz_loader", "read_npz_clients", "save_npz_clients"]
 
 Loader = Callable[[Context], tuple[GPSpec, Sequence[ClientData]]]
 _STATE = "fedgp.run"
+_TRANSFORM = "fedgp.transform"
 
 
 def node_engine(engine: str | Sequential | Batched) -> Sequential | Batched:
@@ -68,6 +70,9 @@ def _handle(
         context.state.config_records[_STATE] = ConfigRecord(
             {"strategy": str(head["strategy"]), "seed": int(head["seed"])}
         )
+        context.state.config_records.pop(_TRANSFORM, None)  # a new run: the data as they are
+    elif task.kind == "transform":  # the run's units, held for every later message of the run
+        context.state.config_records[_TRANSFORM] = ConfigRecord({"task": task_to_bytes(task)})
     if _STATE not in context.state.config_records:
         raise EngineError("this node has not been registered for the run (no hello received)")
     run = context.state.config_records[_STATE]
@@ -75,6 +80,10 @@ def _handle(
     clients = list(clients)
     engine = engine.build(spec, clients, keys=int(head["first_key"]) + torch.arange(len(clients)))
     engine.prepare(from_config(json.loads(str(run["strategy"]))), int(run["seed"]))
+    held = context.state.config_records.get(_TRANSFORM)
+    if held is not None:  # the engine is built per message; the units are the run's
+        units = task_from_bytes(bytes(held["task"]))
+        engine.use_transform(DataTransform.from_parts(units.shared.tensors, units.shared.settings))
     if bool(head["all_clients"]):
         rows = torch.arange(len(clients))
     else:
@@ -121,7 +130,7 @@ def client_app(
 
     app.train()(handle)
     app.evaluate()(handle)
-    for action in ("hello", "summarise", "predict", "personal"):
+    for action in ("hello", "summarise", "transform", "predict", "personal"):
         app.query(action)(handle)
     app.query("secagg")(handle_stage)  # the secure-aggregation steps around a task with summed fields
     return app

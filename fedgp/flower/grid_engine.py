@@ -27,11 +27,12 @@ from flwr.app import Message, RecordDict
 from flwr.serverapp import Grid
 
 from fedgp.engines.base import Engine
+from fedgp.engines.tasks import reply_fields
 from fedgp.errors import EngineError, FedGPWarning
 from fedgp.flower.capture import message_bytes
 from fedgp.flower.records import message_type, outcome_from_content, task_to_content
 from fedgp.flower.secagg import MESSAGE_TYPE, RECORD, SecAggRound, SecureAggregation
-from fedgp.messages import Field, Outcome, Roster, Task, config_json, merge_outcomes, reply_fields
+from fedgp.messages import Field, Outcome, Roster, Task, config_json, merge_outcomes
 from fedgp.messages.remote import fields_to_json
 from fedgp.models.spec import GPSpec
 from fedgp.strategies.base import Strategy

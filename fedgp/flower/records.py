@@ -47,6 +47,7 @@ INLINE_LIMIT = FLWR_PRIVATE_MAX_ARRAY_CHUNK_SIZE
 MESSAGE_TYPES = {
     "hello": "query.hello",
     "summarise": "query.summarise",
+    "transform": "query.transform",
     "train": "train",
     "evaluate": "evaluate",
     "predict": "query.predict",

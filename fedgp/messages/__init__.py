@@ -2,7 +2,7 @@
 
 A round is a :class:`Task` sent to its participants (a shared :class:`Record` plus one personal
 row each) and a reply :class:`Record` from each, checked against declared :class:`Field` s
-(:mod:`~fedgp.messages.kinds` declares the fixed replies of every task kind but training). The
+(:mod:`fedgp.engines.tasks` declares the fixed replies of every task kind but training). The
 server's side of a round is a :class:`RoundPlan` built from the :class:`ServerContext` (what the
 :class:`Roster` of registered clients told it) and the :class:`Replies` that come back; an engine
 hands back an :class:`Outcome`. Strategies travel as JSON configs (:class:`Configurable`, through
@@ -14,7 +14,6 @@ the one tree codec :mod:`~fedgp.messages.codec`); records and tasks as bytes in 
 from fedgp.messages.codec import decode, encode, register_type
 from fedgp.messages.config import Configurable, config_json, from_config
 from fedgp.messages.fields import Field, check_reply, read_state, reply_structure, state_fields, state_tensors
-from fedgp.messages.kinds import EVALUATE_FIELDS, HELLO_FIELDS, reply_fields, summary_fields
 from fedgp.messages.outcome import Outcome, merge_outcomes
 from fedgp.messages.records import TENSOR_DTYPES, Record, Setting
 from fedgp.messages.roster import Roster
@@ -35,10 +34,6 @@ __all__ = [
     "Configurable",
     "KINDS",
     "TENSOR_DTYPES",
-    "HELLO_FIELDS",
-    "EVALUATE_FIELDS",
-    "reply_fields",
-    "summary_fields",
     "check_reply",
     "reply_structure",
     "read_state",

@@ -1,7 +1,8 @@
 """``Task``: what the server asks of a batch of clients in one message exchange.
 
 A task names its kind (``hello``: report your size; ``summarise``: counts and sums for the data
-transforms; ``train``: a round's local update; ``evaluate``: score your test split under your
+transforms; ``transform``: hold your data in the run's units (once per run); ``train``: a
+round's local update; ``evaluate``: score your test split under your
 personal state; ``predict``: the posterior at given inputs; ``personal``: which state you would
 condition on), the round, the part every recipient shares, the part each recipient gets alone (one
 row per client), and protocol options such as a simulated failure rate. A single participant's
@@ -23,7 +24,7 @@ from fedgp.messages.records import Record, Setting, _check_setting
 __all__ = ["Task", "KINDS"]
 
 #: The task kinds a client answers: the round's exchanges from ``hello`` to ``personal``.
-KINDS = ("hello", "summarise", "train", "evaluate", "predict", "personal")
+KINDS = ("hello", "summarise", "transform", "train", "evaluate", "predict", "personal")
 
 
 @dataclass(frozen=True)

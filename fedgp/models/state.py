@@ -9,7 +9,7 @@ stored so that batching is unambiguous.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import torch
 
@@ -44,7 +44,9 @@ class HyperState(dict):
 
     # -- read-only ------------------------------------------------------------------------------
     def _read_only(self, *args, **kwargs):
-        raise TypeError("a HyperState is read-only: make a new one (state.map(...), HyperState({...}, shapes))")
+        raise TypeError(
+            "a HyperState is read-only: make a new one (state.map(...), HyperState({...}, shapes))"
+        )
 
     __setitem__ = __delitem__ = clear = pop = popitem = setdefault = update = __ior__ = _read_only  # type: ignore[assignment]
 

@@ -232,13 +232,7 @@ class Evaluate(Callback):
     def on_round(self, run, row) -> None:
         every = self.interval(run)
         if every and (run.completed % every == 0 or run.done):
-            row.update(
-                mean_metrics(
-                    evaluate_clients(
-                        run.strategy, run.server, run.context, run.engine, run.roster, run.transform
-                    )
-                )
-            )
+            row.update(mean_metrics(evaluate_clients(run)))
 
     def fingerprint(self, run) -> dict[str, str]:
         return {"evaluate.every": str(self.interval(run))}

@@ -21,7 +21,7 @@ from fedgp.errors import EngineError, FedGPWarning, InputError, RoundFailedError
 from fedgp.models.experts import SHARED_PRIOR_RULES, combine_experts
 from fedgp.models.objective import exact_settings
 from fedgp.models.posterior import Prediction
-from fedgp.run.exchange import personal_exchange
+from fedgp.run.exchange import ask
 
 __all__ = ["check_experts", "combined_posterior", "shared_prior"]
 
@@ -79,19 +79,7 @@ def combined_posterior(result: Any, X: torch.Tensor, rule: str) -> Prediction:
     roster = result.roster
     everyone = torch.arange(len(roster.ids))
     try:
-        replies = personal_exchange(
-            result.strategy,
-            result.server_state,
-            result.context,
-            result.engine,
-            roster,
-            "predict",
-            everyone,
-            everyone,
-            result.transform,
-            {"X": X},
-            X.shape[0],
-        ).replies
+        replies = ask(result, "predict", everyone, X=X)
     except RoundFailedError as err:
         raise EngineError(
             f"no client could predict, so there is nothing to combine: {err.failures}"
@@ -101,7 +89,8 @@ def combined_posterior(result: Any, X: torch.Tensor, rule: str) -> Prediction:
         warnings.warn(
             f"combined without the clients that failed to predict: {failed}", FedGPWarning, stacklevel=3
         )
-    variance_f = replies["variance_f"]
-    mean, variance = combine_experts(replies["mean"], variance_f, rule, *prior)
-    noise = (replies["variance_y"] - variance_f).mean(0)
+    answers = replies.individual
+    variance_f = answers["variance_f"]
+    mean, variance = combine_experts(answers["mean"], variance_f, rule, *prior)
+    noise = (answers["variance_y"] - variance_f).mean(0)
     return Prediction(mean, variance, variance + noise)

@@ -7,12 +7,7 @@ from typing import Any
 import pandas as pd
 import torch
 
-from fedgp.engines.base import Engine
-from fedgp.messages import ServerContext
-from fedgp.messages.roster import Roster
-from fedgp.run.exchange import personal_exchange
-from fedgp.strategies.base import Strategy
-from fedgp.transforms import DataTransform
+from fedgp.run.exchange import ask
 
 __all__ = ["evaluate_clients", "mean_metrics", "METRIC_COLUMNS"]
 
@@ -21,26 +16,19 @@ __all__ = ["evaluate_clients", "mean_metrics", "METRIC_COLUMNS"]
 METRIC_COLUMNS = ["client", "n_test", "rmse", "nll", "coverage95", "cluster"]
 
 
-def evaluate_clients(
-    strategy: Strategy,
-    server: Any,
-    ctx: ServerContext,
-    engine: Engine,
-    roster: Roster,
-    transform: DataTransform | None = None,
-) -> pd.DataFrame:
+def evaluate_clients(session: Any) -> pd.DataFrame:
     """Per-client test metrics in the original units, computed by each client on its own test split
     (columns :data:`METRIC_COLUMNS`, or the spec's ``metric_names``; ``attrs["failures"]`` names the
-    clients that could not answer)."""
-    columns = ["client", "n_test", *ctx.spec.metric_names, "cluster"]
+    clients that could not answer). ``session``: a :class:`~fedgp.run.Run` or
+    :class:`~fedgp.run.FitResult` (:func:`fedgp.run.exchange.ask`)."""
+    roster = session.roster
+    columns = ["client", "n_test", *session.context.spec.metric_names, "cluster"]
     positions = torch.nonzero(roster.n_test > 0).flatten()
     if not len(positions):
         return pd.DataFrame(columns=columns)
-    replies = personal_exchange(
-        strategy, server, ctx, engine, roster, "evaluate", positions, positions, transform
-    ).replies
-    frame = pd.DataFrame({name: replies[name].tolist() for name in columns[1:]})
-    frame.insert(0, "client", [roster.ids[p] for p in replies.participants.tolist()])
+    replies = ask(session, "evaluate", positions)
+    frame = pd.DataFrame({name: replies.individual[name].tolist() for name in columns[1:]})
+    frame.insert(0, "client", [roster.ids[p] for p in replies.clients.tolist()])
     frame.attrs["failures"] = {roster.ids[p]: r for p, r in replies.failures.items()}
     return frame
 

@@ -8,9 +8,9 @@ replied, weights renormalised over them, summed fields only as sums, failures wi
 Below ``min_replies`` the exchange does not count: :class:`~fedgp.errors.RoundFailedError` says
 who failed and why.
 
-:func:`personal_exchange` is the same for the tasks that do not train (evaluate, predict,
-personal): the strategy tells each client which state to condition on, the client answers from
-its own data, and only the answer travels.
+:func:`ask` is the same for the tasks that do not train (evaluate, predict, personal), without
+a plan: the strategy tells each client which state to condition on, the client answers from its
+own data, and only the answer travels.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from fedgp.engines.base import Engine
+from fedgp.engines.tasks import KINDS
 from fedgp.errors import InputError, InputTypeError, RoundFailedError
 from fedgp.messages import (
     Field,
@@ -29,18 +30,17 @@ from fedgp.messages import (
     Record,
     Replies,
     RoundPlan,
-    ServerContext,
     Setting,
     Task,
-    reply_fields,
 )
 from fedgp.messages.roster import Roster
-from fedgp.strategies.base import Strategy
 from fedgp.transforms import DataTransform
 
 __all__ = [
     "exchange",
-    "personal_exchange",
+    "send_transform",
+    "ask",
+    "personal_task",
     "distinct_participants",
     "Exchange",
     "required_replies",
@@ -92,24 +92,18 @@ def exchange(
     min_replies: int | float = 1,
     options: Mapping[str, Setting] | None = None,
     tamper: Callable[[Outcome], Outcome] | None = None,
-    transform: DataTransform | None = None,
     min_contributors: int = 1,
 ) -> Exchange:
     """Send ``plan`` as a ``kind`` task of round ``rnd``; the replies as ``aggregate`` sees them.
 
     ``tamper`` (an attack's hook, :mod:`fedgp.attacks`) rewrites the engine's outcome before it
-    becomes the replies: one place, whatever the engine. ``transform`` (:mod:`fedgp.transforms`)
-    travels in the shared record, so the clients work on their data in its units. Summed fields
-    added up over fewer than ``min_contributors`` clients are not released: their clients fail
-    with the reason (a one-client "sum" is that client's value)."""
+    becomes the replies: one place, whatever the engine. Summed fields added up over fewer than
+    ``min_contributors`` clients are not released: their clients fail with the reason (a
+    one-client "sum" is that client's value). The clients already hold their data
+    in the run's units (the ``transform`` task, once per run: :func:`fedgp.run.exchange.send_transform`)."""
     participants = torch.as_tensor(plan.participants, dtype=torch.long)
     unique, first = distinct_participants(plan)
-    shared = plan.shared
-    if transform is not None and not transform.is_identity:
-        shared = Record(
-            {**shared.tensors, **transform.tensors()}, {**shared.settings, **transform.settings()}
-        )
-    task = Task(kind, rnd, shared, plan.personal.rows(first), options or {})
+    task = Task(kind, rnd, plan.shared, plan.personal.rows(first), options or {})
     outcome = engine.run(task, unique, plan.replies)
     if tamper is not None:
         outcome = tamper(outcome)
@@ -120,10 +114,10 @@ def exchange(
         named = {ids[p]: reason for p, reason in outcome.failures.items()}
         listing = "; ".join(f"{cid!r}: {reason}" for cid, reason in list(named.items())[:10])
         more = f" (and {len(named) - 10} more)" if len(named) > 10 else ""
+        when = "before round 1" if kind in ("summarise", "transform") else f"round {rnd + 1}"
         raise RoundFailedError(
-            f"{'before round 1' if kind == 'summarise' else f'round {rnd + 1}'} ({kind}): {replied} of "
-            f"{len(unique)} clients replied, fewer than the "
-            f"{needed} required; {_NOT_DONE.get(kind, 'nothing was applied')}. Failed: {listing}{more}",
+            f"{when} ({kind}): {replied} of {len(unique)} clients replied, fewer than the "
+            f"{needed} required; {KINDS[kind].undone}. Failed: {listing}{more}",
             named,
             withheld=outcome.withheld,
             bytes_down=outcome.bytes_down,
@@ -132,12 +126,16 @@ def exchange(
     return Exchange(_replies(plan, participants, outcome), len(unique), outcome.bytes_down, outcome.bytes_up)
 
 
-#: What a failed exchange of each kind leaves undone, for its error message.
-_NOT_DONE = {
-    "train": "the round was not applied",
-    "summarise": "the data transforms were not learned",
-    "evaluate": "this round's test metrics were not recorded (its training was applied)",
-}
+def send_transform(engine: Engine, roster: Roster, transform: DataTransform) -> None:
+    """The run's transform to every client, once (the ``transform`` task): from now on each holds
+    its data in these units, and no later task carries it. Sent even when it changes nothing, so an
+    engine a previous run left in other units is reset. Every client must take it — one that did
+    not would answer in other units — so a failure here ends the run before round 1."""
+    everyone = torch.arange(len(roster.ids))
+    shared = Record(transform.tensors(), transform.settings())
+    plan = RoundPlan(everyone, torch.ones(len(everyone)), shared, Record(), {})
+    exchange(engine, "transform", 0, plan, roster.ids, min_replies=len(everyone))
+    engine.transform_sent = transform
 
 
 def withhold_small_sums(outcome: Outcome, fields: Mapping[str, Field], min_contributors: int) -> Outcome:
@@ -170,28 +168,44 @@ def _replies(plan: RoundPlan, participants: torch.Tensor, outcome: Outcome) -> R
     )
 
 
-def personal_exchange(
-    strategy: Strategy,
-    server: Any,
-    ctx: ServerContext,
-    engine: Engine,
-    roster: Roster,
-    kind: str,
-    positions: torch.Tensor,
-    known: torch.Tensor,
-    transform: DataTransform | None,
-    shared: Mapping[str, torch.Tensor] | None = None,
-    points: int = 0,
-    full_cov: bool = False,
-) -> Exchange:
-    """A ``kind`` task (evaluate / predict / personal) to the clients at ``positions`` of ``engine``;
-    ``known`` are their positions in the training roster (-1 for clients it never saw)."""
-    shared_rec, personal = strategy.configure_personal(server, ctx, known)
-    if shared or full_cov:
-        settings = {**shared_rec.settings, **({"full_cov": True} if full_cov else {})}
-        shared_rec = Record({**shared_rec.tensors, **(shared or {})}, settings)
+def personal_task(
+    session: Any, kind: str, known: torch.Tensor, X: torch.Tensor | None = None, full_cov: bool = False
+) -> tuple[Task, dict[str, Field]]:
+    """The ``kind`` task for clients at training positions ``known`` (-1: never seen), and its
+    declared reply: the strategy's choice of state to condition on, and the inputs ``X``."""
+    strategy, server = session.strategy, session.server_state
+    shared, personal = strategy.configure_personal(server, session.context, known)
+    if X is not None:
+        settings = {**shared.settings, "full_cov": True} if full_cov else shared.settings
+        shared = Record({**shared.tensors, "X": X}, settings)
     state = strategy.global_state(server)
     clusters = int(state.batch_shape[0]) if state.batch_shape else 1
-    fields = reply_fields(kind, ctx.spec, clusters, points, full_cov)
-    plan = RoundPlan(positions, torch.ones(len(positions), dtype=torch.float64), shared_rec, personal, fields)
-    return exchange(engine, kind, 0, plan, roster.ids, min_replies=1, transform=transform)
+    fields = KINDS[kind].fields(session.spec, clusters, 0 if X is None else X.shape[0], full_cov)
+    return Task(kind, 0, shared, personal), fields
+
+
+def ask(
+    session: Any,
+    kind: str,
+    positions: torch.Tensor,
+    known: torch.Tensor | None = None,
+    X: torch.Tensor | None = None,
+    full_cov: bool = False,
+    engine: Engine | None = None,
+) -> Outcome:
+    """A ``kind`` task (evaluate / predict / personal) to the clients at ``positions`` (ascending)
+    of ``session.engine`` (or ``engine``): the strategy tells each client which state to condition
+    on, the client answers from its own data, and only the answer travels. ``session`` holds the
+    run's ``strategy``, ``server_state``, ``context`` and ``roster`` (a :class:`~fedgp.run.Run` or a
+    :class:`~fedgp.run.FitResult`); ``known`` are the clients' positions in the training roster
+    (default ``positions``; -1 for a client it never saw). Raises
+    :class:`~fedgp.errors.RoundFailedError` when no client answers."""
+    engine = session.engine if engine is None else engine
+    if engine.transform_sent is not session.transform:  # a new engine, or one another fit ran on since
+        send_transform(engine, session.roster, session.transform)
+    task, fields = personal_task(session, kind, positions if known is None else known, X, full_cov)
+    outcome = engine.run(task, positions, fields)
+    if not len(outcome.clients):
+        named = {session.roster.ids[p]: reason for p, reason in outcome.failures.items()}
+        raise RoundFailedError(f"({kind}): no client answered; {KINDS[kind].undone}. Failed: {named}", named)
+    return outcome

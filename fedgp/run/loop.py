@@ -39,7 +39,7 @@ from fedgp.run.callbacks import (
     Stopping,
     as_callback,
 )
-from fedgp.run.exchange import distinct_participants, exchange
+from fedgp.run.exchange import distinct_participants, exchange, send_transform
 from fedgp.run.faults import Faults
 from fedgp.run.fingerprint import run_fingerprint
 from fedgp.run.privacy import ClientDP, PrivacyAccounting
@@ -168,6 +168,7 @@ class Run:
         """Register the clients, learn the data transforms, initialise (or restore) the server
         state, and tell the callbacks."""
         self.roster = self.engine.start(self.strategy, self.seed)
+        self.engine.transform_sent = None  # registered: the clients hold their data as they are
         for client_id, n in zip(self.roster.ids, self.roster.sizes.tolist()):  # remote clients too
             check_trainable(client_id, n)
         self.transform, summary = learn_transform(
@@ -177,6 +178,7 @@ class Run:
         self.failures.extend({"round": 0, "client": self.roster.ids[p], "reason": f"summarise: {r}"}
                              for p, r in summary.failures.items())  # fmt: skip
         self.roster = check_claimed_sizes(self.roster, summary)
+        send_transform(self.engine, self.roster, self.transform)
         self.context = ServerContext.from_roster(self.spec, self.roster, self.seed)
         self.attack = self.faults.bind(self.strategy, self.spec, self.roster.ids, self.seed)
         self.options = self.faults.task_options(self.attack)
@@ -200,7 +202,7 @@ class Run:
         try:
             sent = exchange(
                 self.engine, "train", rnd, plan, self.roster.ids, self.faults.min_replies, self.options,
-                tamper, self.transform, self._min_contributors(),
+                tamper, self._min_contributors(),
             )  # fmt: skip
         except RoundFailedError as err:
             if self.privacy is None or err.withheld is None:
@@ -211,7 +213,7 @@ class Run:
         ids = self.roster.ids
         row = {"round": rnd + 1, **metrics}
         row.update(
-            participants=len(distinct_participants(plan)[0]),
+            participants=sent.asked,
             failed=len(failed),
             failures=" | ".join(f"{ids[p]!r}: {reason}" for p, reason in failed.items()),
             bytes_down=sent.bytes_down,
@@ -303,6 +305,11 @@ class Run:
             self.engine.close()
 
     # -- what callbacks use ----------------------------------------------------------------------------
+    @property
+    def server_state(self) -> Any:
+        """The strategy's server state (``server``), by the name :class:`FitResult` gives it."""
+        return self.server
+
     @property
     def state(self) -> HyperState:
         """The global hyper-parameters of the current server state."""

@@ -22,7 +22,8 @@ import torch
 from fedgp.data.client import ClientData, Federation, _as_float_tensor, _check_finite
 from fedgp.data.names import align, check_names
 from fedgp.engines.base import Engine
-from fedgp.engines.sequential import SequentialEngine
+from fedgp.engines.sequential import SequentialOps
+from fedgp.engines.tasks import handle
 from fedgp.errors import (
     EngineError,
     FallbackWarning,
@@ -33,14 +34,14 @@ from fedgp.errors import (
 )
 from fedgp.export.botorch_model import to_botorch
 from fedgp.export.exact_gp import to_gpytorch
-from fedgp.messages import Roster, ServerContext, read_state
+from fedgp.messages import Record, Roster, ServerContext, check_reply, read_state
 from fedgp.models.posterior import Prediction
 from fedgp.models.spec import ExactGPModel, GPSpec
 from fedgp.models.state import HyperState
 from fedgp.plotting import plot_history
 from fedgp.run.combined import check_experts, combined_posterior
 from fedgp.run.evaluation import evaluate_clients
-from fedgp.run.exchange import personal_exchange
+from fedgp.run.exchange import ask, personal_task
 from fedgp.run.saved import read_result, write_result
 from fedgp.strategies.base import Strategy
 from fedgp.transforms import DataTransform
@@ -75,6 +76,7 @@ class FitResult:
     attackers: list = field(default_factory=list)  # ids of the clients an ``attack`` took over
     transform: DataTransform = field(default_factory=DataTransform)  # applied to every client's data
     feature_names: tuple[str, ...] | None = None  # the input columns, in the model's order
+    _model: Any = field(default=None, init=False, repr=False, compare=False)  # new clients' GPyTorch model
 
     def __post_init__(self) -> None:
         if self.feature_names is not None:
@@ -112,20 +114,16 @@ class FitResult:
         it."""
         return ServerContext.from_roster(self.spec, self.roster, self.seed)
 
-    def _resolve(self, client: int | ClientData | Any) -> tuple[Engine, Roster, int, int]:
-        """(engine hosting the client, its roster, its position there, its training position or -1).
+    def _position(self, client: int | ClientData | Any) -> int | ClientData:
+        """The training position of ``client``, or a new client's data in the model's column order.
 
         An int is a position, a ``ClientData`` of the federation that client, any other
-        ``ClientData`` a new client (hosted alone, as the server has never seen it, its columns put in
-        the model's order by name), else an id."""
+        ``ClientData`` a new client (the server has never seen it), else an id."""
         if isinstance(client, ClientData):
-            members = [] if self.federation is None else list(self.federation)
-            for i, member in enumerate(members):
+            for i, member in enumerate(() if self.federation is None else self.federation):
                 if member is client:
-                    return self.engine, self.roster, i, i
-            client = client.in_order(self.feature_names)
-            engine = SequentialEngine(self.spec, [client], self.seed)
-            return engine, engine.start(self.strategy, self.seed), 0, -1
+                    return i
+            return client.in_order(self.feature_names)
         if self.engine is None:
             raise InputError(
                 f"client {client!r}: this result was loaded from a file and holds no client data; "
@@ -140,43 +138,57 @@ class FitResult:
                     f"{len(ids)} clients, positions 0..{len(ids) - 1} (ids {_some(ids)}). Pass a position, "
                     "an id, or a fedgp.data.ClientData to predict for a new client"
                 )
-            return self.engine, self.roster, position, position
+            return position
         try:
-            position = self.roster.position(client)
+            return self.roster.position(client)
         except UnknownClientError:
             raise UnknownClientError(
                 f"client={client!r}: no client with id {client!r} among the {len(ids)} trained on "
                 f"(ids {_some(ids)}). Pass a position, an id, or a fedgp.data.ClientData to predict for "
                 "a new client"
             ) from None
-        return self.engine, self.roster, position, position
 
-    def _ask(self, kind: str, client, shared: dict | None = None, points: int = 0, full_cov: bool = False):
-        engine, roster, position, known = self._resolve(client)
+    def ask(
+        self, kind: str, client: int | ClientData | Any, X: torch.Tensor | None = None, full_cov: bool = False
+    ) -> dict[str, torch.Tensor]:
+        """``client``'s answer to a ``kind`` task — ``"predict"`` (at ``X``, in model column order),
+        ``"evaluate"`` or ``"personal"`` — one row per reply field (:mod:`fedgp.engines.tasks`).
+
+        A training client answers through the run's engine, from its own data; a new ``ClientData``
+        is answered here, in this process, as that client would: its data in the run's units, the
+        strategy's choice of state for a client the server never saw, no engine and no
+        registration. A client that cannot answer raises :class:`~fedgp.errors.EngineError` with
+        its reason."""
+        where = self._position(client)
+        if isinstance(where, ClientData):
+            return self._ask_new(kind, where, X, full_cov)
         try:
-            replies = personal_exchange(
-                self.strategy,
-                self.server_state,
-                self.context,
-                engine,
-                roster,
-                kind,
-                torch.tensor([position]),
-                torch.tensor([known]),
-                self.transform,
-                shared,
-                points,
-                full_cov,
-            ).replies
+            outcome = ask(self, kind, torch.tensor([where]), X=X, full_cov=full_cov)
         except RoundFailedError as err:
             (reason,) = err.failures.values()
-            raise EngineError(f"client {roster.ids[position]!r} could not {kind}: {reason}") from None
-        return replies
+            raise EngineError(f"client {self.roster.ids[where]!r} could not {kind}: {reason}") from None
+        return {name: value[0] for name, value in outcome.individual.items()}
+
+    def _ask_new(self, kind: str, client: ClientData, X, full_cov: bool) -> dict[str, torch.Tensor]:
+        task, fields = personal_task(self, kind, torch.tensor([-1]), X, full_cov)
+        try:
+            data, offset, scale = self.transform.apply(client)
+            if self._model is None:  # one GPyTorch model, reloaded for each new client
+                self._model = self.spec.build()
+            ops = SequentialOps(self.spec, self._model, data, 0, 0, self.seed)
+            units = (torch.tensor([offset], dtype=torch.float64), torch.tensor([scale], dtype=torch.float64))
+            reply = Record(handle(self.strategy.client_view(), ops, task, units, self.transform))
+            (reason,) = check_reply(reply, fields, 1)
+        except Exception as err:  # noqa: BLE001 - as an engine reports a client's failure
+            reason = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"[:500]
+        if reason is not None:
+            raise EngineError(f"client {client.id!r} could not {kind}: {reason}")
+        return {name: value[0] for name, value in reply.tensors.items()}
 
     def client_state(self, client: int | ClientData | Any) -> HyperState:
         """The state a client conditions on (FGPR: the global state; clustered: its cluster's)."""
-        replies = self._ask("personal", client)
-        return read_state(replies.individual, self.spec, "state/").index(0)
+        reply = self.ask("personal", client)
+        return read_state({k: v.unsqueeze(0) for k, v in reply.items()}, self.spec, "state/").index(0)
 
     def posterior(
         self,
@@ -225,11 +237,13 @@ class FitResult:
         _check_finite(X, name, "X")
         if combine is not None:
             return combined_posterior(self, X, combine)
-        replies = self._ask("predict", client, {"X": X}, X.shape[0], full_cov)
-        covariance = replies["covariance_f"][0] if full_cov else None
-        latent = replies["mean_f"][0] if "mean_f" in replies.individual else None
+        reply = self.ask("predict", client, X, full_cov)
         return Prediction(
-            replies["mean"][0], replies["variance_f"][0], replies["variance_y"][0], covariance, latent
+            reply["mean"],
+            reply["variance_f"],
+            reply["variance_y"],
+            reply.get("covariance_f"),
+            reply.get("mean_f"),
         )
 
     def _dims(self, client) -> int:
@@ -245,7 +259,7 @@ class FitResult:
                     "input columns, in the same order, as the training clients"
                 )
             return client.n_features
-        return int(self.roster.dims[self._resolve(client)[2]])
+        return int(self.roster.dims[self._position(client)])
 
     def predict(
         self,
@@ -269,9 +283,7 @@ class FitResult:
             raise InputError(
                 "a loaded result holds no client data to evaluate; predict per ClientData instead"
             )
-        frame = evaluate_clients(
-            self.strategy, self.server_state, self.context, self.engine, self.roster, self.transform
-        )
+        frame = evaluate_clients(self)
         if not bool((self.roster.n_test > 0).any()):
             warnings.warn(
                 f"evaluate: none of the {len(self.roster.ids)} clients holds a test split, so there is "
@@ -337,8 +349,7 @@ class FitResult:
         if isinstance(client, ClientData):
             members = () if self.federation is None else self.federation
             return client if any(m is client for m in members) else client.in_order(self.feature_names)
-        _, _, position, _ = self._resolve(client)
-        return self.federation[position]
+        return self.federation[self._position(client)]
 
     def to_gpytorch(self, client: int | ClientData | Any) -> ExactGPModel:
         """``client``'s model as a GPyTorch ``ExactGP`` in eval mode, conditioned on its data."""

@@ -22,8 +22,9 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from fedgp.engines.base import Engine
+from fedgp.engines.tasks import summary_fields
 from fedgp.errors import RunWarning
-from fedgp.messages import Record, RoundPlan, summary_fields
+from fedgp.messages import Record, RoundPlan
 from fedgp.messages.roster import Roster
 from fedgp.models.spec import GPSpec
 from fedgp.run.exchange import exchange

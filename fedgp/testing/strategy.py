@@ -49,7 +49,7 @@ import torch
 
 from fedgp.data import Federation, gp_federation
 from fedgp.engines import Batched, EngineConfig, Sequential
-from fedgp.engines.client import handle
+from fedgp.engines.tasks import handle
 from fedgp.errors import FedGPWarning
 from fedgp.messages import (
     Field,
@@ -225,9 +225,9 @@ class StrategyContract:
         for step in steps:
             fields = step.plan.replies
             for slot, position in enumerate(step.clients.tolist()):
-                ops = engine.ops(torch.tensor([position]), step.round)
                 message = task_from_bytes(task_to_bytes(step.task.rows(slice(slot, slot + 1))))
-                reply = Record(handle(engine.client_strategy, ops, message))
+                ops = engine.client_ops(torch.tensor([position]), message)
+                reply = Record(handle(engine.client_strategy, ops, message, transform=engine.transform))
                 reply = record_from_bytes(record_to_bytes(reply))  # what would cross the wire
                 reasons = check_reply(reply, fields, 1)
                 assert reasons == [None], (
@@ -262,7 +262,9 @@ class StrategyContract:
     # -- a client never sees another's rows ---------------------------------------------------------
     def _chunk_reply(self, engine, task: Task, clients: torch.Tensor) -> dict[str, torch.Tensor]:
         """The stacked reply of ``clients`` run as one chunk of the batched engine."""
-        return handle(engine.client_strategy, engine.ops(clients, task.round), task)
+        return handle(
+            engine.client_strategy, engine.client_ops(clients, task), task, transform=engine.transform
+        )
 
     def _isolation_engine(self, spec, clients):
         config = dataclasses.replace(self.isolation_engine, chunk_size=max(1, len(clients)))

@@ -19,13 +19,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import fedgp
+from fedgp.engines.tasks import summary_fields
 from fedgp.errors import EngineError, InputError, RoundFailedError
 from fedgp.flower import Flower, SecureAggregation
 from fedgp.flower.capture import message_bytes
 from fedgp.flower.records import outcome_from_content
 from fedgp.flower.secagg import RECORD, decode_sums, encode_sums
 from fedgp.messages import Field, Record, Task
-from fedgp.messages.kinds import summary_fields
 
 pytest.importorskip("flwr")
 

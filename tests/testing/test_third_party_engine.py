@@ -3,7 +3,7 @@
 ``PostalEngine`` uses only fedgp's public pieces: it subclasses :class:`fedgp.engines.Engine` (not
 the in-process base), rebuilds the clients' strategy from its JSON config, posts every message to
 each client as bytes (:func:`fedgp.messages.task_to_bytes`), runs the client there with
-:func:`fedgp.engines.client.handle` on :class:`fedgp.engines.SequentialOps`, and posts the reply
+:func:`fedgp.engines.tasks.handle` on :class:`fedgp.engines.SequentialOps`, and posts the reply
 back as bytes, checked against the declared fields before it counts.
 """
 
@@ -13,8 +13,8 @@ import json
 
 import torch
 
-from fedgp.engines import Engine, SequentialOps
-from fedgp.engines.client import handle
+from fedgp.engines import Engine, SequentialOps, faulted_ops
+from fedgp.engines.tasks import handle, reply_fields
 from fedgp.errors import EngineError
 from fedgp.messages import (
     Outcome,
@@ -25,7 +25,6 @@ from fedgp.messages import (
     from_config,
     record_from_bytes,
     record_to_bytes,
-    reply_fields,
     task_from_bytes,
     task_to_bytes,
 )
@@ -42,6 +41,7 @@ class PostalEngine(Engine):
         self.spec, self.clients, self.seed = spec, list(clients), seed
         self.model = spec.build()  # one GPyTorch model, reloaded for each client
         self.strategy = None
+        self.transform = DataTransform()  # the run's, from its ``transform`` task
 
     def start(self, strategy, seed):
         self.seed = seed
@@ -56,11 +56,12 @@ class PostalEngine(Engine):
     def _client(self, position: int, message: bytes) -> bytes:
         """What happens at the client: read the message, answer from its own data, reply in bytes."""
         task = task_from_bytes(message)
-        transform = DataTransform.from_parts(task.shared.tensors, task.shared.settings)
-        data, offset, scale = transform.apply(self.clients[position])
-        ops = SequentialOps(self.spec, self.model, data, position, task.round, self.seed)
+        if task.kind == "transform":  # sent once per run: every later task is in these units
+            self.transform = DataTransform.from_parts(task.shared.tensors, task.shared.settings)
+        data, offset, scale = self.transform.apply(self.clients[position])
+        ops = faulted_ops(SequentialOps(self.spec, self.model, data, position, task.round, self.seed), task)
         units = (torch.tensor([offset], dtype=torch.float64), torch.tensor([scale], dtype=torch.float64))
-        return record_to_bytes(Record(handle(self.strategy, ops, task, units)))
+        return record_to_bytes(Record(handle(self.strategy, ops, task, units, self.transform)))
 
     def run(self, task, clients, fields):
         if self.strategy is None:
