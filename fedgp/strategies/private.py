@@ -46,6 +46,7 @@ from fedgp.aggregators import WeightedMean
 from fedgp.checks import check_settings
 from fedgp.errors import InputError, InputTypeError
 from fedgp.messages import (
+    Field,
     Record,
     Replies,
     RoundPlan,
@@ -141,9 +142,11 @@ class DPFGPR(Strategy):
         participants = torch.from_numpy(chosen).to(torch.long)
         weights = torch.full((len(chosen),), 1.0 / (self.rate * k), dtype=torch.float64)
         shared = Record(state_tensors(self.global_state(server), STATE))
-        return RoundPlan(
-            participants, weights, shared=shared, replies=state_fields(ctx.spec, UPDATE, summed=True)
-        )
+        return RoundPlan(participants, weights, shared=shared, replies=self.reply_fields(ctx))
+
+    def reply_fields(self, ctx: ServerContext) -> dict[str, Field]:
+        """Each participant's clipped update, summed: the server sees only the sum, then noised."""
+        return state_fields(ctx.spec, UPDATE, summed=True)
 
     def aggregate(
         self, rnd: int, server, plan: RoundPlan, replies: Replies, ctx: ServerContext
