@@ -79,8 +79,8 @@ def clip_updates(delta: HyperState, clip: float) -> tuple[HyperState, torch.Tens
 
 @dataclass(frozen=True)
 class DPFGPR(Strategy):
-    """FGPR with client-level differential privacy (module docstring). Built by
-    :class:`fedgp.run.ClientDP` from the FGPR you pass to ``fit``; use that, not this.
+    """FGPR with client-level differential privacy (module docstring). Built by the run from
+    ``fit(spec, fed, fedgp.run.ClientDP(FGPR(), ...))``; use that, not this.
 
     Args:
         inner: the FGPR whose local training and server optimiser run (its aggregator must be
