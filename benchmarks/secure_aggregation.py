@@ -71,12 +71,12 @@ def exactness() -> list[dict]:
 
 def seconds_per_round(nodes: int, secure, repeats: int = 3, rounds: int = 3) -> float:
     federation = fedgp.data.gp_federation(num_clients=nodes, n=20, d=2, theta=THETA, seed=1).federation
-    privacy = ClientDP(noise=1.0, delta=0.5 / nodes, reproducible=True)
+    private = ClientDP(fedgp.strategies.FGPR(), noise=1.0, delta=0.5 / nodes, reproducible=True)
 
     def run(r):
         began = time.perf_counter()
-        fedgp.fit(spec(), federation, fedgp.strategies.FGPR(), rounds=r, seed=0, stop=None, transforms=None,
-                  engine=Flower(num_nodes=nodes, secure=secure), privacy=privacy)  # fmt: skip
+        fedgp.fit(spec(), federation, private, rounds=r, seed=0, stop=None, transforms=None,
+                  engine=Flower(num_nodes=nodes, secure=secure))  # fmt: skip
         return time.perf_counter() - began
 
     run(1)  # warm-up

@@ -63,7 +63,7 @@ from fedgp.data.names import frame_names, order_of
 from fedgp.data.table import rows_by_owner
 from fedgp.models.experts import RULES
 from fedgp.presets import make_spec, make_strategy
-from fedgp.run import Progress, fit
+from fedgp.run import ClientDP, Progress, fit
 
 __all__ = ["FederatedGPRegressor"]
 
@@ -86,8 +86,9 @@ class FederatedGPRegressor(RegressorMixin, BaseEstimator):
         ``"zero"``, ``"constant"``, ``"linear"`` or any GPyTorch mean.
     ard : bool, default True
         One lengthscale per feature for a kernel given by name.
-    strategy : str or fedgp.strategies.Strategy, default "fgpr"
-        ``"fgpr"``, ``"ifca"`` or a strategy instance (e.g. ``FGPR(lr=0.1)``).
+    strategy : str, fedgp.strategies.Strategy or fedgp.run.ClientDP, default "fgpr"
+        ``"fgpr"``, ``"ifca"``, a strategy instance (e.g. ``FGPR(lr=0.1)``) or one made private
+        (``ClientDP(FGPR(), epsilon=4.0)``: client-level differential privacy, as ``fedgp.fit``).
     rounds : int, default 100
         Communication rounds (the budget when ``stop`` is given).
     engine : str or fedgp.engines config, default "auto"
@@ -180,7 +181,7 @@ class FederatedGPRegressor(RegressorMixin, BaseEstimator):
         self.result_ = fit(
             make_spec(self.kernel, self.mean, d=X.shape[1], ard=self.ard),
             federation,
-            make_strategy(self.strategy),
+            self.strategy if isinstance(self.strategy, ClientDP) else make_strategy(self.strategy),
             rounds=self.rounds,
             engine=self.engine,
             seed=self.seed,

@@ -84,9 +84,9 @@ class Env:
 
     @functools.cached_property
     def private(self):
-        dp = fedgp.run.ClientDP(noise=1.0, clip=1.0, rate=1.0, delta=1e-3)
+        dp = fedgp.run.ClientDP(fedgp.strategies.FGPR(), noise=1.0, clip=1.0, rate=1.0, delta=1e-3)
         return self._quietly(
-            lambda: fedgp.fit(fedgp.GPSpec(), self.federation, rounds=2, privacy=dp, callbacks=QUIET)
+            lambda: fedgp.fit(fedgp.GPSpec(), self.federation, dp, rounds=2, callbacks=QUIET)
         )
 
     def loaded(self, result=None):

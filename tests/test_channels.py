@@ -133,10 +133,9 @@ def test_differencing_two_fits_gives_a_small_clients_sum_unless_dp(draws):
     ]
     leaked = federated_sum(fits[0], everyone) - federated_sum(fits[1], without)
     assert leaked == pytest.approx(float(small.y.sum()), abs=1e-9)  # the attack works without DP
-    private = fedgp.run.ClientDP(noise=1.0, delta=0.1)
+    private = fedgp.run.ClientDP(fedgp.strategies.FGPR(), noise=1.0, delta=0.1)
     dp = [
-        fedgp.fit(draws.spec, f, rounds=1, privacy=private, callbacks=[Progress(False)])
-        for f in (everyone, without)
+        fedgp.fit(draws.spec, f, private, rounds=1, callbacks=[Progress(False)]) for f in (everyone, without)
     ]
     for result in dp:  # each owner standardised by its own statistics: no federated sum exists
         assert result.transform.y_local and result.transform.y_offset is None

@@ -1,10 +1,10 @@
-"""Client-level differential privacy (``fit(..., privacy=ClientDP(...))``): the accountant is the
+"""Client-level differential privacy (``fit(spec, fed, ClientDP(FGPR(), ...))``): the accountant is the
 library's, one client moves the noisy sum by at most C, the noise has the stated scale, the budget
 stops a run, and what the analysis does not cover is refused."""
 
 import math
 import warnings
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pytest
@@ -15,11 +15,21 @@ from hypothesis import strategies as st
 import fedgp
 from fedgp.aggregators import CoordinateMedian
 from fedgp.data import Federation
-from fedgp.errors import InputError, PrivacyBudgetWarning
-from fedgp.messages import Replies, ServerContext, Task
+from fedgp.errors import InputError, InputTypeError, PrivacyBudgetWarning
+from fedgp.messages import Field, Replies, RoundPlan, ServerContext, Task
 from fedgp.run import ClientDP, Progress
-from fedgp.run.privacy import calibrate_noise, epsilon_spent
-from fedgp.strategies import DPFGPR, FGPR, IFCA, WeightedFGPR
+from fedgp.run.privacy import calibrate_noise, epsilon_spent, probe_context, refusal
+from fedgp.strategies import (
+    DPFGPR,
+    FGPR,
+    IFCA,
+    ClusteredGP,
+    FederatedClustering,
+    MomentDescentInit,
+    MomentumClustering,
+    Strategy,
+    WeightedFGPR,
+)
 from fedgp.strategies.private import UPDATE, clip_updates
 from fedgp.transforms import Normalize, Standardize, Transforms
 
@@ -46,8 +56,8 @@ def library_epsilon(noise: float, rate: float, rounds: int, delta: float) -> flo
 
 
 def test_the_historys_epsilon_is_the_librarys_own_accounting(draws):
-    privacy = ClientDP(noise=1.3, rate=0.4, delta=1e-3, clip=0.5)
-    result = fedgp.fit(draws.spec, draws.federation, rounds=5, privacy=privacy, callbacks=QUIET)
+    private = ClientDP(FGPR(), noise=1.3, rate=0.4, delta=1e-3, clip=0.5)
+    result = fedgp.fit(draws.spec, draws.federation, private, rounds=5, callbacks=QUIET)
     spent = result.history["epsilon"].to_numpy()
     expected = [library_epsilon(1.3, 0.4, r, 1e-3) for r in range(1, 6)]
     np.testing.assert_allclose(spent, expected, rtol=1e-12)
@@ -58,7 +68,7 @@ def test_the_historys_epsilon_is_the_librarys_own_accounting(draws):
 
 
 def test_the_calibrated_noise_spends_the_budget_in_the_planned_rounds(draws):
-    result = fedgp.fit(draws.spec, draws.federation, rounds=8, privacy=ClientDP(epsilon=1.5, rate=0.3),
+    result = fedgp.fit(draws.spec, draws.federation, ClientDP(epsilon=1.5, rate=0.3), rounds=8,
                        callbacks=QUIET)  # fmt: skip
     last = float(result.history["epsilon"].iloc[-1])
     assert len(result.history) == 8 and 1.5 * 0.995 <= last <= 1.5
@@ -72,10 +82,10 @@ def test_a_spent_budget_stops_the_run_and_keeps_the_last_affordable_round(draws)
     budget = (epsilon_spent(z, q, 3, 1e-5) + epsilon_spent(z, q, 4, 1e-5)) / 2  # affords 3 rounds
     common = dict(rounds=10, seed=4, callbacks=QUIET)
     with pytest.warns(PrivacyBudgetWarning, match="affords 3 of the 10 rounds"):
-        privacy = ClientDP(budget, noise=z, rate=q, reproducible=True)
-        stopped = fedgp.fit(draws.spec, draws.federation, privacy=privacy, **common)
+        private = ClientDP(FGPR(), budget, noise=z, rate=q, reproducible=True)
+        stopped = fedgp.fit(draws.spec, draws.federation, private, **common)
     assert len(stopped.history) == 3 and "privacy budget" in stopped.history.attrs["stop_reason"]
-    three = fedgp.fit(draws.spec, draws.federation, privacy=ClientDP(noise=z, rate=q, reproducible=True),
+    three = fedgp.fit(draws.spec, draws.federation, ClientDP(FGPR(), noise=z, rate=q, reproducible=True),
                       **{**common, "rounds": 3})  # fmt: skip
     assert stopped.state.allclose(three.state, rtol=1e-12)
 
@@ -89,8 +99,8 @@ def test_one_client_moves_the_sum_by_at_most_clip(draws):
     fedavg = FGPR(server_optimizer=None, lr=1.0)
 
     def summed_update(federation):
-        privacy = ClientDP(noise=0.0, clip=clip, delta=1e-3)
-        result = fedgp.fit(draws.spec, federation, fedavg, rounds=1, privacy=privacy, callbacks=QUIET)
+        private = ClientDP(fedavg, noise=0.0, clip=clip, delta=1e-3)
+        result = fedgp.fit(draws.spec, federation, private, rounds=1, callbacks=QUIET)
         start, end = draws.spec.to_raw(draws.spec.initial_state()), draws.spec.to_raw(result.state)
         return torch.cat([(end[k] - start[k]).reshape(-1) for k in start]) * len(federation)
 
@@ -144,11 +154,9 @@ def test_the_server_noise_has_standard_deviation_noise_times_clip_over_the_expec
 
 
 def test_engines_agree_on_a_private_run(draws):
-    privacy = ClientDP(noise=0.8, rate=0.5, reproducible=True)
+    private = ClientDP(FGPR(), noise=0.8, rate=0.5, reproducible=True)
     runs = {
-        engine: fedgp.fit(
-            draws.spec, draws.federation, rounds=4, engine=engine, privacy=privacy, callbacks=QUIET
-        )
+        engine: fedgp.fit(draws.spec, draws.federation, private, rounds=4, engine=engine, callbacks=QUIET)
         for engine in ("sequential", "batched")
     }
     assert runs["sequential"].state.allclose(runs["batched"].state, rtol=1e-8)
@@ -167,7 +175,7 @@ def test_nothing_but_the_sum_leaves_a_client(draws):
             seen.append({name: field.summed for name, field in plan.replies.items()})
 
     result = fedgp.fit(
-        draws.spec, draws.federation, rounds=2, privacy=ClientDP(noise=1.0), callbacks=[*QUIET, Watch()]
+        draws.spec, draws.federation, ClientDP(noise=1.0), rounds=2, callbacks=[*QUIET, Watch()]
     )
     assert seen and all(all(s.values()) and all(n.startswith(UPDATE) for n in s) for s in seen)
     assert result.history.attrs["transforms"]["outcome"].startswith("standardize, each client's own")
@@ -177,18 +185,81 @@ def test_nothing_but_the_sum_leaves_a_client(draws):
 @pytest.mark.parametrize(
     "strategy, match",
     [
-        (IFCA(num_clusters=2), "IFCA: each client replies the index"),
-        (WeightedFGPR(hf_weight=0.5), "WeightedFGPR: it forces"),
-        (FGPR(aggregator=CoordinateMedian()), "a robust rule looks at each client's reply"),
+        (IFCA(num_clusters=2), "to IFCA: its training reply declares the individual fields 'choice', 'nll'"),
+        (IFCA(aggregation="gradient"), "to IFCA: its training reply declares the individual fields 'choice'"),
+        (ClusteredGP(2, MomentDescentInit()), "to ClusteredGP: its training reply declares the individual"),
+        (FederatedClustering(), "to FederatedClustering: .* individual fields 'grad/"),
+        (MomentumClustering(), "to MomentumClustering: .* individual fields 'momentum/"),
+        (DPFGPR(FGPR(), clip=1.0, noise=1.0), "to DPFGPR: it is not an FGPR.*its summed fields 'update/"),
+        (WeightedFGPR(hf_weight=0.5), "to WeightedFGPR: it overrides FGPR's configure, which DPFGPR"),
+        (FGPR(aggregator=CoordinateMedian()), "to FGPR\\(aggregator=.*a robust rule looks at each client's"),
         (FGPR.authors(), "the default mean in raw space"),
         (FGPR(clients_per_round=5), "ClientDP\\(rate=...\\)"),
     ],
 )
 def test_what_the_analysis_does_not_cover_is_refused(draws, strategy, match):
     with pytest.raises(InputError, match=match):
-        fedgp.fit(
-            draws.spec, draws.federation, strategy, rounds=2, privacy=ClientDP(noise=1.0), callbacks=QUIET
-        )
+        fedgp.fit(draws.spec, draws.federation, ClientDP(strategy, noise=1.0), rounds=2, callbacks=QUIET)
+
+
+@dataclass(frozen=True)
+class Replying(Strategy):
+    """A user's strategy that declares ``fields`` for its training rounds (its client and server
+    sides are never reached: ClientDP judges it before any round)."""
+
+    fields: tuple = ()
+
+    def initialize(self, ctx, rng):
+        return ctx.spec.initial_state()
+
+    def configure(self, rnd, server, ctx, rng):
+        return RoundPlan(torch.arange(ctx.num_clients), ctx.weights, replies=dict(self.fields))
+
+    def aggregate(self, rnd, server, plan, replies, ctx):
+        raise NotImplementedError
+
+    def configure_personal(self, server, ctx, positions):
+        raise NotImplementedError
+
+    def global_state(self, server):
+        return server
+
+    def local_update(self, ops, task):
+        raise NotImplementedError
+
+    def personal_state(self, ops, task):
+        raise NotImplementedError
+
+
+def test_a_users_strategy_is_judged_by_its_declared_reply_fields(draws):
+    """No table of names: an individual field in a training reply is refused by its name; a reply of
+    summed fields only passes that check, and is refused for the reason that remains — DPFGPR clips
+    FGPR's update, and nothing bounds one client's share of a plain sum."""
+    ctx = probe_context(draws.spec)
+    individual = Replying((("stats", Field((2,), summed=True)), ("label", Field((), torch.long))))
+    assert refusal(individual, ctx).startswith(
+        "ClientDP does not apply to Replying: its training reply declares the individual field 'label', "
+        "which the noise on the sum does not cover"
+    )
+    summed = Replying((("stats", Field((2,), summed=True)), ("count", Field((), summed=True))))
+    why = refusal(summed, ctx)
+    assert (
+        why.startswith("ClientDP does not apply to Replying: it is not an FGPR") and "individual" not in why
+    )
+    assert "its summed fields 'stats', 'count' bound no client's share" in why
+    with pytest.raises(InputError, match="ClientDP does not apply to Replying: .* 'label'"):
+        fedgp.fit(draws.spec, draws.federation, ClientDP(individual, noise=1.0), rounds=1, callbacks=QUIET)
+    # FGPR itself, and a subclass that only adds settings, pass every check.
+    assert refusal(FGPR(), ctx) is None and refusal(Quieter(), ctx) is None
+    with pytest.raises(InputTypeError, match="ClientDP's first argument is the strategy"):
+        ClientDP(2.0)
+
+
+@dataclass(frozen=True)
+class Quieter(FGPR):
+    """A subclass of FGPR that changes a default and nothing else."""
+
+    lr: float = 0.1
 
 
 @pytest.mark.parametrize(
@@ -200,20 +271,18 @@ def test_what_the_analysis_does_not_cover_is_refused(draws, strategy, match):
 )
 def test_transforms_that_need_the_federations_statistics_are_refused(draws, transforms, match):
     with pytest.raises(InputError, match=match):
-        fedgp.fit(draws.spec, draws.federation, rounds=1, transforms=transforms, privacy=ClientDP(noise=1.0))
+        fedgp.fit(draws.spec, draws.federation, ClientDP(noise=1.0), rounds=1, transforms=transforms)
 
 
 def test_known_bounds_are_allowed_and_delta_must_be_below_one_over_k(draws):
     bounds = Transforms(None, Normalize(bounds=[[0.0], [1.0]]))
-    result = fedgp.fit(draws.spec, draws.federation, rounds=1, transforms=bounds, privacy=ClientDP(noise=1.0),
+    result = fedgp.fit(draws.spec, draws.federation, ClientDP(noise=1.0), rounds=1, transforms=bounds,
                        callbacks=QUIET)  # fmt: skip
     assert result.history.attrs["transforms"]["inputs"].startswith(
         "normalize to the unit cube from lower [0]"
     )
     with pytest.raises(InputError, match="below 1/K = 0.0333"):
-        fedgp.fit(
-            draws.spec, draws.federation, rounds=1, privacy=ClientDP(noise=1.0, delta=0.05), callbacks=QUIET
-        )
+        fedgp.fit(draws.spec, draws.federation, ClientDP(noise=1.0, delta=0.05), rounds=1, callbacks=QUIET)
 
 
 @given(
@@ -225,7 +294,7 @@ def test_known_bounds_are_allowed_and_delta_must_be_below_one_over_k(draws):
 )
 def test_clientdp_takes_valid_settings_or_says_which_is_wrong(epsilon, delta, clip, noise, rate):
     try:
-        privacy = ClientDP(epsilon, delta, clip, noise, rate)
+        privacy = ClientDP(FGPR(), epsilon, delta, clip, noise, rate)
     except InputError as err:
         assert "ClientDP" in str(err)
         return
@@ -246,12 +315,10 @@ def test_a_private_run_on_flower_is_the_in_process_run(draws):
     pytest.importorskip("flwr")
     from fedgp.flower import Flower
 
-    privacy = ClientDP(noise=0.8, rate=0.5, reproducible=True)
-    flower = fedgp.fit(draws.spec, draws.federation, rounds=3, engine=Flower(num_nodes=3), privacy=privacy,
+    private = ClientDP(FGPR(), noise=0.8, rate=0.5, reproducible=True)
+    flower = fedgp.fit(draws.spec, draws.federation, private, rounds=3, engine=Flower(num_nodes=3),
                        callbacks=QUIET)  # fmt: skip
-    local = fedgp.fit(
-        draws.spec, draws.federation, rounds=3, engine="sequential", privacy=privacy, callbacks=QUIET
-    )
+    local = fedgp.fit(draws.spec, draws.federation, private, rounds=3, engine="sequential", callbacks=QUIET)
     assert flower.state.allclose(local.state, rtol=1e-10)
 
 
@@ -259,8 +326,8 @@ def test_the_flower_apps_privacy_setting_is_clientdp():
     pytest.importorskip("flwr")
     from fedgp.flower.app import AppSettings
 
-    privacy = AppSettings({"privacy": '{"epsilon": 4, "rate": 0.5, "clip": 0.2}'}).privacy()
-    assert privacy == ClientDP(epsilon=4, rate=0.5, clip=0.2)
+    privacy = AppSettings({"privacy": '{"epsilon": 4, "rate": 0.5, "clip": 0.2}', "lr": 0.1}).privacy()
+    assert privacy == ClientDP(FGPR(lr=0.1), epsilon=4, rate=0.5, clip=0.2)  # the app's strategy, wrapped
     assert AppSettings({}).privacy() is None
     for bad in ('{"epsilon": -1}', "[4]", '{"epsilon": 4, "colour": 1}', "{"):
         with pytest.raises(InputError, match="run config 'privacy'"):
@@ -270,9 +337,9 @@ def test_the_flower_apps_privacy_setting_is_clientdp():
 def test_a_round_that_samples_no_one_still_takes_its_noisy_step(draws):
     """Poisson sampling may draw nobody; DP-FedAvg then releases noise alone, on every engine."""
     few = Federation(list(draws.federation)[:5])
-    privacy = ClientDP(noise=1.0, rate=0.01, delta=1e-3, reproducible=True)
+    private = ClientDP(FGPR(), noise=1.0, rate=0.01, delta=1e-3, reproducible=True)
     runs = [
-        fedgp.fit(draws.spec, few, rounds=2, engine=e, privacy=privacy, callbacks=QUIET)
+        fedgp.fit(draws.spec, few, private, rounds=2, engine=e, callbacks=QUIET)
         for e in ("sequential", "batched")
     ]
     assert all((r.history["participants"] == 0).all() for r in runs)
@@ -326,8 +393,8 @@ def test_distributed_noise_makes_the_full_noise_from_the_clients_shares(draws):
 
 
 def test_distributed_noise_is_a_run_option_the_engines_agree_on(draws):
-    privacy = ClientDP(noise=0.8, rate=0.5, reproducible=True, noise_at="clients", noise_shares=3)
-    runs = {engine: fedgp.fit(draws.spec, draws.federation, rounds=3, engine=engine, privacy=privacy,
+    private = ClientDP(FGPR(), noise=0.8, rate=0.5, reproducible=True, noise_at="clients", noise_shares=3)
+    runs = {engine: fedgp.fit(draws.spec, draws.federation, private, rounds=3, engine=engine,
                               callbacks=QUIET) for engine in ("sequential", "batched")}  # fmt: skip
     assert runs["sequential"].state.allclose(runs["batched"].state, rtol=1e-8)
     assert (

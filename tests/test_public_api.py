@@ -269,6 +269,19 @@ def test_fit_is_the_run_function_whatever_is_imported_first():
         assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
 
 
+def test_fit_takes_at_most_ten_parameters_and_run_takes_the_same():
+    """A new concern is a new option object or a wrapper of the strategy, not another keyword of
+    ``fit`` (issue 50: client-level DP is ``ClientDP(strategy, ...)``, not ``privacy=``); ``Run``, the
+    loop ``fit`` drives, takes what ``fit`` takes."""
+    fit = inspect.signature(fedgp.fit).parameters
+    assert len(fit) <= 10, list(fit)
+    run = inspect.signature(fedgp.run.Run).parameters
+    assert [(p.name, p.kind, p.default) for p in run.values()] == [
+        (p.name, p.kind, p.default) for p in fit.values()
+    ]
+    assert "privacy" not in fit
+
+
 #: Modules that moved in the run-layer refactor (issue 28), with no shim left behind at the old path.
 MOVED_WITHOUT_SHIMS = [
     "fedgp.fit",

@@ -192,6 +192,19 @@ def test_transforms_faults_and_callbacks_reach_fedgp_fit():
     np.testing.assert_allclose(est.predict(x, groups=["b"] * 4), m.numpy(), rtol=1e-10, atol=1e-12)
 
 
+def test_a_private_strategy_is_fedgp_fit_with_it():
+    """``strategy=ClientDP(FGPR(), ...)``: client-level DP through the estimator, as through fit."""
+    pytest.importorskip("dp_accounting")
+    X, y, groups = owners()
+    private = fedgp.run.ClientDP(FGPR(), noise=1.0, delta=1e-3, reproducible=True)
+    est = FederatedGPRegressor(strategy=private, rounds=3, seed=2, stop=None).fit(X, y, groups=groups)
+    fed = Federation.from_partition(X, y, [np.flatnonzero(groups == g) for g in "abc"], ids=list("abc"))
+    result = fedgp.fit(make_spec(d=2), fed, private, rounds=3, seed=2, stop=None)
+    assert type(est.result_.strategy).__name__ == "DPFGPR" and est.history_["epsilon"].is_monotonic_increasing
+    assert est.result_.state.allclose(result.state, rtol=1e-12)
+    assert clone(est).get_params()["strategy"] == private
+
+
 def test_routing_groups_needs_only_set_config_and_a_forgotten_route_warns():
     """The estimator asks for ``groups`` at fit, predict and score by default: with routing on,
     cross-validation gets finite scores without any set_*_request; without it, ``groups`` reach

@@ -62,16 +62,18 @@ def _spec(d: int) -> GPSpec:
 
 
 def _privacy(epsilon: float, delta: float, **settings) -> ClientDP | None:
-    """The study's DP: noise drawn from the run's seed (``reproducible``), so that the committed
-    numbers come back from the command; the same distribution as a deployment's secret noise."""
+    """The study's FGPR made private: noise drawn from the run's seed (``reproducible``), so that
+    the committed numbers come back from the command; the same distribution as a deployment's
+    secret noise. ``None`` at ε = inf (FGPR without DP)."""
     if math.isinf(epsilon):
         return None
-    return ClientDP(epsilon=epsilon, delta=delta, reproducible=True, **settings)
+    return ClientDP(FGPR(), epsilon=epsilon, delta=delta, reproducible=True, **settings)
 
 
 def _fit(spec, federation, rounds, seed, privacy, transforms):
-    return fit(spec, federation, FGPR(), rounds=rounds, seed=seed, engine=default_engine(),
-               transforms=transforms, privacy=privacy, callbacks=[Progress(False)])  # fmt: skip
+    strategy = FGPR() if privacy is None else privacy
+    return fit(spec, federation, strategy, rounds=rounds, seed=seed, engine=default_engine(),
+               transforms=transforms, callbacks=[Progress(False)])  # fmt: skip
 
 
 def _row(result, **labels) -> dict:

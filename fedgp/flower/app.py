@@ -220,8 +220,8 @@ class AppSettings:
         return make_strategy(self["strategy"], **given)
 
     def fit_options(self) -> dict[str, Any]:
-        """``fit``'s ``rounds``, ``seed``, ``stop``, ``transforms``, ``privacy`` and ``faults`` (the
-        fewest contributors to a released sum) from the run config."""
+        """``fit``'s ``rounds``, ``seed``, ``stop``, ``transforms`` and ``faults`` (the fewest
+        contributors to a released sum) from the run config."""
         stop, transforms = self["stop"], self["transforms"]
         if stop not in ("auto", "none") or transforms not in ("auto", "none"):
             raise InputError(
@@ -233,7 +233,6 @@ class AppSettings:
             "stop": None if stop == "none" else "auto",
             # A deployment's nodes hide their integer-valued features' extremes (Normalize.hide_discrete).
             "transforms": None if transforms == "none" else Transforms(hide_discrete=self["hide-discrete"]),
-            "privacy": self.privacy(),
             "faults": Faults(min_contributors=self["min-contributors"]),
         }
 
@@ -242,14 +241,16 @@ class AppSettings:
         return SecureAggregation.from_json(self["secure-aggregation"])
 
     def privacy(self) -> ClientDP | None:
-        """``ClientDP`` from the ``privacy`` JSON (``None`` when empty)."""
+        """The :meth:`strategy` made private, ``ClientDP(strategy, **settings)`` with the settings
+        of the ``privacy`` JSON (``None`` when empty): what ``fit`` then trains."""
         if not self["privacy"]:
             return None
+        strategy = self.strategy()
         try:
             settings = json.loads(self["privacy"])
             if not isinstance(settings, dict):
                 raise TypeError("not a JSON object")
-            return ClientDP(**settings)
+            return ClientDP(strategy, **settings)
         except (ValueError, TypeError) as err:
             raise InputError(
                 f"run config 'privacy' must be ClientDP settings as a JSON object, e.g. "
@@ -392,7 +393,9 @@ def _main(grid: Grid, context: Context) -> None:
     callbacks.append(lambda run: write_progress(out, run.completed))
     log(INFO, "fedgp: %d features (%s), strategy %s", width, ", ".join(features), config_json(strategy))
     engine = GridEngine(grid, spec, settings["timeout"], secure)
-    result = fit(spec, None, strategy, engine=engine, callbacks=callbacks, **settings.fit_options())
+    private = settings.privacy()  # the strategy made private, with the run config's privacy
+    trained = strategy if private is None else private
+    result = fit(spec, None, trained, engine=engine, callbacks=callbacks, **settings.fit_options())
     columns = {"group": settings["group"], "target": settings["target"], "features": features,
                "owners": result.roster.ids, "data": None,
                "test_fraction": settings["test-fraction"] or None, "seed": settings["seed"]}  # fmt: skip
@@ -423,7 +426,8 @@ def main(grid: Grid, context: Context) -> None:
         (out / ERROR_FILE).unlink(missing_ok=True)
         write_progress(out, 0)
         settings = AppSettings.of(context)
-        settings.strategy(), settings.secure(), settings.fit_options()  # before any exchange
+        settings.strategy(), settings.privacy(), settings.secure()  # every setting before any exchange
+        settings.fit_options()
         _main(grid, context)
     except Exception as err:
         reason = _one_line(err)

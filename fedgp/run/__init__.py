@@ -3,7 +3,8 @@
 * :func:`fit` — the front door: spec + federation + strategy + engine → a :class:`FitResult`;
 * :class:`Run` — the same loop one round at a time (:mod:`~fedgp.run.loop`);
 * :class:`Faults` — failure tolerance, simulated failures, attacks (:mod:`~fedgp.run.faults`);
-* :class:`ClientDP` — client-level differential privacy and its accountant (:mod:`~fedgp.run.privacy`);
+* :class:`ClientDP` — a strategy with client-level differential privacy, and its accountant
+  (:mod:`~fedgp.run.privacy`);
 * callbacks (:mod:`~fedgp.run.callbacks`): :class:`Evaluate`, :class:`Progress`,
   :class:`Checkpointing`, your own :class:`Callback`;
 * stopping rules (:mod:`~fedgp.run.stopping`): :class:`StateChange`, :class:`NLLPlateau`,

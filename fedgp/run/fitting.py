@@ -24,7 +24,7 @@ __all__ = ["fit"]
 def fit(
     spec: GPSpec,
     federation: Federation | None,
-    strategy: Strategy | None = None,
+    strategy: Strategy | ClientDP | None = None,
     rounds: int = defaults.ROUNDS,
     *,
     engine: str | EngineConfig | Engine = defaults.ENGINE,
@@ -33,7 +33,6 @@ def fit(
     faults: Faults | None = None,
     stop: StopRule | str | None = defaults.STOP,
     callbacks: Iterable[Callback | Callable] = (),
-    privacy: ClientDP | None = None,
 ) -> FitResult:
     """Train ``strategy`` (default :class:`~fedgp.strategies.FGPR`) on ``federation``.
 
@@ -41,6 +40,11 @@ def fit(
         spec: the model: GPyTorch mean, kernel and likelihood (:class:`fedgp.GPSpec`).
         federation: the clients (:class:`fedgp.data.Federation`); ``None`` when ``engine`` is an
             :class:`~fedgp.engines.base.Engine` that hosts them (a Flower grid, say).
+        strategy: the algorithm (:mod:`fedgp.strategies`), or one made private:
+            ``fedgp.run.ClientDP(FGPR(), epsilon=..., delta=..., clip=...)`` — client-level
+            differential privacy: clipped updates, Gaussian noise on their sum, Poisson sampling,
+            ε spent in the history's ``epsilon`` column (dp-accounting). FGPR only; see the
+            Privacy guide.
         rounds: communication rounds R (total, including rounds restored from a checkpoint); with a
             ``stop`` rule, the budget.
         engine: who runs the clients' side. ``"auto"`` (default): the batched engine where its tensor
@@ -75,17 +79,13 @@ def fit(
             have test splits), :class:`~fedgp.run.Progress` (default: a bar on a terminal), your own
             :class:`~fedgp.run.Callback` or a function ``f(run)`` called after every round.
 
-        privacy: :class:`fedgp.run.ClientDP` — client-level differential privacy: clipped
-            updates, Gaussian noise on their sum, Poisson sampling, ε spent in the history's
-            ``epsilon`` column (dp-accounting). FGPR only; see the Privacy guide.
-
     Returns:
         A :class:`~fedgp.run.FitResult`: the learned state, the history (one row per round), and
         personalised prediction per client.
     """
     run = Run(
         spec, federation, strategy, rounds, engine=engine, seed=seed, transforms=transforms, faults=faults,
-        stop=stop, callbacks=callbacks, privacy=privacy,
+        stop=stop, callbacks=callbacks,
     )  # fmt: skip
     try:
         with run.engine.thread_setting():  # the batched engine: torch on one thread for the whole loop

@@ -84,7 +84,7 @@ class Run:
         self,
         spec: GPSpec,
         federation: Federation | None,
-        strategy: Strategy | None = None,
+        strategy: Strategy | ClientDP | None = None,
         rounds: int = defaults.ROUNDS,
         *,
         engine: str | EngineConfig | Engine = defaults.ENGINE,
@@ -93,7 +93,6 @@ class Run:
         faults: Faults | None = None,
         stop: StopRule | str | None = defaults.STOP,
         callbacks: Iterable[Callback | Callable] = (),
-        privacy: ClientDP | None = None,
     ):
         if not isinstance(spec, GPSpec):
             raise InputTypeError(
@@ -101,10 +100,11 @@ class Run:
                 f"{type(spec).__name__}; e.g. fedgp.GPSpec(kernel=gpytorch.kernels.RBFKernel())"
             )
         strategy = FGPR() if strategy is None else strategy
-        if not isinstance(strategy, Strategy):
+        privacy = strategy if isinstance(strategy, ClientDP) else None
+        if privacy is None and not isinstance(strategy, Strategy):
             raise InputTypeError(
-                f"strategy must be a fedgp.strategies.Strategy (e.g. fedgp.strategies.FGPR()), "
-                f"got {type(strategy).__name__}"
+                f"strategy must be a fedgp.strategies.Strategy (e.g. fedgp.strategies.FGPR()) or one "
+                f"made private, fedgp.run.ClientDP(FGPR(), ...); got {type(strategy).__name__}"
             )
         if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
             raise InputError(f"rounds must be an int >= 1, got {rounds!r}")
@@ -117,14 +117,13 @@ class Run:
         spec = _sized(spec, federation, engine)
         self.accounted_rate: float | None = None  # the sampling rate the privacy accountant may use
         if privacy is not None:
-            if not isinstance(privacy, ClientDP):
-                raise InputTypeError(f"privacy must be a fedgp.run.ClientDP, got {type(privacy).__name__}")
             # An engine that releases no sum of fewer than m nodes (secure aggregation) skips rounds
             # that sampled fewer: no amplification by sampling then (ClientDP.accounted_rate).
             self.accounted_rate = privacy.accounted_rate(getattr(engine, "min_nodes_per_sum", 1))
-            strategy = privacy.strategy(strategy, rounds, self.accounted_rate)
+            hosted = federation if federation is not None else getattr(engine, "clients", None) or ()
+            strategy = privacy.build(spec, rounds, self.accounted_rate, len(hosted) or 2)
             transforms = privacy.transforms(Transforms.of(transforms))
-        self.privacy = privacy
+        self.privacy = privacy  # the ClientDP the strategy came wrapped in, or None
         faults = Faults() if faults is None else faults
         if not isinstance(faults, Faults):
             raise InputTypeError(f"faults must be a fedgp.run.Faults, got {type(faults).__name__}")

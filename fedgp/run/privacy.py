@@ -1,11 +1,20 @@
-"""``ClientDP``: client-level differential privacy as an option of a run, with its accountant.
+"""``ClientDP``: client-level differential privacy as a wrapper of the strategy, with its accountant.
 
-``fit(spec, fed, FGPR(), rounds=R, privacy=ClientDP(epsilon=2, delta=1e-5, clip=0.5))`` trains
+``fit(spec, fed, ClientDP(FGPR(), epsilon=2, delta=1e-5, clip=0.5), rounds=R)`` — the strategy
+wrapped, as Flower's ``DifferentialPrivacyServerSideFixedClipping(strategy, ...)`` wraps one — trains
 :class:`~fedgp.strategies.private.DPFGPR` (clipped updates, summed; Gaussian noise on the sum;
 Poisson sampling at ``rate``) with the noise multiplier calibrated so that the R rounds cost at
 most ε at the given δ: the guarantee is about any one *client* (all of an owner's rows at once),
 against anyone who sees the released hyper-parameters — the history, the result, the server's
 state — assuming the server adds the noise honestly (central DP).
+
+What it wraps is judged by what the strategy declares
+(:meth:`~fedgp.strategies.Strategy.reply_fields`), not by its name (:func:`refusal`): DP-FedAvg bounds
+one client's *update* of FGPR's round, so the strategy must be an FGPR that keeps FGPR's round — every
+individual field of its training reply is FGPR's trained state or loss, which DPFGPR replaces by
+the clipped update (summed, then noised); its plan, aggregation and client update are FGPR's own,
+which DPFGPR replaces; and its aggregator the mean. That every field is summed is not enough: a
+sum the server sees is released as it is, and nothing bounds one client's share of it.
 
 The accounting is Google's ``dp-accounting`` (the library Flower's DP wraps), never fedgp's own
 arithmetic: a round is ``PoissonSampledDpEvent(rate, GaussianDpEvent(noise))`` (a
@@ -33,28 +42,93 @@ import math
 import numbers
 import warnings
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from functools import lru_cache
 
-from fedgp.errors import InputError, PrivacyBudgetWarning, import_extra
+import torch
+
+from fedgp.errors import InputError, InputTypeError, PrivacyBudgetWarning, import_extra
+from fedgp.messages import ServerContext
+from fedgp.models.spec import GPSpec
 from fedgp.run.callbacks import Callback
 from fedgp.strategies.base import Strategy
 from fedgp.strategies.fgpr import FGPR
 from fedgp.strategies.private import DPFGPR
 from fedgp.transforms import Normalize, Standardize, Transforms
 
-__all__ = ["ClientDP", "PrivacyAccounting", "epsilon_spent", "calibrate_noise"]
+__all__ = ["ClientDP", "PrivacyAccounting", "epsilon_spent", "calibrate_noise", "refusal"]
 
-#: Why a strategy cannot take ClientDP: the analysis needs every reply to be one bounded update.
-REFUSED = {
-    "IFCA": "each client replies the index of the cluster it chose, an individual field outside the noise",
-    "ClusteredGP": "the server clusters the clients by their individual replies (Phase-1 moments, "
-    "cluster choices), which noise on a sum does not cover",
-    "FederatedClustering": "the server clusters each client's own gradient, an individual reply",
-    "MomentumClustering": "the server clusters each client's own momentum, an individual reply",
-    "MyopicClustering": "the server clusters each client's own gradient, an individual reply",
-    "WeightedFGPR": "it forces one client's aggregation weight, where DP needs the same fixed weight for all",
-}
+#: FGPR's methods that DPFGPR does not call but replaces by its own: a strategy that overrides one
+#: would lose what it does there.
+REPLACED = ("configure", "aggregate", "local_update")
+
+#: What ClientDP covers, said in every refusal.
+COVERS = (
+    "ClientDP covers FGPR's round: DPFGPR replaces each participant's trained state and loss by its "
+    "clipped update, a summed field, and noises the sum"
+)
+
+
+def _names(names: list[str], most: int = 3) -> str:
+    shown = ", ".join(repr(n) for n in names[:most])
+    return shown + (f" and {len(names) - most} more" if len(names) > most else "")
+
+
+def probe_context(spec: GPSpec, num_clients: int = 2) -> ServerContext:
+    """A server context of ``num_clients`` equal clients for ``spec``: enough to ask a strategy
+    what its replies declare before any client has registered."""
+    k = max(int(num_clients), 1)
+    sizes = torch.ones(k, dtype=torch.long)
+    return ServerContext(spec, sizes, sizes.to(torch.float64) / k, list(range(k)), 0)
+
+
+def refusal(strategy: Strategy, ctx: ServerContext) -> str | None:
+    """Why ClientDP cannot make ``strategy`` private (``"ClientDP does not apply to <class>: ..."``),
+    or ``None``. Derived from what the strategy declares, in this order:
+
+    1. its training reply (:meth:`~fedgp.strategies.Strategy.reply_fields`) has an *individual*
+       field other than FGPR's trained state and loss: the server would see it as each client sent
+       it, outside the noise on the sum;
+    2. it is not an :class:`~fedgp.strategies.FGPR`: DPFGPR runs FGPR's local training from the
+       broadcast state and clips the change it makes; summed fields alone bound no client's share
+       of their sum, which is what the noise is calibrated to;
+    3. it overrides FGPR's ``configure``, ``aggregate`` or ``local_update``, which DPFGPR replaces by
+       its own (its plan: Poisson sampling, the same fixed weight for everyone): what it does there
+       would be silently dropped;
+    4. its ``aggregator`` is given: a robust rule looks at each client's reply.
+
+    DPFGPR's own checks follow (the mean in raw space, no ``clients_per_round``)."""
+    name = type(strategy).__name__
+    declared = strategy.reply_fields(ctx)
+    fgpr = FGPR().reply_fields(ctx)  # what DPFGPR replaces by the clipped update
+    individual = [n for n, f in declared.items() if not f.summed and fgpr.get(n) != f]
+    summed = [n for n, f in declared.items() if f.summed]
+    replaced = [m for m in REPLACED if getattr(type(strategy), m) is not getattr(FGPR, m)]
+    if individual:
+        noun = "field" if len(individual) == 1 else "fields"
+        why = (
+            f"its training reply declares the individual {noun} {_names(individual)}, which the noise "
+            f"on the sum does not cover ({COVERS})"
+        )
+    elif not isinstance(strategy, FGPR):
+        why = f"it is not an FGPR, whose local training DPFGPR runs and clips ({COVERS})"
+        if summed:
+            why += f"; its summed fields {_names(summed)} bound no client's share of their sum"
+    elif replaced:
+        why = (
+            f"it overrides FGPR's {' and '.join(replaced)}, which DPFGPR replaces by its own (Poisson "
+            "sampling at rate q, the same fixed weight 1/(qK) for every participant, the clipped update, "
+            "the noised mean): what it changes there would be silently dropped"
+        )
+    elif strategy.aggregator is not None:
+        name = f"{name}(aggregator={strategy.aggregator!r})"
+        why = (
+            "a robust rule looks at each client's reply (a median, Krum), which the noise on the sum does "
+            "not cover; the clipping already bounds any one client's influence"
+        )
+    else:
+        return None
+    return f"ClientDP does not apply to {name}: {why}"
 
 
 @contextmanager
@@ -140,9 +214,12 @@ def calibrate_noise(epsilon: float, delta: float, rate: float, rounds: int) -> f
 
 @dataclass(frozen=True)
 class ClientDP:
-    """Client-level differential privacy of a run (``fit(..., privacy=ClientDP(...))``; module docstring).
+    """``strategy`` with client-level differential privacy: pass it to ``fit`` as the strategy,
+    ``fit(spec, fed, ClientDP(FGPR(), epsilon=2.0), rounds=R)`` (module docstring).
 
     Args:
+        strategy: the strategy made private: an :class:`~fedgp.strategies.FGPR` (``None``: FGPR's
+            defaults). Others are refused, saying why (:func:`refusal`).
         epsilon: the budget ε for the whole run. With ``noise=None``, the noise multiplier is
             calibrated so that all ``rounds`` cost ε; with ``noise``, the run stops when the next
             round would pass it.
@@ -163,6 +240,7 @@ class ClientDP:
             round should have, e.g. ``rate * K / 2``.
     """
 
+    strategy: Strategy | None = None
     epsilon: float | None = None
     delta: float = 1e-5
     clip: float = 0.5
@@ -173,6 +251,13 @@ class ClientDP:
     noise_shares: int | None = None
 
     def __post_init__(self) -> None:
+        if self.strategy is None:
+            object.__setattr__(self, "strategy", FGPR())
+        if not isinstance(self.strategy, Strategy):
+            raise InputTypeError(
+                "ClientDP's first argument is the strategy it makes private, e.g. "
+                f"ClientDP(FGPR(), epsilon=2.0); got {self.strategy!r} ({type(self.strategy).__name__})"
+            )
         for name in ("epsilon", "noise"):
             value = getattr(self, name)
             if value is not None and (not _real(value) or value < 0 or (name == "epsilon" and value == 0)):
@@ -221,23 +306,16 @@ class ClientDP:
         secure aggregation exists to prevent."""
         return self.rate if min_nodes_per_sum <= 1 else 1.0
 
-    def strategy(self, strategy: Strategy, rounds: int, accounted_rate: float | None = None) -> DPFGPR:
-        """``strategy`` with this privacy: the noise calibrated for ``rounds`` (at
-        ``accounted_rate``, by default ``rate``) unless given; a strategy the analysis does not
-        cover is refused, saying why."""
-        name = type(strategy).__name__
-        if name in REFUSED:
-            raise InputError(f"ClientDP does not apply to {name}: {REFUSED[name]}")
-        if type(strategy) is not FGPR:
-            raise InputError(
-                f"ClientDP applies to FGPR (a bounded state update per client); {name} is not one"
-            )
-        if strategy.aggregator is not None:
-            raise InputError(
-                f"ClientDP with FGPR(aggregator={strategy.aggregator!r}): a robust rule looks at each "
-                "client's reply (a median, Krum), which the noise on the sum does not cover; the "
-                "clipping already bounds any one client's influence"
-            )
+    def build(
+        self, spec: GPSpec, rounds: int, accounted_rate: float | None = None, num_clients: int = 2
+    ) -> DPFGPR:
+        """The strategy a run trains: :class:`~fedgp.strategies.private.DPFGPR` around ``strategy``,
+        the noise calibrated for ``rounds`` (at ``accounted_rate``, by default ``rate``) unless
+        given. A strategy the analysis does not cover is refused, saying why (:func:`refusal`, asked
+        of ``spec`` on ``num_clients`` clients)."""
+        why = refusal(self.strategy, probe_context(spec, num_clients))
+        if why is not None:
+            raise InputError(why)
         account = self.rate if accounted_rate is None else accounted_rate
         noise = (
             self.noise
@@ -245,7 +323,7 @@ class ClientDP:
             else calibrate_noise(self.epsilon, self.delta, account, rounds)
         )
         shares = 1 if self.noise_shares is None else self.noise_shares
-        return DPFGPR(strategy, self.clip, noise, self.rate, self.reproducible, self.noise_at, shares)
+        return DPFGPR(self.strategy, self.clip, noise, self.rate, self.reproducible, self.noise_at, shares)
 
     def transforms(self, given: Transforms) -> Transforms:
         """The run's transforms: ``"auto"`` parts become ones that send nothing; parts that need
@@ -266,6 +344,11 @@ class ClientDP:
                 "known bounds, Normalize(bounds=...), or inputs=None"
             )
         return Transforms(outcome, inputs)
+
+    def settings(self) -> str:
+        """The privacy settings as text, without the strategy (the run's fingerprint has that)."""
+        shown = (f"{f.name}={getattr(self, f.name)!r}" for f in fields(self) if f.name != "strategy")
+        return f"{type(self).__name__}({', '.join(shown)})"
 
     def check_federation(self, num_clients: int) -> None:
         """δ must be below 1/K."""
@@ -327,7 +410,7 @@ class PrivacyAccounting(Callback):
         }  # fmt: skip
 
     def fingerprint(self, run) -> dict[str, str]:
-        out = {"privacy": repr(self.privacy)}
+        out = {"privacy": self.privacy.settings()}
         if self._rate(run) != float(run.strategy.rate):  # absent at the default, as in older checkpoints
             out["privacy.accounted_rate"] = repr(self._rate(run))
         return out

@@ -30,7 +30,7 @@ import torch
 
 from fedgp.data.client import ClientData
 from fedgp.errors import InputError
-from fedgp.messages import Configurable, Record, Replies, RoundPlan, ServerContext, Task, read_state
+from fedgp.messages import Configurable, Field, Record, Replies, RoundPlan, ServerContext, Task, read_state
 from fedgp.models.posterior import Prediction
 from fedgp.models.spec import GPSpec
 from fedgp.models.state import HyperState
@@ -138,6 +138,15 @@ class Strategy(Configurable, ABC):
         self, rnd: int, server: Any, plan: RoundPlan, replies: Replies, ctx: ServerContext
     ) -> tuple[Any, dict[str, Any]]:
         """The next server state, and round metrics for the history."""
+
+    def reply_fields(self, ctx: ServerContext) -> Mapping[str, Field]:
+        """The fields a participant's reply to a training round declares (what ``configure``'s plan
+        puts in ``replies``): each individual or summed, so what a client sends can be judged
+        before any round, e.g. by :class:`fedgp.run.ClientDP`. The default: round 1's plan from the
+        initial state; a strategy whose first rounds are of another kind (an initialisation phase)
+        gives those of its training rounds."""
+        rng = np.random.default_rng(0)
+        return self.configure(0, self.initialize(ctx, rng), ctx, rng).replies
 
     @abstractmethod
     def configure_personal(

@@ -158,9 +158,12 @@ class FGPR(Strategy):
         self, rnd: int, server: HyperState | ServerState, ctx: ServerContext, rng: np.random.Generator
     ) -> RoundPlan:
         participants, weights = sample_participants(ctx, self.clients_per_round, self.sampling, rng)
-        replies = {**state_fields(ctx.spec, STATE), "loss": Field()}
         shared = Record(state_tensors(self.global_state(server), STATE))
-        return RoundPlan(participants, weights, shared=shared, replies=replies)
+        return RoundPlan(participants, weights, shared=shared, replies=self.reply_fields(ctx))
+
+    def reply_fields(self, ctx: ServerContext) -> dict[str, Field]:
+        """Each participant's trained state and its mean minibatch loss, both individual."""
+        return {**state_fields(ctx.spec, STATE), "loss": Field()}
 
     def aggregate(
         self,

@@ -29,7 +29,7 @@ import torch
 
 from fedgp.checks import check_settings
 from fedgp.errors import InputError
-from fedgp.messages import Record, Replies, RoundPlan, ServerContext, Task
+from fedgp.messages import Field, Record, Replies, RoundPlan, ServerContext, Task
 from fedgp.models.state import HyperState
 from fedgp.strategies.base import ClientOps, Strategy
 from fedgp.strategies.clustered import (
@@ -162,6 +162,9 @@ class IFCA(Strategy):
         self, rnd: int, server: IFCAState, plan: RoundPlan, replies: Replies, ctx: ServerContext
     ) -> tuple[IFCAState, dict[str, float]]:
         return self.model.aggregate(rnd, server, plan, replies, ctx)
+
+    def reply_fields(self, ctx: ServerContext) -> dict[str, Field]:
+        return self.model.reply_fields(ctx)
 
     def configure_personal(
         self, server: IFCAState, ctx: ServerContext, positions: torch.Tensor

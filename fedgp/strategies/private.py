@@ -46,6 +46,7 @@ from fedgp.aggregators import WeightedMean
 from fedgp.checks import check_settings
 from fedgp.errors import InputError, InputTypeError
 from fedgp.messages import (
+    Field,
     Record,
     Replies,
     RoundPlan,
@@ -78,8 +79,8 @@ def clip_updates(delta: HyperState, clip: float) -> tuple[HyperState, torch.Tens
 
 @dataclass(frozen=True)
 class DPFGPR(Strategy):
-    """FGPR with client-level differential privacy (module docstring). Built by
-    :class:`fedgp.run.ClientDP` from the FGPR you pass to ``fit``; use that, not this.
+    """FGPR with client-level differential privacy (module docstring). Built by the run from
+    ``fit(spec, fed, fedgp.run.ClientDP(FGPR(), ...))``; use that, not this.
 
     Args:
         inner: the FGPR whose local training and server optimiser run (its aggregator must be
@@ -141,9 +142,11 @@ class DPFGPR(Strategy):
         participants = torch.from_numpy(chosen).to(torch.long)
         weights = torch.full((len(chosen),), 1.0 / (self.rate * k), dtype=torch.float64)
         shared = Record(state_tensors(self.global_state(server), STATE))
-        return RoundPlan(
-            participants, weights, shared=shared, replies=state_fields(ctx.spec, UPDATE, summed=True)
-        )
+        return RoundPlan(participants, weights, shared=shared, replies=self.reply_fields(ctx))
+
+    def reply_fields(self, ctx: ServerContext) -> dict[str, Field]:
+        """Each participant's clipped update, summed: the server sees only the sum, then noised."""
+        return state_fields(ctx.spec, UPDATE, summed=True)
 
     def aggregate(
         self, rnd: int, server, plan: RoundPlan, replies: Replies, ctx: ServerContext

@@ -41,10 +41,9 @@ def bases():
             "dp": fedgp.fit(
                 spec,
                 fed,
-                FGPR(),
+                fedgp.run.ClientDP(FGPR(), noise=1.0, clip=1.0, rate=1.0, delta=1e-3),
                 rounds=2,
                 callbacks=QUIET,
-                privacy=fedgp.run.ClientDP(noise=1.0, clip=1.0, rate=1.0, delta=1e-3),
             ),  # fmt: skip
         }
 

@@ -371,7 +371,7 @@ def test_dp_sampling_with_secure_aggregation_skips_the_rounds_that_drew_one_node
 
     clients = [c for p in paths for c in read_owner_table(p, group="owner", target="y").federation()]
     settings = flower_app.AppSettings(config)
-    reference = fedgp.fit(settings.spec(3), fedgp.data.Federation(clients), settings.strategy(),
+    reference = fedgp.fit(settings.spec(3), fedgp.data.Federation(clients), settings.privacy(),
                           engine="sequential", **settings.fit_options())  # fmt: skip
     ref = reference.history
     assert list(ref["participants"]) == list(history["participants"])

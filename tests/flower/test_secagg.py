@@ -79,11 +79,10 @@ class Recorder:
         return reply
 
 
-def fit(federation, secure, mods=(), rounds=2, **options):
+def fit(federation, secure, mods=(), rounds=2, strategy=None, **options):
     engine = Flower(num_nodes=NODES, secure=secure, mods=tuple(mods))
-    return fedgp.fit(
-        spec(), federation, fedgp.strategies.FGPR(), rounds=rounds, seed=0, engine=engine, **options
-    )
+    strategy = fedgp.strategies.FGPR() if strategy is None else strategy
+    return fedgp.fit(spec(), federation, strategy, rounds=rounds, seed=0, engine=engine, **options)
 
 
 def pooled_mean_sd(clients) -> tuple[float, float]:
@@ -290,10 +289,10 @@ def test_under_client_dp_a_round_whose_sum_is_withheld_is_skipped_not_the_end_of
     pytest.importorskip("dp_accounting")
     from fedgp.run.privacy import epsilon_spent
 
-    privacy = fedgp.run.ClientDP(noise=1.0, delta=1e-3)
+    private = fedgp.run.ClientDP(fedgp.strategies.FGPR(), noise=1.0, delta=1e-3)
     lost = [Recorder(fail={1: "masked-input", 2: "masked-input"})]
     quiet = [fedgp.run.Progress(False)]
-    result = fit(federation, SecureAggregation(), lost, rounds=3, privacy=privacy, callbacks=quiet)
+    result = fit(federation, SecureAggregation(), lost, rounds=3, strategy=private, callbacks=quiet)
     history = result.history
     assert list(history["skipped"]) == [True] * 3 and (history["failed"] == 9).all()
     assert history["failures"].str.contains("1 node\\(s\\) left after the masked-input step").all()
@@ -303,8 +302,8 @@ def test_under_client_dp_a_round_whose_sum_is_withheld_is_skipped_not_the_end_of
     assert list(history["epsilon"]) == [epsilon_spent(1.0, 1.0, t, 1e-3) for t in (1, 2, 3)]
     assert len(result.failures) == 27 and set(result.failures["round"]) == {1, 2, 3}
     # Sampling on an engine that may skip is accounted without amplification (ClientDP.accounted_rate).
-    sampled = fedgp.run.ClientDP(epsilon=4.0, delta=1e-3, rate=0.5)
-    run = fit(federation, SecureAggregation(), rounds=1, privacy=sampled, callbacks=quiet)
+    sampled = fedgp.run.ClientDP(fedgp.strategies.FGPR(), epsilon=4.0, delta=1e-3, rate=0.5)
+    run = fit(federation, SecureAggregation(), rounds=1, strategy=sampled, callbacks=quiet)
     assert run.history.attrs["privacy"]["accounted_rate"] == 1.0 and Flower().min_nodes_per_sum == 1
     # Without privacy a withheld sum still ends the run (here the transforms' summary), as min_replies says.
     with pytest.raises(RoundFailedError, match="left after the masked-input"):

@@ -151,8 +151,8 @@ def test_readme_traffic_table_is_what_clients_send():
         ),
     }
     engine = RecordingEngine(gp.spec, gp.federation)
-    fedgp.fit(gp.spec, gp.federation, FGPR(batch_size=8), engine=engine, rounds=2,
-              privacy=ClientDP(noise=1.0, delta=1e-3))  # fmt: skip
+    fedgp.fit(gp.spec, gp.federation, ClientDP(FGPR(batch_size=8), noise=1.0, delta=1e-3), engine=engine,
+              rounds=2)  # fmt: skip
     check("FGPR with ClientDP", engine, gp.spec, {}, rows)
     gp_cases["Federated-Clustering"] = FederatedClustering(lr=0.05, group_size=4)
     gp_cases["Momentum- and Myopic-Clustering"] = MomentumClustering(lr=0.05, num_clusters=2)

@@ -160,9 +160,7 @@ class ClusteredGP(Strategy):
             shared = Record(plan.shared.tensors, {**plan.shared.settings, "phase": "init"})
             return replace(plan, shared=shared)
         participants, weights = sample_participants(ctx, self.clients_per_round, "uniform", rng)
-        spec = ctx.spec
         r, k = server.states.batch_shape
-        fields = {"choice": Field((r,), torch.long, bounds=(0, k - 1)), "nll": Field((r,))}
         shared, personal = {}, {}
         if self._fixed:
             labels = self._labels(server, ctx)
@@ -177,6 +175,17 @@ class ClusteredGP(Strategy):
             personal = {**state_tensors(own, TARGET), "label": mine}
         else:
             shared = state_tensors(server.states, CANDIDATES)
+        fields = self._train_fields(ctx.spec, r, k)
+        return RoundPlan(participants, weights, Record(shared, {"phase": "train"}), Record(personal), fields)
+
+    def reply_fields(self, ctx: ServerContext) -> dict[str, Field]:
+        """A clustered training round's reply (after any initialisation rounds): each participant's
+        choice of cluster and its NLLs (individual), with soft assignment its responsibilities, and
+        its trained states (individual) or its gradients scattered over the clusters (summed)."""
+        return self._train_fields(ctx.spec, self.restarts, self.num_clusters)
+
+    def _train_fields(self, spec: GPSpec, r: int, k: int) -> dict[str, Field]:
+        fields = {"choice": Field((r,), torch.long, bounds=(0, k - 1)), "nll": Field((r,))}
         soft = not self._fixed and self._soft
         extra = (r, k) if soft else (r,)
         if soft:
@@ -188,7 +197,7 @@ class ClusteredGP(Strategy):
             fields.update(state_fields(spec, STATE, extra))
         if self.solver.has_loss(self._model(spec)[1]):
             fields["loss"] = Field(extra)
-        return RoundPlan(participants, weights, Record(shared, {"phase": "train"}), Record(personal), fields)
+        return fields
 
     @property
     def _soft(self) -> bool:
