@@ -77,6 +77,14 @@ _LAYOUT = {
 _RANK = {dtype: i for i, dtype in enumerate(_LAYOUT)}
 
 
+def _json_string(name: str) -> str:
+    """``name`` as safetensors (serde_json) writes it in its table: escaped as ``json.dumps`` does
+    without ``ensure_ascii`` (quotes, backslashes and control characters only)."""
+    if name.isascii() and name.isprintable() and '"' not in name and "\\" not in name:
+        return f'"{name}"'  # nothing to escape: the common case, without json.dumps' encoder
+    return json.dumps(name, ensure_ascii=False)
+
+
 def packed_size(
     format: str,
     version: int,
@@ -100,8 +108,7 @@ def packed_size(
     for name, dtype, shape in entries:
         tag, width = _LAYOUT[dtype]
         end = offset + width * math.prod(shape)
-        # safetensors (serde_json) escapes a name as json.dumps does without ensure_ascii
-        key, dims = json.dumps(name, ensure_ascii=False), ",".join(map(str, shape))
+        key, dims = _json_string(name), ",".join(map(str, shape))
         table.append(f'{key}:{{"dtype":"{tag}","shape":[{dims}],"data_offsets":[{offset},{end}]}}')
         offset = end
     length = len(("{" + ",".join(table) + "}").encode())

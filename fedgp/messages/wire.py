@@ -127,15 +127,16 @@ def split_size(record: Record, count: int) -> int:
     ``i < count`` (a batch's replies, one per client): ``sum(len(record_to_bytes(r)) for r in those)``,
     computed. A tensor with fewer than ``count`` rows (a malformed reply) gives the later records none;
     one without a row dimension is counted whole in each."""
-    cuts = sorted({0, count} | {min(len(v), count) for v in record.tensors.values() if v.dim()})
-    total = 0
+    layout = _shapes(record.tensors)
+    cuts = sorted({0, count} | {min(shape[0], count) for _, shape in layout.values() if shape})
+    header, total = _record_header(record.settings), 0
     for low, high in zip(cuts, cuts[1:]):
         # records low .. high - 1 hold one row of each tensor longer than low, none of the others
-        shapes = {
-            k: (v.dtype, (int(len(v) > low), *v.shape[1:]) if v.dim() else ())
-            for k, v in record.tensors.items()
+        rows = {
+            k: (dtype, (int(shape[0] > low), *shape[1:]) if shape else ())
+            for k, (dtype, shape) in layout.items()
         }
-        total += (high - low) * packed_size(_RECORD, WIRE_VERSION, _record_header(record.settings), shapes)
+        total += (high - low) * packed_size(_RECORD, WIRE_VERSION, header, rows)
     return total
 
 
