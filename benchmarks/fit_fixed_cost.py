@@ -92,8 +92,6 @@ def main() -> None:
     if args.worker:
         print(json.dumps(worker(args.worker, args.repeats, args.profile)))
         return
-    import pandas as pd
-
     rows = []
     for K in args.clients:
         command = [sys.executable, __file__, "--worker", str(K), "--repeats", str(args.repeats)]
@@ -106,12 +104,19 @@ def main() -> None:
         print(f"K = {K:>7,}: 1 round {row['rounds_1_s']:.2f} s, 3 rounds {row['rounds_3_s']:.2f} s; "
               f"a round {row['round_s']:.2f} s, fixed {row['fixed_s']:.2f} s "
               f"({row['fixed_us_per_client']:.0f} µs per client)")  # fmt: skip
-    args.out.parent.mkdir(parents=True, exist_ok=True)
+    write_rows(rows, args.out, args.append)
+
+
+def write_rows(rows: list[dict], out: Path, append: bool) -> None:
+    """``rows`` as the CSV ``out``, after the rows already there with ``append``."""
+    import pandas as pd
+
+    out.parent.mkdir(parents=True, exist_ok=True)
     table = pd.DataFrame(rows)
-    if args.append and args.out.exists():
-        table = pd.concat([pd.read_csv(args.out), table], ignore_index=True)
-    table.to_csv(args.out, index=False, float_format="%.4g")
-    print(f"wrote {args.out}")
+    if append and out.exists():
+        table = pd.concat([pd.read_csv(out), table], ignore_index=True)
+    table.to_csv(out, index=False, float_format="%.4g")
+    print(f"wrote {out}")
 
 
 if __name__ == "__main__":

@@ -46,7 +46,9 @@ from fedgp.messages import (
     record_from_bytes,
     record_to_bytes,
     reply_structure,
+    split_size,
     task_from_bytes,
+    task_size,
     task_to_bytes,
 )
 from fedgp.models.spec import GPSpec
@@ -216,7 +218,7 @@ class InProcessEngine(Engine):
         out = Outcome.empty(fields)
         replied, rows = [], {k: [] for k in fields if k not in summed}
         sums: dict[str, torch.Tensor] = {}
-        down = None if self.loopback else _message_size(task)
+        down = None if self.loopback else task_size(task, rows=1)  # every participant's is this size
         for start in range(0, len(clients), self.chunk_size):
             chunk, part = (
                 clients[start : start + self.chunk_size],
@@ -236,8 +238,8 @@ class InProcessEngine(Engine):
                 for pos, reason in zip(ok.tolist(), reasons):
                     if reason is not None:
                         out.failures[pos] = f"invalid reply: {reason}"
-                if not self.loopback:
-                    out.bytes_up += _reply_sizes(reply, reasons, fields)
+                if not self.loopback:  # computed from shapes, as the bytes would be: nothing serialised
+                    out.bytes_up += split_size(reply, len(ok))
                 if not bool(good.any()):
                     continue
                 replied.append(ok[good])
@@ -362,12 +364,6 @@ def faulted_ops(ops: ClientOps, task: Task) -> ClientOps:
 # -- bytes ---------------------------------------------------------------------------------------------
 
 
-def _message_size(task: Task) -> int:
-    """Bytes of one participant's message: every row has the same shapes, hence the same size."""
-    one = task.rows(slice(0, 1)) if task.personal.tensors else task
-    return len(task_to_bytes(one))
-
-
 def _through_bytes(task: Task, count: int) -> tuple[Task, int]:
     """Each participant's message to bytes and back; the chunk's task rebuilt from what arrived."""
     if not task.personal.tensors:
@@ -383,17 +379,3 @@ def _through_bytes(task: Task, count: int) -> tuple[Task, int]:
 def _reply_through_bytes(reply: Record, count: int) -> tuple[Record, int]:
     parts = [record_to_bytes(reply.rows(slice(i, i + 1))) for i in range(count)]
     return Record.cat([record_from_bytes(p) for p in parts]), sum(map(len, parts))
-
-
-def _reply_sizes(reply: Record, reasons: list, fields: Mapping[str, Field]) -> int:
-    """Bytes of the replies in ``reply``: declared shapes make every valid row the same size."""
-    if not reply.tensors:
-        return len(record_to_bytes(reply)) * len(reasons)
-    total = 0
-    valid = [i for i, r in enumerate(reasons) if r is None]
-    if valid:
-        total += len(record_to_bytes(reply.rows(slice(valid[0], valid[0] + 1)))) * len(valid)
-    for i, r in enumerate(reasons):
-        if r is not None:
-            total += len(record_to_bytes(reply.rows(slice(i, i + 1))))
-    return total

@@ -7,7 +7,8 @@ server's side of a round is a :class:`RoundPlan` built from the :class:`ServerCo
 :class:`Roster` of registered clients told it) and the :class:`Replies` that come back; an engine
 hands back an :class:`Outcome`. Strategies travel as JSON configs (:class:`Configurable`, through
 the one tree codec :mod:`~fedgp.messages.codec`); records and tasks as bytes in the one container
-(:mod:`~fedgp.messages.container`, :mod:`~fedgp.messages.wire`); a remote host's pieces as records
+(:mod:`~fedgp.messages.container`, :mod:`~fedgp.messages.wire`, which also computes their sizes
+without writing them); a remote host's pieces as records
 (:mod:`~fedgp.messages.remote`).
 """
 
@@ -19,7 +20,16 @@ from fedgp.messages.records import TENSOR_DTYPES, Record, Setting
 from fedgp.messages.roster import Roster
 from fedgp.messages.round import Replies, RoundPlan, ServerContext
 from fedgp.messages.task import KINDS, Task
-from fedgp.messages.wire import record_from_bytes, record_to_bytes, task_from_bytes, task_to_bytes
+from fedgp.messages.wire import (
+    record_from_bytes,
+    record_size,
+    record_to_bytes,
+    reply_size,
+    split_size,
+    task_from_bytes,
+    task_size,
+    task_to_bytes,
+)
 
 __all__ = [
     "Record",
@@ -49,4 +59,8 @@ __all__ = [
     "record_from_bytes",
     "task_to_bytes",
     "task_from_bytes",
+    "record_size",
+    "task_size",
+    "split_size",
+    "reply_size",
 ]

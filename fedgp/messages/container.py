@@ -25,7 +25,8 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
-from collections.abc import Mapping
+import math
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -36,7 +37,7 @@ from safetensors.torch import save as _save
 from fedgp.errors import FileFormatError, InputError, InputTypeError
 from fedgp.models.limits import check_json_depth
 
-__all__ = ["pack", "unpack", "seal", "unseal", "check_key", "HEADER"]
+__all__ = ["pack", "packed_size", "unpack", "seal", "unseal", "check_key", "HEADER"]
 
 #: The entry holding the JSON header; no other entry may use the name.
 HEADER = "__fedgp__"
@@ -46,13 +47,72 @@ _KEYED = b"FEDGP hmac-sha256="
 
 def pack(format: str, version: int, header: Mapping[str, Any], tensors: Mapping[str, torch.Tensor]) -> bytes:
     """``tensors`` and ``header`` as one safetensors payload of ``format`` at ``version``."""
-    if HEADER in tensors:
-        raise FileFormatError(f"{HEADER!r} is reserved for the container's header; rename that tensor")
-    meta = json.dumps({"format": format, "version": int(version), **header}, allow_nan=True)
+    _check_names(tensors)
+    meta = _header_text(format, version, header)
     # safetensors refuses views that share memory: every entry gets its own contiguous buffer.
     own = {k: v.detach().cpu().contiguous().clone() for k, v in tensors.items()}
     own[HEADER] = torch.frombuffer(bytearray(meta.encode()), dtype=torch.uint8)
     return _save(own)
+
+
+def _check_names(tensors: Mapping[str, Any]) -> None:
+    if HEADER in tensors:
+        raise FileFormatError(f"{HEADER!r} is reserved for the container's header; rename that tensor")
+
+
+def _header_text(format: str, version: int, header: Mapping[str, Any]) -> str:
+    return json.dumps({"format": format, "version": int(version), **header}, allow_nan=True)
+
+
+#: safetensors' name and item size of each dtype fedgp writes, in the order safetensors lays its
+#: entries out: by dtype (this order, its enum's descending), then by name.
+_LAYOUT = {
+    torch.int64: ("I64", 8),
+    torch.float64: ("F64", 8),
+    torch.float32: ("F32", 4),
+    torch.int32: ("I32", 4),
+    torch.uint8: ("U8", 1),
+    torch.bool: ("BOOL", 1),
+}
+_RANK = {dtype: i for i, dtype in enumerate(_LAYOUT)}
+
+
+def _json_string(name: str) -> str:
+    """``name`` as safetensors (serde_json) writes it in its table: escaped as ``json.dumps`` does
+    without ``ensure_ascii`` (quotes, backslashes and control characters only)."""
+    if name.isascii() and name.isprintable() and '"' not in name and "\\" not in name:
+        return f'"{name}"'  # nothing to escape: the common case, without json.dumps' encoder
+    return json.dumps(name, ensure_ascii=False)
+
+
+def packed_size(
+    format: str,
+    version: int,
+    header: Mapping[str, Any],
+    shapes: Mapping[str, tuple[torch.dtype, Sequence[int]]],
+) -> int:
+    """``len(pack(format, version, header, tensors))`` for tensors of the given ``(dtype, shape)`` by
+    name, computed from them alone: no tensor is copied or written (an in-process engine's traffic
+    figures). The layout is safetensors': 8 bytes giving the JSON table's length, the table (each
+    entry's dtype, shape and byte range, entries by dtype then name, padded with spaces to a multiple
+    of 8 bytes), then the tensors' bytes; the header entry is one more ``uint8`` tensor."""
+    _check_names(shapes)
+    meta = len(_header_text(format, version, header).encode())
+    entries = [(name, dtype, tuple(shape)) for name, (dtype, shape) in shapes.items()]
+    entries.append((HEADER, torch.uint8, (meta,)))
+    try:
+        entries.sort(key=lambda e: (_RANK[e[1]], e[0]))
+    except KeyError as err:
+        raise InputTypeError(f"no byte count for dtype {err.args[0]}; known: {tuple(_LAYOUT)}") from None
+    offset, table = 0, []
+    for name, dtype, shape in entries:
+        tag, width = _LAYOUT[dtype]
+        end = offset + width * math.prod(shape)
+        key, dims = _json_string(name), ",".join(map(str, shape))
+        table.append(f'{key}:{{"dtype":"{tag}","shape":[{dims}],"data_offsets":[{offset},{end}]}}')
+        offset = end
+    length = len(("{" + ",".join(table) + "}").encode())
+    return 8 + length + (-length) % 8 + offset
 
 
 def unpack(
