@@ -58,7 +58,7 @@ _OBJECTS = {
 #: Every public module, each an attribute of ``fedgp`` on first use. ``__all__`` (what
 #: ``from fedgp import *`` imports) leaves out ``flower`` and ``sklearn``, which need the extras of
 #: those names, ``testing``, which needs pytest, and the plumbing the layers share (checks, cli,
-#: defaults, files, history_units, layout, presets, rng, version).
+#: defaults, files, layout, presets, rng, version).
 _SUBMODULES = (
     "aggregators",
     "attacks",
@@ -75,7 +75,6 @@ _SUBMODULES = (
     "export",
     "files",
     "flower",
-    "history_units",
     "layout",
     "messages",
     "models",

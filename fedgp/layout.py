@@ -41,7 +41,7 @@ MODEL_FILE = "model.fedgp"
 COLUMNS_FILE = "columns.json"
 #: The ``format`` field of a ``columns.json`` (what ``fedgp predict`` checks before trusting it).
 COLUMNS_FORMAT = "fedgp.cli.columns"
-#: One row per round, the hyper-parameters in the data's units (:mod:`fedgp.history_units`).
+#: One row per round, the hyper-parameters in the data's units (:mod:`fedgp.run.units`).
 HISTORY_FILE = "history.csv"
 #: The data transforms the model was trained under, as numbers, and the units of every column of
 #: ``history.csv`` (JSON).
@@ -168,15 +168,13 @@ def write_model_folder(
 
 def write_history(folder: Path, result: Any, features: Sequence[str]) -> list[Path]:
     """Write ``history.csv`` (``result.history`` with its hyper-parameters in the data's units,
-    :func:`fedgp.history_units.history_in_data_units`) and ``transforms.json`` (the transforms'
+    :func:`fedgp.run.units.history_in_data_units`) and ``transforms.json`` (the transforms'
     numbers and each column's units) for a :class:`fedgp.FitResult` trained on columns ``features``.
     Returns the two paths."""
-    from fedgp.history_units import history_in_data_units
+    from fedgp.run.units import history_in_data_units  # not at import: fedgp's CLI reads the names above
 
     transform = result.transform
-    history, units = history_in_data_units(
-        result.history, transform, features, [p.name for p in result.spec.params]
-    )
+    history, units = history_in_data_units(result, features)
     history_path = write_table(history, Path(folder) / HISTORY_FILE)
     if transform.y_local:
         outcome: dict[str, Any] = {

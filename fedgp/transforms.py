@@ -19,6 +19,9 @@ standardises outcomes by default (``Standardize``) and asks for inputs in the un
    :mod:`fedgp.engines.client`). So every engine, in process, on Ray or on Flower, transforms the
    same way, and every number a user reads is in the original units.
 
+Back to the data's units is one method for predictions, metrics (or replies) and states alike,
+:meth:`DataTransform.untransform`, which every place that maps values back calls.
+
 ``Standardize(local=True)`` standardises each client with its own mean and standard deviation
 instead (nothing about the targets leaves); a client's predictions are mapped back with its own.
 """
@@ -37,6 +40,8 @@ import torch
 
 from fedgp.data.client import ClientData, within_limits
 from fedgp.errors import InputError, InputTypeError
+from fedgp.models.state import HyperState
+from fedgp.models.units import outcome_in_units, state_in_units
 
 __all__ = [
     "Transforms",
@@ -260,6 +265,52 @@ class DataTransform:
             out["note"] = self.note
         return out
 
+    # -- back to the data's units ------------------------------------------------------------------
+    def untransform(self, value: Any, offset: Any = None, scale: Any = None, *, partial: bool = False) -> Any:
+        """``value`` (a :class:`~fedgp.models.posterior.Prediction`, a mapping of test metrics or of
+        ``predict`` reply fields, or a :class:`~fedgp.models.state.HyperState`), computed on
+        transformed data, in the data's own units, as BoTorch's ``untransform_posterior`` (the maps:
+        :mod:`fedgp.models.units`). ``offset``/``scale``: the outcome map ``y = offset + scale·y'``,
+        default the transform's own (``0``/``1`` without one); under ``y_local`` the client's
+        (``outcome_map(client.y)``); ``(k,)`` tensors map k clients' stacked values, each its own.
+
+        A client's replies (``offset``, ``scale``: the engine's ``(k,)`` outcome maps of its clients)::
+
+            reply = transform.untransform(  # predict: the stacked predictions, (k, points[, points])
+                {"mean": M, "variance_f": Vf, "variance_y": Vy, "covariance_f": C, "mean_f": F},
+                offset, scale)                # covariance_f and mean_f only where present
+            metrics = transform.untransform(metrics, offset, scale)  # evaluate: (k,) each
+
+        which have the bits of ``M.double() * scale[:, None] + offset[:, None]``,
+        ``Vf.double() * (scale * scale)[:, None]``, ``rmse * scale`` and ``nll + scale.log()``.
+
+        A state's hyper-parameters without an exact map (another kernel's; in y's units under
+        ``y_local`` without ``offset``/``scale``) are refused, naming them; ``partial=True`` leaves
+        them out. Tensors come back float64, numbers as Python floats."""
+        if not isinstance(value, HyperState):
+            return outcome_in_units(value, *self._outcome(offset, scale))
+        unknown = self.y_local and offset is None and scale is None  # y's map: each client's own
+        o, s = (None, None) if unknown else self._outcome(offset, scale)
+        state, left = state_in_units(value, o, s, self.x_offset, self.x_scale)
+        if left and not partial:
+            named = "; ".join(f"{name} ({why})" for name, why in left.items())
+            raise InputError(f"untransform: {named}; pass partial=True to leave them out")
+        return state
+
+    def _outcome(self, offset: Any, scale: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        """The outcome map ``(offset, scale)`` as float64 tensors: the given one or the transform's."""
+        if offset is None and scale is None:
+            if self.y_local:
+                raise InputError(
+                    "untransform: each client standardised its targets with its own mean and sd "
+                    "(Standardize(local=True)); pass that client's offset and scale "
+                    "(transform.outcome_map(client.y))"
+                )
+            offset, scale = (0.0, 1.0) if self.y_offset is None else (self.y_offset, self.y_scale)
+        elif offset is None or scale is None:
+            raise InputError("untransform: give both offset and scale (the map y = offset + scale * y')")
+        return torch.as_tensor(offset, dtype=torch.float64), torch.as_tensor(scale, dtype=torch.float64)
+
 
 def own_outcome_maps(targets: Sequence[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
     """Each client's own mean and sd (ddof = 1) of its targets, as ``Standardize(local=True)`` uses
@@ -422,7 +473,7 @@ class Transforms:
     hyper-parameter (its value is in the data's units) or its mean is linear without a bias
     (regression through the origin, which a shift would change): then none, and the history says
     why. Predictions, variances and metrics always come back in the original units; the learned
-    hyper-parameters are in the transformed ones.
+    hyper-parameters are in the transformed ones (``result.transform.untransform(result.state)``).
     """
 
     outcome: Standardize | str | None = "auto"

@@ -15,10 +15,8 @@ from fedgp.cli import _out, build_parser, default_out, main
 from fedgp.data import ClientData
 from fedgp.data.table import read_owner_table
 from fedgp.experiments.registry import QUICK_RUNTIMES, REPRODUCTIONS
-from fedgp.history_units import history_in_data_units
 from fedgp.presets import make_spec
 from fedgp.strategies import FGPR
-from fedgp.transforms import DataTransform
 
 REPO = Path(__file__).resolve().parents[1]
 ROUNDS = ["--rounds", "3", "--stop", "none"]  # exactly 3 rounds (the default --stop auto would warn)
@@ -284,52 +282,6 @@ def test_an_owner_only_in_data_is_predicted_as_a_new_owner(data_csv, tmp_path, c
     assert main([*argv, "--out", str(tmp_path / "p")]) == 0
     assert "owner 'east' was not among the model's training owners" in capsys.readouterr().err
     assert pd.read_csv(tmp_path / "p" / "predictions.csv")["conditioned_on"].tolist() == [4, 4]
-
-
-def test_history_units_per_owner_standardisation_clusters_and_no_transform():
-    """With each owner's own standardisation no value in y's units exists: those columns keep the
-    model's units and say so; lengthscales (one x map for everyone) still convert; a clustered
-    strategy's ``j/`` columns convert per cluster; without transforms nothing changes but the names."""
-    history = pd.DataFrame(
-        {
-            "round": [1, 2],
-            "train_nll": [1.0, 0.9],
-            "0/likelihood.noise_covar.noise": [0.5, 0.4],
-            "0/covar_module.base_kernel.lengthscale": [0.2, 0.3],  # one, shared by both features
-            "1/likelihood.noise_covar.noise": [0.6, 0.7],
-            "1/covar_module.base_kernel.lengthscale": [1.0, 2.0],
-            "size/0": [2, 3],
-        }
-    )
-    params = ["likelihood.noise_covar.noise", "covar_module.base_kernel.lengthscale"]
-    x_map = dict(x_offset=torch.tensor([0.0, -8.0]), x_scale=torch.tensor([4.0, 16.0]))
-    local, units = history_in_data_units(history, DataTransform(**x_map, y_local=True), ["u", "v"], params)
-    assert list(local.columns) == [
-        "round",
-        "train_nll (each owner's standardised y)",
-        "0/likelihood.noise_covar.noise (each owner's standardised y)",
-        "0/covar_module.base_kernel.lengthscale[u]",
-        "0/covar_module.base_kernel.lengthscale[v]",
-        "1/likelihood.noise_covar.noise (each owner's standardised y)",
-        "1/covar_module.base_kernel.lengthscale[u]",
-        "1/covar_module.base_kernel.lengthscale[v]",
-        "size/0",
-    ]
-    assert local["1/covar_module.base_kernel.lengthscale[v]"].tolist() == [16.0, 32.0]
-    assert local["0/likelihood.noise_covar.noise (each owner's standardised y)"].tolist() == [0.5, 0.4]
-    assert units["0/covar_module.base_kernel.lengthscale[u]"] == "u's units"
-    fixed = DataTransform(**x_map, y_offset=torch.tensor(10.0), y_scale=torch.tensor(3.0))
-    converted, _ = history_in_data_units(history, fixed, ["u", "v"], params)
-    np.testing.assert_allclose(converted["1/likelihood.noise_covar.noise"], [5.4, 6.3])
-    same, units = history_in_data_units(history, DataTransform(), ["u", "v"], params)
-    assert same["train_nll"].tolist() == [1.0, 0.9] and same["0/likelihood.noise_covar.noise"].tolist() == [
-        0.5,
-        0.4,
-    ]
-    assert same["0/covar_module.base_kernel.lengthscale[v]"].tolist() == [0.2, 0.3]
-
-
-# -- malformed input: one line naming the file and the column, line or owner; exit status 2 --------
 
 
 def _malformed(frame: pd.DataFrame, case: str) -> pd.DataFrame:

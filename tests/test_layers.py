@@ -23,8 +23,6 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "fedgp.defaults",
             "fedgp.version",
             "fedgp.files",
-            "fedgp.layout",
-            "fedgp.history_units",
             "fedgp.rng",
             "fedgp.checks",
             "fedgp.plotting",
@@ -52,6 +50,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "fedgp.testing",
             "fedgp.experiments",
             "fedgp.sklearn",
+            # A model folder's files: what fit --out and the Flower app write of a FitResult.
+            "fedgp.layout",
             "fedgp.commands",
             "fedgp._cli_flower",
             "fedgp._cli_training",

@@ -59,7 +59,7 @@ PAGES = (
     "testing",
 )
 #: Infrastructure the layers share, documented together on ``api/plumbing.md``.
-PLUMBING = ("rng", "checks", "files", "layout", "history_units", "cli", "commands", "presets", "version")
+PLUMBING = ("rng", "checks", "files", "layout", "cli", "commands", "presets", "version")
 
 
 # --------------------------------------------------------------------------------------------------

@@ -24,7 +24,8 @@ import gpytorch
 import torch
 
 from fedgp.errors import InputTypeError
-from fedgp.models.spec import ExactGPModel
+from fedgp.models.spec import NOISE, ExactGPModel
+from fedgp.models.state import HyperState
 
 if TYPE_CHECKING:
     from linear_operator.operators import LinearOperator
@@ -71,18 +72,31 @@ class OriginalUnitsKernel(gpytorch.kernels.Kernel):
 
 
 def _original_units(model: ExactGPModel, transform, data, dtype) -> ExactGPModel:
-    """``model`` (learned on transformed data) as the equivalent GP on the original data."""
+    """``model`` (learned on transformed data) as the equivalent GP on the original data.
+
+    The mean and kernel stay the learned modules, wrapped (:class:`OriginalUnitsMean`,
+    :class:`OriginalUnitsKernel`): they are functions of x, evaluated at whatever inputs the exported
+    model is called on, not values that :meth:`~fedgp.transforms.DataTransform.untransform` could map
+    once (a kernel other than ``ScaleKernel(base)`` has no hyper-parameters in the data's units, yet
+    is a kernel in them this way). The noise is a value: its level and its constraint's lower bound
+    come back as noise variances, through ``untransform``, with this client's outcome map."""
     _, offset, scale = transform.apply(data)
     d = data.n_features
     if transform.x_offset is None:
         x_offset, x_scale = torch.zeros(d, dtype=dtype), torch.ones(d, dtype=dtype)
     else:
         x_offset, x_scale = transform.x_offset.to(dtype), transform.x_scale.to(dtype)
-    lower = model.likelihood.noise_covar.raw_noise_constraint.lower_bound * scale**2
-    constraint = gpytorch.constraints.GreaterThan(lower)
+    learned = model.likelihood.noise.detach()
+    bound = torch.as_tensor(
+        model.likelihood.noise_covar.raw_noise_constraint.lower_bound, dtype=learned.dtype
+    )
+    # The level and the lower bound as a batch of two noise values: one map, the same for both.
+    noises = HyperState({NOISE: torch.stack([bound.expand_as(learned), learned])}, {NOISE: learned.shape})
+    lower, noise = transform.untransform(noises, offset, scale, partial=True)[NOISE].to(dtype)
+    constraint = gpytorch.constraints.GreaterThan(lower.reshape(bound.shape))
     likelihood = gpytorch.likelihoods.GaussianLikelihood(noise_constraint=constraint).to(dtype)
     with torch.no_grad():
-        likelihood.noise = model.likelihood.noise * scale**2
+        likelihood.noise = noise
     return ExactGPModel(
         OriginalUnitsMean(model.mean_module, x_offset, x_scale, offset, scale),
         OriginalUnitsKernel(model.covar_module, x_offset, x_scale, scale),

@@ -51,6 +51,19 @@ class ExactGPModel(gpytorch.models.ExactGP):
         return gpytorch.distributions.MultivariateNormal(self.mean_module(x), self.covar_module(x))
 
 
+#: State names of GPyTorch's common modules in :class:`ExactGPModel` (``likelihood``, ``mean_module``,
+#: ``covar_module``): a ``GaussianLikelihood``'s noise, a ``ScaleKernel``'s outputscale and its base
+#: kernel's lengthscale, a ``ConstantMean``'s constant (``raw_constant``: it has no constraint), a
+#: ``LinearMean``'s weights and bias. The data transforms know how each maps to the data's units
+#: (:func:`fedgp.models.units.state_in_units`).
+NOISE = "likelihood.noise_covar.noise"
+OUTPUTSCALE = "covar_module.outputscale"
+LENGTHSCALE = "covar_module.base_kernel.lengthscale"
+CONSTANT = "mean_module.raw_constant"
+WEIGHTS = "mean_module.weights"
+BIAS = "mean_module.bias"
+
+
 @dataclass(frozen=True)
 class ParamInfo:
     """One hyper-parameter: its state name, GPyTorch raw parameter name, constraint, shape."""

@@ -40,6 +40,7 @@ from fedgp.run.checkpoint import Checkpoint, fingerprint_mismatches, load_checkp
 from fedgp.run.evaluation import evaluate_clients, mean_metrics
 from fedgp.run.progress import end_early, progress_bar
 from fedgp.run.stopping import StopRule, state_rows
+from fedgp.run.units import RoundStates, state_columns
 from fedgp.strategies.base import Strategy
 from fedgp.transforms import DataTransform
 
@@ -194,12 +195,48 @@ class Stopping(Callback):
 
 
 class StateColumns(Callback):
-    """The strategy's description of its server state (``Strategy.describe``) in every row."""
+    """The strategy's description of its server state (``Strategy.describe``) in every row, and,
+    where that description is the global state itself (the default ``describe``), the state: the
+    run keeps it (``history.attrs["states"]``, :class:`~fedgp.run.units.RoundStates`), so that the
+    history in the data's units is written from states, not parsed back from column names
+    (:mod:`fedgp.run.units`). The kept states go into checkpoints."""
 
     order = -10
+    checkpoint_key = "states"
+
+    def __init__(self) -> None:
+        self.rounds: list[int] = []
+        self.states: list[HyperState] = []
 
     def on_round(self, run, row):
-        row.update(run.strategy.describe(run.server))
+        columns = run.strategy.describe(run.server)
+        row.update(columns)
+        if columns:  # checked against the columns once, at the end (kept): not on every round's path
+            self.rounds.append(int(row["round"]))
+            self.states.append(run.state.clone())
+
+    def kept(self, history: list[dict[str, Any]]) -> RoundStates | None:
+        """The states of every round of ``history``, where they are its state columns; ``None``
+        where some round has none (a run resumed from a checkpoint that kept none: the history's
+        columns then give them, :meth:`RoundStates.from_columns`) or the strategy describes its
+        state by other columns."""
+        rows = {int(r["round"]): r for r in history}
+        if not self.rounds or not set(rows) <= set(self.rounds):
+            return None
+        kept = RoundStates.stack(self.rounds, self.states)  # None unless every state has one shape
+        names = set(state_columns(self.states[0])) if kept is not None else set()
+        return kept if all(row.keys() >= names for row in rows.values()) else None
+
+    def state(self):
+        return {"rounds": list(self.rounds), "states": HyperState.stack(self.states) if self.states else None}
+
+    def load_state(self, state):
+        rounds, states = list(state["rounds"]), state["states"]
+        count = 0 if states is None else states.batch_shape[0]
+        if len(rounds) != count or not all(isinstance(r, int) for r in rounds):
+            raise InputError(f"{len(rounds)} rounds and {count} kept states")
+        self.rounds = rounds
+        self.states = [states.index(i) for i in range(count)]
 
 
 # -- chosen by the user -----------------------------------------------------------------------------

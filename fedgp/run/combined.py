@@ -44,13 +44,12 @@ def shared_prior(result: Any, X: torch.Tensor) -> tuple[torch.Tensor, torch.Tens
         )
     model = result.spec.build()
     result.spec.load(model, state)
-    offset, scale = result.transform.outcome_map(torch.empty(0))
     Xt = result.transform.inputs(X.to(result.spec.dtype))
     with torch.no_grad(), exact_settings():
-        mean = model.mean_module(Xt)
-        variance = model.covar_module(Xt, diag=True)
-    mean, variance = mean.detach().to(torch.float64), variance.detach().to(torch.float64)
-    return offset + scale * mean, scale * scale * variance
+        mean = model.mean_module(Xt).detach()
+        variance = model.covar_module(Xt, diag=True).detach()
+    prior = result.transform.untransform(Prediction(mean, variance, variance))  # f's prior: no noise
+    return prior.mean, prior.variance_f
 
 
 def check_experts(result: Any) -> None:

@@ -270,6 +270,9 @@ class Run:
             frame.attrs["privacy"] = self.privacy_summary
         if self.rule is not None or self.stop_reason is not None:
             self._report_stop(frame)
+        states = next((c.kept(self.history) for c in self.callbacks if isinstance(c, StateColumns)), None)
+        if states is not None:  # every round's hyper-parameters, for the table in the data's units
+            frame.attrs["states"] = states  # (last: where a loaded result's attrs have it)
         result = FitResult(
             self.spec,
             self.strategy,

@@ -19,7 +19,13 @@ and tensors only; the spec and strategy are rebuilt from allow-lists and the ser
 :mod:`fedgp.messages.codec` (registered or fedgp's own dataclasses, nothing imported), so a
 crafted file cannot run code.
 
-Format versions: 4 (this one) added the feature names, the history's ``attrs`` and column dtypes.
+Format versions: 4 (this one) added the feature names, the history's ``attrs`` and column dtypes;
+within it, ``history_states`` (optional) holds the global state of every round as tensors
+(:class:`~fedgp.run.units.RoundStates`, ``history.attrs["states"]``), from which the history in the
+data's units is written. A file without it (written before fedgp kept them) gives the same states
+from its history's columns (:meth:`~fedgp.run.units.RoundStates.from_columns`): no value is lost
+either way, and a fedgp that does not know the field reads the file as it did, so it needs no new
+version.
 A file of version 3 is still read, with a :class:`~fedgp.errors.FallbackWarning` saying what it
 lacks (no feature names: ``predict`` reads columns by position; no stop reason or privacy
 accounting); version 2 (a bare safetensors file) and any later version are refused, naming the
@@ -47,6 +53,8 @@ from fedgp.messages import Roster, decode, encode, from_config
 from fedgp.messages.container import pack, seal, unpack, unseal
 from fedgp.models import limits
 from fedgp.models.spec_io import build_spec, check_round_trip
+from fedgp.models.state import HyperState
+from fedgp.run.units import RoundStates
 from fedgp.strategies.base import Strategy
 from fedgp.transforms import DataTransform
 
@@ -149,8 +157,9 @@ def _read_frame(split: Any, name: str) -> pd.DataFrame:
 
 
 def _attrs(attrs: dict) -> dict:
-    """``history.attrs`` as JSON, but ``transforms``, which the file's transforms describe."""
-    rest = {k: v for k, v in attrs.items() if k != "transforms"}
+    """``history.attrs`` as JSON, but ``transforms``, which the file's transforms describe, and
+    ``states``, which ``history_states`` holds as tensors."""
+    rest = {k: v for k, v in attrs.items() if k not in ("transforms", "states")}
     out = _plain(rest, "history.attrs")
     size = len(json.dumps(out, allow_nan=True))
     if size > limits.MAX_ATTRS_BYTES:
@@ -165,7 +174,49 @@ def _read_attrs(record: Any, transform: DataTransform) -> dict:
         raise FileFormatError("history_attrs must be a JSON object")
     if "transforms" in record:
         raise FileFormatError("history_attrs holds 'transforms', which the file's transforms describe")
+    if "states" in record:
+        raise FileFormatError("history_attrs holds 'states', which the file's history_states hold")
     return {"transforms": transform.describe(), **limits.plain_json(record, "history_attrs")}
+
+
+def _states(attrs: dict, tensors: dict[str, torch.Tensor]) -> dict | None:
+    """The history's kept states (:class:`~fedgp.run.units.RoundStates`) as a record of tensors."""
+    kept = attrs.get("states")
+    if kept is None:
+        return None
+    if not isinstance(kept, RoundStates):
+        raise InputTypeError(
+            f"cannot save history.attrs['states']: a {type(kept).__name__}; fedgp keeps a RoundStates there"
+        )
+    return {"rounds": list(kept.rounds), "states": encode(kept.states, tensors, "history_states")}
+
+
+def _read_states(
+    record: Any, tensors: dict[str, torch.Tensor], spec, history: pd.DataFrame
+) -> RoundStates | None:
+    """The kept states of a file's history, checked against the spec's hyper-parameters and the
+    history's rounds; ``None`` for a file without them (written before fedgp kept them)."""
+    if record is None:
+        return None
+    rounds = record.get("rounds") if isinstance(record, dict) else None
+    if not isinstance(rounds, list) or not all(type(r) is int for r in rounds):
+        raise FileFormatError("history_states.rounds must be a list of round numbers")
+    states = decode(record.get("states"), tensors)
+    if not isinstance(states, HyperState):
+        raise FileFormatError("history_states.states must be a HyperState")
+    events = spec.event_shapes
+    for name, event in states.event_shapes.items():
+        if events.get(name) != event or not states[name].is_floating_point():
+            raise FileFormatError(
+                f"history_states: {name!r} is not a floating-point hyper-parameter of the spec's shape"
+            )
+    if len(states.batch_shape) not in (1, 2) or states.batch_shape[0] != len(rounds):
+        raise FileFormatError(
+            f"history_states: {len(rounds)} rounds but states of batch {list(states.batch_shape)}"
+        )
+    if "round" in history.columns and not set(rounds) <= set(history["round"].tolist()):
+        raise FileFormatError("history_states.rounds names rounds the history does not hold")
+    return RoundStates(rounds, states)
 
 
 def _read_names(names: Any, roster: Roster, transform: DataTransform) -> tuple[str, ...] | None:
@@ -262,6 +313,8 @@ def write_result(result, path: str | os.PathLike, key: bytes | str | None = None
         "seed": int(result.seed),
         "history": _frame(result.history, "history"),
         "history_attrs": _attrs(result.history.attrs),
+        # The global state of every round, from which the history in the data's units is written.
+        "history_states": _states(result.history.attrs, tensors),
         "failures": _frame(result.failures, "failures"),
         "attackers": _ids(list(result.attackers)),
         "feature_names": None if result.feature_names is None else list(result.feature_names),
@@ -325,6 +378,9 @@ def _read_parts(header: dict[str, Any], tensors: dict[str, torch.Tensor]) -> dic
     history, failures = (_read_frame(header[name], name) for name in ("history", "failures"))
     transform = _read_transform(header.get("transforms"), tensors)
     history.attrs = _read_attrs(header.get("history_attrs", {}), transform)
+    states = _read_states(header.get("history_states"), tensors, spec, history)
+    if states is not None:
+        history.attrs["states"] = states
     d = None if transform.x_offset is None else transform.x_offset.numel()
     if d is not None and len(roster) and set(roster.dims.tolist()) != {d}:
         raise FileFormatError(f"tensor 'transform/x_offset' has {d} inputs; the roster's clients have others")

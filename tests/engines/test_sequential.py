@@ -19,6 +19,7 @@ def draws():
 def same(a, b):
     assert a.state.allclose(b.state, rtol=0.0)
     pd.testing.assert_frame_equal(a.history, b.history, check_exact=True)
+    assert a.history.attrs["states"] == b.history.attrs["states"]  # every round's, kept exactly
 
 
 @pytest.mark.parametrize(
