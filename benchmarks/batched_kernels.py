@@ -33,8 +33,8 @@ from pathlib import Path
 import gpytorch
 import torch
 
-from fedgp.data.synthetic import gp_spec
 from fedgp.engines.tensor_gp import BatchedGP, GaussianNLL, StationaryGram, cholesky
+from fedgp.synthetic.draws import gp_spec
 
 ROOT = Path(__file__).resolve().parents[1]
 

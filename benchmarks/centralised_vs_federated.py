@@ -106,7 +106,7 @@ def federated(X, y, Xt, yt, clients: int, rounds: int, seed: int):
         ClientData(X[p], y[p], id=k, X_test=Xt[tp], y_test=yt[tp])
         for k, (p, tp) in enumerate(zip(parts, test_parts))
     )
-    spec = fedgp.data.gp_spec(X.shape[1], "rbf")
+    spec = fedgp.synthetic.gp_spec(X.shape[1], "rbf")
     strategy = fedgp.strategies.FGPR.authors(local_steps=5, batch_size=64, lr=0.05)
     start = time.perf_counter()
     result = fedgp.fit(

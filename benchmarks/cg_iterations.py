@@ -51,7 +51,7 @@ def main() -> None:
     X = torch.rand(args.rows, 5, generator=g, dtype=torch.float64)
     y = torch.sin(3 * X).sum(1) + 0.1 * torch.randn(args.rows, generator=g, dtype=torch.float64)
     X_new = torch.rand(200, 5, generator=g, dtype=torch.float64)
-    spec = fedgp.data.gp_spec(5)
+    spec = fedgp.synthetic.gp_spec(5)
     rows = []
     for lengthscale in args.lengthscales:
         state = spec.state(

@@ -61,7 +61,9 @@ def make_federation(K: int, seed: int = 0):
         "likelihood.noise_covar.noise": 0.1,
         "covar_module.base_kernel.lengthscale": [[0.6] * D],
     }
-    return fedgp.data.gp_federation(num_clients=K, n=N_PER_CLIENT, d=D, theta=theta, seed=seed).federation
+    return fedgp.synthetic.gp_federation(
+        num_clients=K, n=N_PER_CLIENT, d=D, theta=theta, seed=seed
+    ).federation
 
 
 def batched_fit(fed, rounds: int, **options):
@@ -70,7 +72,8 @@ def batched_fit(fed, rounds: int, **options):
     import fedgp
 
     strategy = fedgp.strategies.FGPR.authors(local_steps=E, batch_size=M, lr=0.05)
-    return fedgp.fit(fedgp.data.gp_spec(D, "rbf"), fed, strategy, engine="batched", rounds=rounds, seed=0,
+    spec = fedgp.synthetic.gp_spec(D, "rbf")
+    return fedgp.fit(spec, fed, strategy, engine="batched", rounds=rounds, seed=0,
                      callbacks=[fedgp.run.Evaluate(every=0)], **options)  # fmt: skip
 
 
@@ -132,7 +135,7 @@ def worker(config: dict) -> dict:
                 fused=None if engine == "batched" else False,
             )
         fedgp.fit(
-            fedgp.data.gp_spec(D, "rbf"),
+            fedgp.synthetic.gp_spec(D, "rbf"),
             federation,
             fedgp.strategies.FGPR.authors(local_steps=E, batch_size=M, lr=0.05),
             rounds=rounds,

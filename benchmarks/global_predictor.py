@@ -84,7 +84,7 @@ def row(layout, seed, method, pred: fedgp.models.Prediction, y, seconds) -> dict
 
 def study(layout: str, seed: int, rounds: int) -> list[dict]:
     fed, Xt, yt = draw(layout, seed)
-    spec = fedgp.data.gp_spec(2, "rbf")
+    spec = fedgp.synthetic.gp_spec(2, "rbf")
     result = fedgp.fit(spec, fed, fedgp.strategies.FGPR(), rounds=rounds, seed=seed)
     rows = []
     for rule in RULES:

@@ -33,8 +33,8 @@ import torch
 from gpu_round import append  # benchmarks/ is the script's directory, first on sys.path
 
 import fedgp
-from fedgp.data import gp_federation
 from fedgp.strategies import FGPR
+from fedgp.synthetic import gp_federation
 
 OUT = Path(__file__).resolve().parents[1] / "results" / "benchmarks" / "gpu_batched.csv"
 E = 5  # local Adam steps per round

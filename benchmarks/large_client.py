@@ -72,7 +72,7 @@ def worker(n: int, path: str, save: str, rounds: int) -> None:
         return X, np.sin(3 * X).sum(1) + 0.1 * rng.standard_normal(rows)
 
     clients = [ClientData(*draw(n), id="large")] + [ClientData(*draw(200), id=f"small{k}") for k in range(4)]
-    spec = fedgp.data.gp_spec(5)
+    spec = fedgp.synthetic.gp_spec(5)
     if path == "svgp":
         spec = fedgp.VariationalGPSpec(SVGP_INDUCING, spec.kernel, input_dim=5)
     result = fedgp.fit(spec, Federation(clients), fedgp.strategies.FGPR(), rounds=rounds, seed=0)

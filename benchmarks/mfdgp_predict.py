@@ -40,8 +40,8 @@ def worker(link: str, chunk: int | None, problems: int, points: int) -> dict:
 
     torch.set_num_threads(1)
     from fedgp.baselines import mfdgp
-    from fedgp.data.multifidelity import multifidelity_federation
     from fedgp.experiments.table1 import Protocol
+    from fedgp.synthetic.multifidelity import multifidelity_federation
 
     if link == "composed":
 

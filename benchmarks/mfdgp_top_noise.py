@@ -25,8 +25,8 @@ def main() -> None:
     import pandas as pd
     import torch
 
-    from fedgp.data.multifidelity import multifidelity_federation
     from fedgp.experiments.table1 import Protocol
+    from fedgp.synthetic.multifidelity import multifidelity_federation
 
     torch.set_num_threads(1)
     seeds = [0, 1, 2, 3]

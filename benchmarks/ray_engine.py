@@ -24,11 +24,11 @@ import pandas as pd
 import torch
 
 import fedgp
-from fedgp.data import gp_federation
 from fedgp.engines.ray import RayEngine, shutdown
 from fedgp.engines.tasks import HELLO_FIELDS
 from fedgp.messages import Task
 from fedgp.strategies import FGPR
+from fedgp.synthetic import gp_federation
 
 OUT = Path(__file__).resolve().parents[1] / "results" / "benchmarks" / "ray_engine.csv"
 

@@ -24,8 +24,8 @@ import torch
 
 import fedgp
 import fedgp.engines.base as base
-from fedgp.data import gp_federation
 from fedgp.strategies import FGPR
+from fedgp.synthetic import gp_federation
 
 OUT = Path(__file__).resolve().parents[1] / "results" / "benchmarks" / "round_overhead.csv"
 

@@ -50,7 +50,7 @@ def summary(federation, secure, stage: str, settings: dict):
 
 
 def exactness() -> list[dict]:
-    federation = fedgp.data.gp_federation(
+    federation = fedgp.synthetic.gp_federation(
         num_clients=20, n=250, d=2, theta=THETA, n_test=50, seed=0
     ).federation
     settings = SecureAggregation()
@@ -70,7 +70,7 @@ def exactness() -> list[dict]:
 
 
 def seconds_per_round(nodes: int, secure, repeats: int = 3, rounds: int = 3) -> float:
-    federation = fedgp.data.gp_federation(num_clients=nodes, n=20, d=2, theta=THETA, seed=1).federation
+    federation = fedgp.synthetic.gp_federation(num_clients=nodes, n=20, d=2, theta=THETA, seed=1).federation
     private = ClientDP(fedgp.strategies.FGPR(), noise=1.0, delta=0.5 / nodes, reproducible=True)
 
     def run(r):

@@ -38,7 +38,7 @@ STRATEGIES = {
 
 
 def run(label: str, rounds: int, stop, transforms=None) -> dict:
-    draws = fedgp.data.gp_federation(num_clients=20, n=250, d=2, theta=THETA, n_test=50, seed=0)
+    draws = fedgp.synthetic.gp_federation(num_clients=20, n=250, d=2, theta=THETA, n_test=50, seed=0)
     spec = fedgp.GPSpec(kernel=gpytorch.kernels.ScaleKernel(gpytorch.kernels.RBFKernel(ard_num_dims=2)))
     strategy = STRATEGIES[label]
     with warnings.catch_warnings(record=True) as caught:

@@ -38,7 +38,7 @@ def cpu():
     r = resource.getrusage(resource.RUSAGE_SELF)
     return r.ru_utime + r.ru_stime
 
-small = fedgp.data.gp_federation(num_clients=60, n=100, d=1, seed=0).federation
+small = fedgp.synthetic.gp_federation(num_clients=60, n=100, d=1, seed=0).federation
 
 def mlp():
     c, w = cpu(), time.perf_counter()
@@ -47,7 +47,7 @@ def mlp():
 
 mlp()  # warm-up (first-call costs)
 before = mlp()
-big = fedgp.data.gp_federation(num_clients=1000, n=100, d=5, seed=0)
+big = fedgp.synthetic.gp_federation(num_clients=1000, n=100, d=5, seed=0)
 try:
     from fedgp.run import Evaluate
     quiet = {{"callbacks": [Evaluate(every=0)]}}

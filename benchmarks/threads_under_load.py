@@ -50,9 +50,9 @@ def worker(K: int, rounds: int, threads: int) -> float:
     fed = make_federation(K)
     options = dict(engine="batched", seed=0, stop=None, callbacks=[fedgp.run.Evaluate(every=0)])
     strategy = fedgp.strategies.FGPR.authors(local_steps=E, batch_size=M, lr=0.05)
-    fedgp.fit(fedgp.data.gp_spec(D, "rbf"), make_federation(64), strategy, rounds=1, **options)  # warm
+    fedgp.fit(fedgp.synthetic.gp_spec(D, "rbf"), make_federation(64), strategy, rounds=1, **options)  # warm
     start = time.perf_counter()
-    fedgp.fit(fedgp.data.gp_spec(D, "rbf"), fed, strategy, rounds=rounds, **options)
+    fedgp.fit(fedgp.synthetic.gp_spec(D, "rbf"), fed, strategy, rounds=rounds, **options)
     return time.perf_counter() - start
 
 

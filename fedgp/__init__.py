@@ -3,7 +3,7 @@
 Spec + federation + strategy + engine, one ``fit``, a result that predicts per client::
 
     import fedgp
-    draws = fedgp.data.gp_federation(num_clients=20, n=250, d=2, seed=0)
+    draws = fedgp.synthetic.gp_federation(num_clients=20, n=250, d=2, seed=0)
     result = fedgp.fit(draws.spec, draws.federation, fedgp.strategies.FGPR(), rounds=50)
     mean, var = result.predict(X_new, client=3)
 
@@ -29,6 +29,7 @@ if TYPE_CHECKING:  # what static tools (type checkers, IDEs, the API docs) see
         baselines,
         clustering,
         data,
+        datasets,
         engines,
         errors,
         experiments,
@@ -38,6 +39,7 @@ if TYPE_CHECKING:  # what static tools (type checkers, IDEs, the API docs) see
         plotting,
         run,
         strategies,
+        synthetic,
         transforms,
     )
     from fedgp.errors import *  # noqa: F403
@@ -68,6 +70,7 @@ _SUBMODULES = (
     "clustering",
     "commands",
     "data",
+    "datasets",
     "defaults",
     "engines",
     "errors",
@@ -84,6 +87,7 @@ _SUBMODULES = (
     "run",
     "sklearn",
     "strategies",
+    "synthetic",
     "testing",
     "transforms",
     "version",
@@ -107,6 +111,7 @@ __all__ = [
     "baselines",
     "clustering",
     "data",
+    "datasets",
     "engines",
     "errors",
     "experiments",
@@ -116,6 +121,7 @@ __all__ = [
     "plotting",
     "run",
     "strategies",
+    "synthetic",
     "transforms",
 ]
 

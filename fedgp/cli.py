@@ -271,7 +271,7 @@ def _reproduce(args: argparse.Namespace) -> int:
 
 
 def _download(args: argparse.Namespace) -> int:
-    from fedgp.data.registry import default_registry, locate
+    from fedgp.datasets.registry import default_registry, locate
     from fedgp.errors import DataFileError
 
     registry = default_registry()
@@ -466,7 +466,7 @@ def _add_reproduce(sub) -> None:
         nargs="+",
         default=None,
         help="table1: multi-fidelity functions by name (e.g. forrester) or as module:attribute of "
-        "your own fedgp.data.multifidelity.MultiFidelityFunction",
+        "your own fedgp.synthetic.multifidelity.MultiFidelityFunction",
     )
     held.add_argument(
         "--reuse",
@@ -486,7 +486,9 @@ def _add_reproduce(sub) -> None:
 
 
 def _add_download(sub) -> None:
-    dl = sub.add_parser("download", help="fetch and verify a dataset's files (see fedgp/data/registry.json)")
+    dl = sub.add_parser(
+        "download", help="fetch and verify a dataset's files (see fedgp/datasets/registry.json)"
+    )
     dl.add_argument("dataset", help="a dataset of the registry, e.g. cmapss or sarcos")
     dl.add_argument("files", nargs="*", help="file names (default: all of the dataset's files)")
     dl.add_argument("--root", default=None, help="data root (default: FEDGP_DATA, else datasets/)")

@@ -27,7 +27,7 @@ from fedgp.transforms import Standardize, Transforms, client_summaries
 
 @pytest.fixture(scope="module")
 def draws():
-    return fedgp.data.gp_federation(num_clients=3, n=2, d=1, seed=5)
+    return fedgp.synthetic.gp_federation(num_clients=3, n=2, d=1, seed=5)
 
 
 def test_a_lone_clients_sum_is_its_own_value_and_is_not_released(draws):

@@ -15,7 +15,7 @@ from fedgp.errors import RoundFailedError, RunWarning
 from fedgp.messages.roster import Roster
 from fedgp.run.summary import Summary, check_claimed_sizes
 
-DRAWS = fedgp.data.gp_federation(num_clients=8, n=40, d=2, n_test=10, seed=0)
+DRAWS = fedgp.synthetic.gp_federation(num_clients=8, n=40, d=2, n_test=10, seed=0)
 
 
 def _lying_engine(claim: int):

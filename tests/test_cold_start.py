@@ -18,7 +18,7 @@ RAW = {"transforms": None}
 @pytest.fixture(scope="module")
 def fitted():
     """FGPR with a constant mean (so the prior mean is not zero) and an ARD RBF kernel."""
-    draws = fedgp.data.gp_federation(num_clients=4, n=30, d=D, seed=0)
+    draws = fedgp.synthetic.gp_federation(num_clients=4, n=30, d=D, seed=0)
     spec = fedgp.GPSpec(
         kernel=gpytorch.kernels.ScaleKernel(gpytorch.kernels.RBFKernel(ard_num_dims=D)),
         mean=gpytorch.means.ConstantMean(),

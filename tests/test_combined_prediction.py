@@ -122,7 +122,7 @@ def test_asking_wrongly_is_a_clear_error(fitted, points, tmp_path):
 
 def test_committees_that_divide_out_the_prior_refuse_experts_with_different_priors(points):
     fed = quadrant_owners(n=20)
-    spec = fedgp.data.gp_spec(2, "rbf")
+    spec = fedgp.synthetic.gp_spec(2, "rbf")
     clustered = fedgp.fit(spec, fed, fedgp.strategies.IFCA(num_clusters=2), rounds=2, seed=0)
     with pytest.raises(InputError, match="one per cluster"):
         clustered.posterior(points, combine="rbcm")

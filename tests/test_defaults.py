@@ -86,7 +86,7 @@ def test_gpspec_takes_kernel_names(name, nu):
     """``GPSpec(kernel="matern52")`` raised AttributeError ('str' object has no attribute
     'named_children') at fit; the CLI and scikit-learn took names."""
     spec = fedgp.GPSpec(kernel=name.upper() if nu == 2.5 else name)
-    draws = fedgp.data.gp_federation(num_clients=2, n=12, d=2, seed=0)
+    draws = fedgp.synthetic.gp_federation(num_clients=2, n=12, d=2, seed=0)
     result = fedgp.fit(spec, draws.federation, rounds=2, callbacks=[fedgp.run.Progress(False)])
     base = result.spec.kernel.base_kernel
     assert base.ard_num_dims == 2 and getattr(base, "nu", None) == nu

@@ -73,7 +73,7 @@ for name in BLOCKED:
 import torch, fedgp
 from fedgp.errors import MissingExtraError
 
-data = fedgp.data.gp_federation(num_clients=2, n=6, d=1, seed=0)
+data = fedgp.synthetic.gp_federation(num_clients=2, n=6, d=1, seed=0)
 result = fedgp.fit(data.spec, data.federation, rounds=1, engine="sequential",
                    callbacks=[fedgp.run.Progress(False)])
 with open("t.parquet", "wb") as f:

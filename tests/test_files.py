@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 import fedgp
-from fedgp.data.registry import DataRegistry, fetch
+from fedgp.datasets.registry import DataRegistry, fetch
 from fedgp.files import open_temporary, write_atomically
 from fedgp.run import Checkpointing, Progress
 
@@ -35,7 +35,7 @@ def modes(folder: Path) -> dict[str, int]:
 
 
 def test_a_saved_model_and_a_checkpoint_are_0644_under_umask_022(tmp_path):
-    draws = fedgp.data.gp_federation(num_clients=3, n=10, d=1, seed=0)
+    draws = fedgp.synthetic.gp_federation(num_clients=3, n=10, d=1, seed=0)
     with umask(0o022):
         result = fedgp.fit(
             draws.spec,

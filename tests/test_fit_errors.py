@@ -18,7 +18,7 @@ from fedgp.strategies import FGPR
 
 @pytest.fixture(scope="module")
 def draws():
-    return fedgp.data.gp_federation(num_clients=3, n=15, d=2, seed=0)
+    return fedgp.synthetic.gp_federation(num_clients=3, n=15, d=2, seed=0)
 
 
 @pytest.fixture(scope="module")

@@ -101,7 +101,7 @@ def test_tiny_but_measurable_scales_still_fit():
     ],
 )
 def test_fit_names_the_argument_of_a_wrong_type(argument, value, message):
-    draws = fedgp.data.gp_federation(num_clients=3, n=20, d=1, seed=0)
+    draws = fedgp.synthetic.gp_federation(num_clients=3, n=20, d=1, seed=0)
     arguments = dict(spec=draws.spec, federation=draws.federation, rounds=1)
     arguments[argument] = value
     with pytest.raises((InputError, InputTypeError), match=message):

@@ -58,7 +58,7 @@ def test_pip_install_in_a_clean_venv_runs_the_readme_example(tmp_path):
         + "dist = md.distribution(fedgp.DISTRIBUTION)\n"
         + "print('LICENSE', dist.read_text('licenses/LICENSE').splitlines()[0])\n"
         + "print('MEAN', tuple(mean.shape), bool((var > 0).all()), len(result.history))\n"
-        + "from fedgp.data import registry\n"
+        + "from fedgp.datasets import registry\n"
         + "print('REGISTRY', registry.default_registry().entry('cmapss', 'train_FD001.txt').size)\n"
         + "print('ROOT', registry.data_root()[0])\n"
     )

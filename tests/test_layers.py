@@ -1,9 +1,10 @@
 """The package's import graph keeps its shape: no circles, and no import from a lower layer to a higher.
 
 DESIGN.md's layers run data → model → strategy → engine → run; every module of fedgp is placed in
-one of the layers below (the longest matching prefix decides), and a module may import only
-modules of its own layer or lower ones. Imports inside ``if TYPE_CHECKING:`` are annotations, not
-dependencies, and do not count; every other import does, at module level or inside a function.
+one of the layers below by the top-level folder (or module) that holds it, one folder one layer,
+and a module may import only modules of its own layer or lower ones. Imports inside
+``if TYPE_CHECKING:`` are annotations, not dependencies, and do not count; every other import
+does, at module level or inside a function.
 A package's ``__init__`` re-exporting its own modules is not a dependency either.
 """
 
@@ -14,7 +15,10 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "fedgp"
 
-#: Lowest first. Within a layer, modules may import each other (the circle test still applies).
+#: Lowest first, one row per top-level folder or module of ``fedgp`` (a module's own folder decides its
+#: layer: no row carves a folder in two). Two rows group top-level modules of one concern: the plumbing
+#: every layer shares, and the front doors. Within a row, modules may import each other (the circle test
+#: still applies).
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     (
         "plumbing",
@@ -28,39 +32,47 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "fedgp.plotting",
         ),  # fmt: skip
     ),
+    # Clients, federations, partitions, owner tables: the ground floor, no model.
     ("data", ("fedgp.data",)),
+    # The papers' real data sets: files read into data's clients, still no model.
+    ("datasets", ("fedgp.datasets",)),
     # A model needs its clients' data; a GPyTorch or BoTorch model of one client needs only the model.
-    ("models", ("fedgp.models", "fedgp.export")),
+    ("models", ("fedgp.models",)),
+    ("export", ("fedgp.export",)),
     # Synthetic federations are draws from a model: they sit above it.
-    ("generators", ("fedgp.data.synthetic", "fedgp.data.mixture")),
-    ("messages", ("fedgp.messages", "fedgp.transforms")),
-    ("aggregation", ("fedgp.clustering", "fedgp.aggregators")),
-    ("strategies", ("fedgp.strategies", "fedgp.presets", "fedgp.baselines")),
+    ("synthetic", ("fedgp.synthetic",)),
+    ("baselines", ("fedgp.baselines",)),
+    ("transforms", ("fedgp.transforms",)),
+    ("messages", ("fedgp.messages",)),
+    ("clustering", ("fedgp.clustering",)),
+    ("aggregators", ("fedgp.aggregators",)),
+    ("strategies", ("fedgp.strategies",)),
+    ("presets", ("fedgp.presets",)),
     ("attacks", ("fedgp.attacks",)),
-    # Flower's engine side (the ClientApp, the grid engine) is an engine; its ServerApps run a fit.
-    ("engines", ("fedgp.engines", "fedgp.flower")),
+    ("engines", ("fedgp.engines",)),
     ("run", ("fedgp.run",)),
+    # A model folder's files: what fit --out and the Flower app write of a FitResult.
+    ("layout", ("fedgp.layout",)),
+    # Flower's ClientApp and grid engine, and the ServerApps that run a fit: one folder above the run.
+    ("flower", ("fedgp.flower",)),
+    ("testing", ("fedgp.testing",)),
+    ("experiments", ("fedgp.experiments",)),
     (
-        "applications",
-        (
-            "fedgp.flower.server",
-            "fedgp.flower.app",
-            "fedgp.flower.template",
-            "fedgp.flower.fast",
-            "fedgp.testing",
-            "fedgp.experiments",
-            "fedgp.sklearn",
-            # A model folder's files: what fit --out and the Flower app write of a FitResult.
-            "fedgp.layout",
-            "fedgp.commands",
-            "fedgp._cli_flower",
-            "fedgp._cli_training",
-            "fedgp.cli",
-        ),  # fmt: skip
+        "front doors",
+        ("fedgp.sklearn", "fedgp.commands", "fedgp._cli_flower", "fedgp._cli_training", "fedgp.cli"),
     ),
     # The top-level face: nothing inside the package imports it.
     ("face", ("fedgp",)),
 ]
+
+
+def top_level(module: str) -> str:
+    """The top-level folder or module of fedgp that holds ``module`` (``fedgp`` for the face)."""
+    return ".".join(module.split(".")[:2])
+
+
+#: Each top-level folder or module, and the rank of its row.
+RANK = {name: i for i, (_, names) in enumerate(LAYERS) for name in names}
 
 
 def _modules() -> dict[str, Path]:
@@ -76,12 +88,8 @@ MODULES = _modules()
 
 
 def layer_of(module: str) -> int:
-    best, rank = -1, None
-    for i, (_, prefixes) in enumerate(LAYERS):
-        for prefix in prefixes:
-            if (module == prefix or module.startswith(prefix + ".")) and len(prefix) > best:
-                best, rank = len(prefix), i
-    assert rank is not None, f"{module} is in no layer of tests/test_layers.py: place it"
+    rank = RANK.get(top_level(module))
+    assert rank is not None, f"{module} is in no layer of tests/test_layers.py: place {top_level(module)}"
     return rank
 
 
@@ -129,6 +137,14 @@ GRAPH = {m: imports(m) for m in MODULES}
 def test_every_module_has_a_layer():
     for module in MODULES:
         layer_of(module)
+
+
+def test_a_row_names_whole_folders():
+    """A row names top-level folders or modules, each once: a folder is one layer, never split."""
+    names = [name for _, row in LAYERS for name in row]
+    assert len(names) == len(set(names)), "a folder or module in two rows"
+    assert all(top_level(name) == name for name in names), "a row names a module inside a folder"
+    assert {top_level(m) for m in MODULES} == set(names), "a row names no folder or module of fedgp"
 
 
 def upward_imports(graph: dict[str, set[str]]) -> list[str]:

@@ -41,7 +41,7 @@ QUIET = [Progress(False)]
 
 @pytest.fixture(scope="module")
 def draws():
-    return fedgp.data.gp_federation(num_clients=30, n=15, d=1, seed=3)
+    return fedgp.synthetic.gp_federation(num_clients=30, n=15, d=1, seed=3)
 
 
 def library_epsilon(noise: float, rate: float, rounds: int, delta: float) -> float:

@@ -61,7 +61,7 @@ def test_terminal_gets_tqdms_bar_and_false_none_behave_as_before():
 
 def test_fit_reports_rounds_and_train_nll(monkeypatch, capsys):
     monkeypatch.setattr(fedgp.run.progress, "MIN_SECONDS", 0.0)
-    draws = fedgp.data.gp_federation(num_clients=3, n=12, d=1, seed=0)
+    draws = fedgp.synthetic.gp_federation(num_clients=3, n=12, d=1, seed=0)
     fedgp.fit(
         draws.spec,
         draws.federation,

@@ -25,7 +25,7 @@ PARAMS = ["likelihood.noise_covar.noise", "covar_module.outputscale", "covar_mod
 
 
 def _fit(n_test: int = 0, strategy=None, rounds: int = 4, callbacks=()):
-    draws = fedgp.data.gp_federation(num_clients=4, n=20, d=1, n_test=n_test, seed=0)
+    draws = fedgp.synthetic.gp_federation(num_clients=4, n=20, d=1, n_test=n_test, seed=0)
     return fedgp.fit(
         draws.spec, draws.federation, strategy, rounds=rounds, callbacks=[Progress(False), *callbacks]
     )

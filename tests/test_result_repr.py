@@ -5,7 +5,7 @@ from fedgp.run import Progress
 
 
 def test_a_results_repr_is_one_short_line(tmp_path):
-    draws = fedgp.data.gp_federation(num_clients=3, n=10, d=1, seed=0)
+    draws = fedgp.synthetic.gp_federation(num_clients=3, n=10, d=1, seed=0)
     result = fedgp.fit(draws.spec, draws.federation, rounds=30, stop="auto", callbacks=[Progress(False)])
     text = repr(result)
     assert text.startswith("FitResult(FGPR, rounds=") and "\n" not in text and len(text) < 200

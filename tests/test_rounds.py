@@ -9,10 +9,10 @@ from hypothesis import given
 
 import fedgp
 from fedgp.aggregators import CoordinateMedian, WeightedMean
-from fedgp.data import gp_federation
 from fedgp.errors import RoundFailedError
 from fedgp.run.exchange import required_replies
 from fedgp.strategies import FGPR
+from fedgp.synthetic import gp_federation
 
 
 @pytest.fixture(scope="module")

@@ -9,13 +9,14 @@ import pytest
 import torch
 
 import fedgp
-from fedgp.data import Federation, gp_federation
+from fedgp.data import Federation
 from fedgp.errors import ConvergenceWarning
 from fedgp.models import HyperState
 from fedgp.run.stopping import AnyOf, NLLPlateau, StateChange, auto_rule, state_rows
 from fedgp.strategies import FGPR, IFCA
 from fedgp.strategies.gradient_clustering import FederatedClustering
 from fedgp.strategies.local import SGD
+from fedgp.synthetic import gp_federation
 
 # Full-batch SGD with a constant step: deterministic, and it converges geometrically to the
 # federated optimum, so the state after the stop is the state of a much longer run.

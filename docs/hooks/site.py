@@ -39,6 +39,8 @@ RESULTS = ROOT / "results"
 #: undocumented.
 PAGES = (
     "data",
+    "synthetic",
+    "datasets",
     "models",
     "messages",
     "strategies",

@@ -30,13 +30,13 @@ import numpy as np
 import pandas as pd
 import torch
 
-from fedgp.data import gaussian_mixed_regression, gp_mixture_federation
 from fedgp.experiments.common import Report, default_engine, fit_study, reproduction
 from fedgp.experiments.metrics import markdown_table
 from fedgp.models import GPSpec, ZeroKernel
 from fedgp.strategies import FGPR, MomentDescentInit
 from fedgp.strategies import clustered as C
 from fedgp.strategies.local import Adam, LocalTraining
+from fedgp.synthetic import gaussian_mixed_regression, gp_mixture_federation
 
 __all__ = [
     "POPULATIONS",

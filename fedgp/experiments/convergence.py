@@ -167,7 +167,7 @@ def fertility(seed: int = 0, countries: int = 20) -> Federation:
 def cmapss(seed: int = 0, units: int = 20) -> Federation:
     """C-MAPSS FD001, sensor s2 against cycle / 100, for the first ``units`` engines, each in its
     own units (no per-engine standardisation)."""
-    from fedgp.data import load_cmapss
+    from fedgp.datasets import load_cmapss
 
     rng = np.random.default_rng(seed)
     data = load_cmapss("FD001").federation("s2", units=range(1, units + 1), standardize=False)
@@ -277,7 +277,7 @@ def theta_recovery(
     data). Transforms off, so both are in θ*'s units."""
     import gpytorch
 
-    from fedgp.data import gp_federation
+    from fedgp.synthetic import gp_federation
 
     theta = {
         "covar_module.outputscale": 2.0,

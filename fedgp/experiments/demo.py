@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pandas as pd
 
-from fedgp.data import gp_federation, sin_personalisation
 from fedgp.experiments.common import fit_study, paper_spec
 from fedgp.models import fit_mle
 from fedgp.run import FitResult
 from fedgp.strategies import FGPR
+from fedgp.synthetic import gp_federation, sin_personalisation
 
 __all__ = ["personalisation_demo", "convergence_study", "DEMO_THETA"]
 

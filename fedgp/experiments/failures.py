@@ -19,12 +19,12 @@ from pathlib import Path
 import gpytorch
 import pandas as pd
 
-from fedgp.data import gp_federation
 from fedgp.experiments.common import Report, reproduction
 from fedgp.experiments.metrics import markdown_table
 from fedgp.models import GPSpec
 from fedgp.run import Evaluate, Faults, Progress, fit
 from fedgp.strategies import FGPR
+from fedgp.synthetic import gp_federation
 
 __all__ = ["THETA", "run_failure_study", "reproduce"]
 

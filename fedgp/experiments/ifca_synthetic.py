@@ -32,11 +32,11 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
-from fedgp.data import mixed_linear_regression
 from fedgp.experiments.common import Report, default_engine, fit_study, reproduction
 from fedgp.experiments.metrics import markdown_table, mean_matched_error, nearest_truth_error
 from fedgp.experiments.mixed_regression import linear_spec
 from fedgp.strategies import clustered as C
+from fedgp.synthetic import mixed_linear_regression
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes

@@ -39,7 +39,6 @@ import numpy as np
 import pandas as pd
 import torch
 
-from fedgp.data import su_xu_yang_setting
 from fedgp.errors import InputError
 from fedgp.experiments.common import Report, default_engine, fit_study, reproduction
 from fedgp.experiments.metrics import markdown_table, max_matched_error
@@ -47,6 +46,7 @@ from fedgp.models import GPSpec, ZeroKernel
 from fedgp.models.linear import linear_model
 from fedgp.strategies import clustered as C
 from fedgp.strategies.clustered.moment_descent import MomentDescentInit, merge_anchors
+from fedgp.synthetic import su_xu_yang_setting
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes

@@ -23,7 +23,6 @@ import gpytorch
 import pandas as pd
 import torch
 
-from fedgp.data import gp_federation
 from fedgp.experiments.common import Report, reproduction
 from fedgp.experiments.metrics import markdown_table
 from fedgp.models.objective import log_prior, minibatch_nll
@@ -32,6 +31,7 @@ from fedgp.models.state import HyperState
 from fedgp.run import Evaluate, Progress, fit
 from fedgp.strategies import FGPR
 from fedgp.strategies.local import SGD
+from fedgp.synthetic import gp_federation
 
 __all__ = ["prior_spec", "centralised_map", "federated_map", "prior_map_study", "reproduce"]
 

@@ -35,7 +35,8 @@ import numpy as np
 import pandas as pd
 import torch
 
-from fedgp.data import ClientData, Federation, gp_federation, load_cmapss
+from fedgp.data import ClientData, Federation
+from fedgp.datasets import load_cmapss
 from fedgp.errors import FedGPError
 from fedgp.experiments.common import Report, default_engine, reproduction
 from fedgp.experiments.metrics import markdown_table
@@ -44,6 +45,7 @@ from fedgp.rng import generator
 from fedgp.run import ClientDP, Progress, Run, fit
 from fedgp.run.exchange import exchange
 from fedgp.strategies import FGPR
+from fedgp.synthetic import gp_federation
 
 __all__ = ["EPSILONS", "privacy_cost", "membership_attack", "reproduce"]
 

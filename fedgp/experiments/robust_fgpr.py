@@ -34,13 +34,13 @@ import torch
 
 from fedgp import aggregators as A
 from fedgp import attacks
-from fedgp.data import gp_federation
 from fedgp.experiments.common import Report, default_engine, fit_study, reproduction
 from fedgp.experiments.failures import THETA
 from fedgp.experiments.metrics import markdown_table
 from fedgp.models import GPSpec
 from fedgp.run import Faults
 from fedgp.strategies import FGPR
+from fedgp.synthetic import gp_federation
 
 __all__ = ["ATTACKS", "AGGREGATORS", "robust_fgpr_study", "grid", "criteria", "seed_criteria", "reproduce"]
 

@@ -28,8 +28,9 @@ import pandas as pd
 
 from fedgp.baselines import FedAvgMLP, FedAvgPolynomial, LocalGP, select_degree
 from fedgp.baselines.gp import client_metrics
-from fedgp.data import ClientData, gp_spec, load_cmapss
-from fedgp.data.cmapss import _sensor_column
+from fedgp.data import ClientData
+from fedgp.datasets import load_cmapss
+from fedgp.datasets.cmapss import _sensor_column
 from fedgp.errors import InputError
 from fedgp.experiments import summaries
 from fedgp.experiments.common import Report, TaskCache, cache_folder, default_engine, fit_study, reproduction
@@ -37,6 +38,7 @@ from fedgp.experiments.paper import PAPER_TABLE2
 from fedgp.rng import generator
 from fedgp.run.progress import progress_bar
 from fedgp.strategies import FGPR
+from fedgp.synthetic import gp_spec
 
 __all__ = [
     "Table2Settings",

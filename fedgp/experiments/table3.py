@@ -34,7 +34,7 @@ import torch
 
 from fedgp.baselines import CentralGP, Ditto, LocalGP, fit_ditto
 from fedgp.baselines.gp import client_metrics
-from fedgp.data import gp_spec, load_sarcos
+from fedgp.datasets import load_sarcos
 from fedgp.errors import InputError
 from fedgp.experiments import summaries
 from fedgp.experiments.common import Report, TaskCache, cache_folder, default_engine, fit_study, reproduction
@@ -42,6 +42,7 @@ from fedgp.experiments.paper import PAPER_TABLE3
 from fedgp.rng import generator
 from fedgp.run.progress import progress_bar
 from fedgp.strategies import FGPR
+from fedgp.synthetic import gp_spec
 
 __all__ = [
     "Table3Settings",

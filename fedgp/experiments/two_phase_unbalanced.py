@@ -3,7 +3,7 @@
 Setting (:data:`SETTING`): k = 4 clusters holding 4 %, 16 %, 30 % and 50 % of the data, d = 50,
 σ = 0.2, θ*_j ~ (2/√d) N(0, I) as in the paper's Appendix C, 200 clients with Pareto sizes
 (shape 1.5, 10 to 200 points), each client joining the cluster furthest below its data share
-(:func:`fedgp.data.gaussian_mixed_regression`, ``labels="data_shares"``).
+(:func:`fedgp.synthetic.gaussian_mixed_regression`, ``labels="data_shares"``).
 
 Phase 2 with the paper's aggregation moves cluster j by ``N_j/N`` of its members' average change,
 so Theorem 2's rate is set by the smallest share ρ: the 4 % cluster converges about 12× slower
@@ -34,8 +34,7 @@ import numpy as np
 import pandas as pd
 from scipy.optimize import linear_sum_assignment
 
-from fedgp.data import gaussian_mixed_regression, skewed_sizes
-from fedgp.data.synthetic import MixedRegression
+from fedgp.data import skewed_sizes
 from fedgp.errors import ConvergenceWarning
 from fedgp.experiments.common import Report, default_engine, fit_study, reproduction
 from fedgp.experiments.metrics import markdown_table
@@ -43,6 +42,8 @@ from fedgp.experiments.mixed_regression import NOISE, WEIGHTS, linear_spec, sepa
 from fedgp.run.stopping import StateChange
 from fedgp.strategies import clustered as C
 from fedgp.strategies.clustered.moment_descent import MomentDescentInit
+from fedgp.synthetic import gaussian_mixed_regression
+from fedgp.synthetic.draws import MixedRegression
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes

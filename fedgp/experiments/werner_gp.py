@@ -46,13 +46,13 @@ import torch
 
 from fedgp import attacks
 from fedgp.clustering import FixedRadius, QuantileRadius
-from fedgp.data import BumpClusters, bump_federation
 from fedgp.errors import InputError, RoundFailedError
 from fedgp.experiments.common import Report, default_engine, fit_study, reproduction
 from fedgp.experiments.metrics import markdown_table
 from fedgp.models import GaussianBumpMean, GPSpec
 from fedgp.run import Faults
 from fedgp.strategies import FederatedClustering
+from fedgp.synthetic import BumpClusters, bump_federation
 
 __all__ = ["SCENARIOS", "bump_spec", "curvature_step", "werner_gp_study", "summary", "criteria", "reproduce"]
 

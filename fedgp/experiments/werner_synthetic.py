@@ -37,12 +37,12 @@ import pandas as pd
 import torch
 
 from fedgp.clustering import FixedRadius, QuantileRadius
-from fedgp.data import dx_federation
 from fedgp.experiments.common import Report, default_engine, fit_study, reproduction
 from fedgp.experiments.metrics import markdown_table
 from fedgp.experiments.paper import WERNER_SYNTHETIC
 from fedgp.models import GPSpec, HyperState, ZeroKernel
 from fedgp.strategies import FederatedClustering
+from fedgp.synthetic import dx_federation
 
 __all__ = ["REFERENCE", "dx_spec", "synthetic_study", "summary", "reproduce"]
 

@@ -329,11 +329,11 @@ def fedgp_warmup() -> None:
     import gpytorch
     import torch
 
-    from fedgp.data import gp_federation
     from fedgp.flower.local import Flower
     from fedgp.models import GPSpec
     from fedgp.run import Progress, fit
     from fedgp.strategies import FGPR
+    from fedgp.synthetic import gp_federation
 
     torch.set_num_threads(1)
     try:

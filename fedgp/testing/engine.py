@@ -29,7 +29,7 @@ import torch
 from fedgp import attacks
 from fedgp.aggregators import Krum, ThresholdMean
 from fedgp.clustering import QuantileRadius
-from fedgp.data import Federation, gp_federation
+from fedgp.data import Federation
 from fedgp.engines.base import Engine
 from fedgp.engines.config import EngineConfig, Sequential
 from fedgp.errors import RoundFailedError
@@ -48,6 +48,7 @@ from fedgp.run import Faults, FitResult, fit
 from fedgp.strategies import FGPR, IFCA, FederatedClustering
 from fedgp.strategies import clustered as C
 from fedgp.strategies.fgpr import STATE
+from fedgp.synthetic import gp_federation
 from fedgp.testing.zoo import strategy_zoo
 
 __all__ = ["EngineContract", "Saboteur", "SummingSpy"]

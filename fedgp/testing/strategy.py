@@ -12,7 +12,7 @@ what leaves a client in its training rounds::
 
 ``expected_replies`` maps reply-field name patterns (:mod:`fnmatch`) to ``"individual"`` (the server
 sees each client's row) or ``"summed"`` (only the sum over the round's clients). The data default
-to a small :func:`~fedgp.data.gp_federation` with test splits; override :meth:`make_data` for
+to a small :func:`~fedgp.synthetic.gp_federation` with test splits; override :meth:`make_data` for
 another model (a linear-regression strategy returns a ``gaussian_mixed_regression`` federation and
 its spec, as :func:`fedgp.testing.zoo.strategy_zoo` does).
 
@@ -47,7 +47,7 @@ from typing import Any
 import pytest
 import torch
 
-from fedgp.data import Federation, gp_federation
+from fedgp.data import Federation
 from fedgp.engines import Batched, EngineConfig, Sequential
 from fedgp.engines.tasks import handle
 from fedgp.errors import FedGPWarning
@@ -70,6 +70,7 @@ from fedgp.rng import generator
 from fedgp.run import fit
 from fedgp.run.exchange import distinct_participants, exchange
 from fedgp.strategies.base import Strategy
+from fedgp.synthetic import gp_federation
 
 __all__ = ["StrategyContract", "RoundTrace"]
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import gpytorch
 import torch
 
-from fedgp.data import gaussian_mixed_regression, gp_federation
 from fedgp.models import GPSpec, ZeroKernel
 from fedgp.strategies import FGPR, IFCA, LocalTraining, MomentDescentInit
 from fedgp.strategies import clustered as C
+from fedgp.synthetic import gaussian_mixed_regression, gp_federation
 
 __all__ = ["strategy_zoo"]
 

@@ -14,12 +14,13 @@ from hypothesis import given
 import fedgp
 from fedgp import GPSpec, attacks
 from fedgp.aggregators import CoordinateMedian
-from fedgp.data import Federation, gaussian_mixed_regression, gp_federation
+from fedgp.data import Federation
 from fedgp.engines.sequential import SequentialEngine
 from fedgp.models import ZeroKernel
 from fedgp.run.exchange import exchange
 from fedgp.strategies import FGPR, IFCA, FederatedClustering
 from fedgp.strategies import clustered as C
+from fedgp.synthetic import gaussian_mixed_regression, gp_federation
 
 T = lambda rows: torch.tensor(rows, dtype=torch.float64)  # noqa: E731
 

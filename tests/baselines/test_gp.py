@@ -6,10 +6,11 @@ import torch
 from linear_operator.utils.errors import NanError
 
 from fedgp.baselines import CentralGP, LocalGP
-from fedgp.data import ClientData, Federation, gp_spec
+from fedgp.data import ClientData, Federation
 from fedgp.errors import NotFittedError, UnknownClientError
 from fedgp.models import condition, fit_mle, maximize_likelihood, total_nll
 from fedgp.models.mle import adam
+from fedgp.synthetic import gp_spec
 
 
 def draws(n_clients=3, n=40, seed=0, scales=None):

@@ -9,9 +9,9 @@ import torch
 
 from fedgp.baselines import MFDGP
 from fedgp.baselines.mfdgp import Stage, _link_kernel, _x_kernel, emukit_stages
-from fedgp.data.multifidelity import multifidelity_federation
 from fedgp.models.multifidelity import NARGP, mle_with_restarts, rbf_spec
 from fedgp.models.posterior import condition
+from fedgp.synthetic.multifidelity import multifidelity_federation
 
 # A few hundred steps: the training starts at NARGP's level fits (MFDGP._exact_start) and refines.
 SHORT = (

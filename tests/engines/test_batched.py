@@ -7,13 +7,14 @@ import torch
 
 import fedgp
 from fedgp import GPSpec
-from fedgp.data import ClientData, Federation, gp_federation, mixed_linear_regression
+from fedgp.data import ClientData, Federation
 from fedgp.engines.batched import BatchedEngine, BatchedOps
 from fedgp.engines.tensor_gp import GaussianNLL, StationaryGram
 from fedgp.errors import FactorizationError
 from fedgp.messages import Task
 from fedgp.models import ZeroKernel
 from fedgp.strategies import FGPR, IFCA
+from fedgp.synthetic import gp_federation, mixed_linear_regression
 
 RTOL = 1e-8
 

@@ -8,12 +8,12 @@ import pytest
 import torch
 
 import fedgp
-from fedgp.data import gp_federation
 from fedgp.errors import CheckpointError
 from fedgp.run import checkpoint as ckpt_module
 from fedgp.run.checkpoint import FORMAT_VERSION, Checkpoint, load_checkpoint, save_checkpoint
 from fedgp.strategies import FGPR
 from fedgp.strategies.clustered import presets as C
+from fedgp.synthetic import gp_federation
 
 
 @pytest.fixture(scope="module")

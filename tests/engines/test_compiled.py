@@ -5,11 +5,11 @@ import torch
 
 import fedgp
 from fedgp import GPSpec
-from fedgp.data import gp_federation
 from fedgp.engines import compiled
 from fedgp.engines.batched import BatchedEngine
 from fedgp.engines.tensor_gp import GaussianNLL, StationaryGram
 from fedgp.strategies import FGPR, IFCA
+from fedgp.synthetic import gp_federation
 
 pytestmark = pytest.mark.skipif(not compiled.available(), reason="numba is not installed")
 

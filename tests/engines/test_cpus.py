@@ -93,9 +93,9 @@ def test_inside_a_batched_round_torch_runs_on_one_thread_and_the_tiles_keep_thei
     monkeypatch.setattr(cpus, "usable_cpus", lambda cgroup_root=None: 8)
     try:
         torch.set_num_threads(2)
-        fed = fedgp.data.gp_federation(num_clients=40, n=30, d=2, seed=0).federation
+        fed = fedgp.synthetic.gp_federation(num_clients=40, n=30, d=2, seed=0).federation
         strategy = fedgp.strategies.FGPR.authors(local_steps=2, batch_size=8)
-        fedgp.fit(fedgp.data.gp_spec(2, "rbf"), fed, strategy, engine="batched", rounds=2)
+        fedgp.fit(fedgp.synthetic.gp_spec(2, "rbf"), fed, strategy, engine="batched", rounds=2)
         # every round's tiles with torch on one thread and 2 tile threads (the engine's check at
         # construction runs outside a round, with torch's own setting)
         assert seen.count((1, 2)) >= 2 and set(seen) <= {(1, 2), (2, 2)}

@@ -10,12 +10,13 @@ import torch
 
 import fedgp
 from fedgp import GPSpec
-from fedgp.data import ClientData, Federation, gp_federation
+from fedgp.data import ClientData, Federation
 from fedgp.engines.batched import BatchedEngine
 from fedgp.engines.sequential import SequentialEngine
 from fedgp.experiments.prior_map import centralised_map, prior_spec
 from fedgp.strategies import FGPR
 from fedgp.strategies.local import SGD
+from fedgp.synthetic import gp_federation
 
 
 def fit_on(engine, spec, fed, strategy=None, rounds=3, **kwargs):

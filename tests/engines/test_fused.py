@@ -16,12 +16,12 @@ import torch
 
 import fedgp
 from fedgp import GPSpec
-from fedgp.data import gp_federation
 from fedgp.engines import compiled, fused
 from fedgp.engines.batched import BatchedEngine
 from fedgp.rng import client_keys, client_uniform, uniform_minibatches
 from fedgp.strategies import FGPR, IFCA
 from fedgp.strategies.local import SGD, Adam
+from fedgp.synthetic import gp_federation
 
 pytestmark = pytest.mark.skipif(not compiled.available(), reason="numba is not installed")
 
@@ -258,7 +258,7 @@ def test_a_batched_fit_leaves_the_thread_settings_and_no_thread_pool_behind():
         torch.set_num_threads(1)
         import fedgp, numba
         from numba.np.ufunc import parallel
-        draws = fedgp.data.gp_federation(num_clients=20, n=40, d=2, seed=0)
+        draws = fedgp.synthetic.gp_federation(num_clients=20, n=40, d=2, seed=0)
         for threads in (1, 2):
             torch.set_num_threads(threads)
             fedgp.fit(draws.spec, draws.federation, fedgp.strategies.FGPR(local_steps=2, batch_size=16),

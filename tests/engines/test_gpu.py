@@ -8,9 +8,9 @@ import torch
 
 import fedgp
 from fedgp import GPSpec
-from fedgp.data import gp_federation
 from fedgp.engines.batched import GPU_CHUNK_SIZE
 from fedgp.strategies import FGPR
+from fedgp.synthetic import gp_federation
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (none seen by torch)")
 

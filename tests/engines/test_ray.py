@@ -65,7 +65,7 @@ class TestRayEngineContract(EngineContract):
 def test_a_sparse_variational_gp_gives_the_sequential_engines_numbers():
     """A VariationalGPSpec reaches the actors and runs there client by client: the same final state
     and test metrics as the sequential engine."""
-    draws = fedgp.data.gp_federation(num_clients=5, n=[30, 12, 25, 18, 40], d=2, n_test=5, seed=1)
+    draws = fedgp.synthetic.gp_federation(num_clients=5, n=[30, 12, 25, 18, 40], d=2, n_test=5, seed=1)
     spec = fedgp.VariationalGPSpec(6, draws.spec.kernel, input_dim=2)
     runs = [
         fedgp.fit(spec, draws.federation, rounds=3, engine=engine, seed=4)
@@ -77,7 +77,7 @@ def test_a_sparse_variational_gp_gives_the_sequential_engines_numbers():
 
 
 def test_a_dead_worker_fails_its_clients_for_that_round_and_the_run_goes_on(user_ray):
-    draws = fedgp.data.gp_federation(num_clients=6, n=20, d=1, n_test=5, seed=1)
+    draws = fedgp.synthetic.gp_federation(num_clients=6, n=20, d=1, n_test=5, seed=1)
     from fedgp.engines.ray import RayEngine
 
     engine = RayEngine(draws.spec, draws.federation, num_workers=2)
@@ -111,7 +111,7 @@ def test_more_workers_than_cores_warns_with_the_count(user_ray, monkeypatch):
     core (measured 62.8 s against 24.3 s for 8 workers on 2 cores); fedgp says so."""
     from fedgp.engines.ray import RayEngine
 
-    draws = fedgp.data.gp_federation(num_clients=4, n=10, d=1, seed=2)
+    draws = fedgp.synthetic.gp_federation(num_clients=4, n=10, d=1, seed=2)
     monkeypatch.setattr("os.cpu_count", lambda: 1)
     with pytest.warns(fedgp.errors.FedGPWarning, match=r"num_workers=2\) on a machine with 1 CPUs"):
         RayEngine(draws.spec, draws.federation, num_workers=2)
@@ -123,7 +123,7 @@ FRESH = Ray(num_workers=2, shard=Batched(compiled=False))
 
 
 def _draws():
-    return fedgp.data.gp_federation(num_clients=6, n=20, d=1, n_test=5, seed=3)
+    return fedgp.synthetic.gp_federation(num_clients=6, n=20, d=1, n_test=5, seed=3)
 
 
 def _fit(draws, engine, rounds=2, **kwargs):

@@ -5,10 +5,10 @@ import pytest
 import torch
 
 import fedgp
-from fedgp.data import gp_federation
 from fedgp.messages import Record, Task, state_tensors
 from fedgp.run.checkpoint import load_checkpoint
 from fedgp.strategies import FGPR, IFCA
+from fedgp.synthetic import gp_federation
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ import torch
 import fedgp
 from fedgp.strategies import fgpr
 
-DRAWS = fedgp.data.gp_federation(num_clients=4, n=20, d=2, seed=0)
+DRAWS = fedgp.synthetic.gp_federation(num_clients=4, n=20, d=2, seed=0)
 
 
 @pytest.fixture

@@ -19,11 +19,11 @@ from hypothesis import strategies as st
 
 import fedgp
 from fedgp import GPSpec
-from fedgp.data import gp_federation
 from fedgp.engines import compiled, fused, rounds
 from fedgp.errors import InputError
 from fedgp.strategies import FGPR, IFCA
 from fedgp.strategies.local import SGD, Adam, LocalTraining
+from fedgp.synthetic import gp_federation
 
 triton_round = pytest.importorskip("fedgp.engines.triton_round")
 pytestmark = [

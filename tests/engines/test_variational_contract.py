@@ -6,9 +6,9 @@ import dataclasses
 import pytest
 
 from fedgp import VariationalGPSpec
-from fedgp.data import gp_federation
 from fedgp.engines import Batched, Sequential
 from fedgp.strategies import FGPR
+from fedgp.synthetic import gp_federation
 from fedgp.testing import EngineContract
 from fedgp.testing.strategy import StrategyContract
 

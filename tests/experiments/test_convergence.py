@@ -9,9 +9,9 @@ import pytest
 import torch
 
 import fedgp
-from fedgp.data import gp_federation
 from fedgp.experiments import convergence as C
 from fedgp.strategies import FGPR
+from fedgp.synthetic import gp_federation
 
 
 def test_the_central_optimum_is_a_stationary_point_above_every_other_state():

@@ -6,11 +6,11 @@ import pytest
 
 import fedgp.experiments.table3 as table3
 from fedgp.cli import build_parser, main
-from fedgp.data.multifidelity import MultiFidelityFunction, multifidelity_federation
-from fedgp.data.sarcos import SARCOS
+from fedgp.datasets.sarcos import SARCOS
 from fedgp.experiments.table1 import resolve_function
 from fedgp.experiments.table3 import Table3Settings
-from tests.data.real import require_real_data
+from fedgp.synthetic.multifidelity import MultiFidelityFunction, multifidelity_federation
+from tests.datasets.real import require_real_data
 
 
 # A user's own function with four levels (the extension point): module level, so workers import it.
@@ -135,7 +135,7 @@ def test_table1_runs_a_users_function_with_four_levels(tmp_path):
             "function 'nosuch': not one of .*forrester.*give your own as module:attribute",
         ),
         ("fedgp.nosuchmodule:f", ValueError, "cannot import it"),
-        ("fedgp:fit", TypeError, "is a function, not a fedgp.data.multifidelity.MultiFidelityFunction"),
+        ("fedgp:fit", TypeError, "is a function, not a fedgp.synthetic.multifidelity.MultiFidelityFunction"),
     ],
 )
 def test_a_bad_function_is_named(name, error, message):

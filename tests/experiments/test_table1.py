@@ -10,7 +10,6 @@ import torch
 import fedgp
 from fedgp.cli import main
 from fedgp.data import Federation
-from fedgp.data.multifidelity import multifidelity_federation
 from fedgp.experiments.table1 import (
     PAPER_TABLE1,
     QUICK_PROTOCOL,
@@ -27,6 +26,7 @@ from fedgp.experiments.table1 import (
 )
 from fedgp.models.multifidelity import rbf_spec
 from fedgp.strategies import FGPR
+from fedgp.synthetic.multifidelity import multifidelity_federation
 
 
 def test_fgpr_beats_converged_separate_on_currin_with_10_hf_points():

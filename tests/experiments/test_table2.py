@@ -7,7 +7,7 @@ import pytest
 import fedgp.experiments.table2 as table2
 from fedgp.experiments.registry import get_reproduction
 from fedgp.experiments.table2 import CSV_COLUMNS, Table2Settings, reproduce, run_table2, summary_table
-from tests.data.real import require_real_data
+from tests.datasets.real import require_real_data
 
 FD001 = ("cmapss/train_FD001.txt", "cmapss/test_FD001.txt", "cmapss/RUL_FD001.txt")
 

@@ -6,7 +6,7 @@ import pytest
 import fedgp.experiments.table3 as table3
 from fedgp.experiments.registry import get_reproduction
 from fedgp.experiments.table3 import CSV_COLUMNS, METHODS, Table3Settings, reproduce, run_table3
-from tests.data.real import require_real_data
+from tests.datasets.real import require_real_data
 
 
 @pytest.fixture(scope="module")

@@ -7,8 +7,9 @@ import pandas as pd
 import pytest
 
 from fedgp.cli import main
-from fedgp.data import gaussian_mixed_regression, skewed_sizes
+from fedgp.data import skewed_sizes
 from fedgp.experiments.two_phase_unbalanced import matched_errors, run_seed, summarize
+from fedgp.synthetic import gaussian_mixed_regression
 
 
 def test_data_share_labels_give_each_cluster_its_share_of_the_data():

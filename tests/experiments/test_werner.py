@@ -71,8 +71,8 @@ def test_robust_fgpr_grid_and_criteria():
 
 
 def test_a_run_whose_every_loss_overflowed_is_recorded_as_diverged_and_other_failures_raise():
-    from fedgp.data import bump_federation
     from fedgp.errors import RoundFailedError
+    from fedgp.synthetic import bump_federation
 
     data = bump_federation(clusters=2, clients_per_cluster=2, n=3, n_test=0, extra=1, seed=0)
     err = RoundFailedError(

@@ -101,7 +101,7 @@ def test_to_botorch_posterior_matches_fedgp(ifca_fit):
 def test_exports_with_each_clients_own_standardisation():
     from fedgp.transforms import Standardize
 
-    fed = fedgp.data.gp_federation(num_clients=3, n=15, d=2, seed=4).federation
+    fed = fedgp.synthetic.gp_federation(num_clients=3, n=15, d=2, seed=4).federation
     shifted = fedgp.data.Federation(
         [ClientData(c.X, 40.0 * c.y + 100.0 * i, id=c.id) for i, c in enumerate(fed)]
     )

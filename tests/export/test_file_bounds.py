@@ -26,7 +26,7 @@ from fedgp.strategies import FGPR, IFCA
 
 @pytest.fixture(scope="module")
 def draws():
-    return fedgp.data.gp_federation(num_clients=3, n=12, d=2, seed=0)
+    return fedgp.synthetic.gp_federation(num_clients=3, n=12, d=2, seed=0)
 
 
 @pytest.fixture(scope="module")

@@ -25,7 +25,7 @@ KEY = b"a secret shared by the owners"
 
 @pytest.fixture(scope="module")
 def draws():
-    return fedgp.data.gp_federation(num_clients=3, n=12, d=1, seed=1)
+    return fedgp.synthetic.gp_federation(num_clients=3, n=12, d=1, seed=1)
 
 
 def _fit(draws, rounds, callbacks=()):

@@ -10,12 +10,13 @@ from safetensors.torch import load as load_payload
 from safetensors.torch import save_file
 
 import fedgp
-from fedgp.data import ClientData, gaussian_mixed_regression
+from fedgp.data import ClientData
 from fedgp.messages.container import HEADER, pack, seal, unpack, unseal
 from fedgp.models import ZeroKernel
 from fedgp.models.spec_io import build_spec, check_round_trip, describe_spec
 from fedgp.strategies import FGPR, IFCA, FederatedClustering, MomentumClustering, MyopicClustering
 from fedgp.strategies import clustered as C
+from fedgp.synthetic import gaussian_mixed_regression
 
 K = gpytorch.kernels
 NOISE = "likelihood.noise_covar.noise"

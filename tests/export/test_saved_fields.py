@@ -31,7 +31,7 @@ QUIET = [fedgp.run.Progress(False)]
 @pytest.fixture(scope="module")
 def bases():
     """Results of three kinds: FGPR with a stopping rule, IFCA without transforms, FGPR under ClientDP."""
-    draws = fedgp.data.gp_federation(num_clients=4, n=16, d=2, seed=0, n_test=4)
+    draws = fedgp.synthetic.gp_federation(num_clients=4, n=16, d=2, seed=0, n_test=4)
     spec, fed = draws.spec, draws.federation
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the budget ends before the rule holds: a ConvergenceWarning

@@ -14,7 +14,7 @@ CLIENTS, POINTS, DIMS, SEED = 6, 24, 1, 7
 
 
 def federation():
-    return fedgp.data.gp_federation(num_clients=CLIENTS, n=POINTS, d=DIMS, n_test=5, seed=SEED)
+    return fedgp.synthetic.gp_federation(num_clients=CLIENTS, n=POINTS, d=DIMS, n_test=5, seed=SEED)
 
 
 def _load(context):

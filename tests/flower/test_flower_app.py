@@ -306,7 +306,7 @@ def test_fedgp_flower_new_writes_the_example_app(tmp_path, capsys):
 def test_a_node_reads_a_folder_of_npz_clients(tmp_path):
     from fedgp.flower import save_npz_clients
 
-    draws = fedgp.data.gp_federation(num_clients=3, n=10, d=2, n_test=3, seed=1)
+    draws = fedgp.synthetic.gp_federation(num_clients=3, n=10, d=2, n_test=3, seed=1)
     save_npz_clients(tmp_path / "owners", list(draws.federation))
     loader = flower_app.TableLoader()
     context = Context(0, 1, {"data-path": str(tmp_path / "owners")}, RecordDict(), {"ard": False})

@@ -32,7 +32,7 @@ class TestFlowerBatchedNodesContract(EngineContract):
 
 
 def test_a_lost_node_fails_its_clients_and_the_run_goes_on():
-    draws = fedgp.data.gp_federation(num_clients=6, n=20, d=1, n_test=5, seed=1)
+    draws = fedgp.synthetic.gp_federation(num_clients=6, n=20, d=1, n_test=5, seed=1)
     from fedgp.flower import FlowerEngine
 
     engine = FlowerEngine(draws.spec, draws.federation, num_nodes=3)
@@ -78,7 +78,7 @@ def test_the_server_waits_for_nodes_that_register_after_it_started():
     from fedgp.flower import FlowerEngine
     from fedgp.flower.grid_engine import GridEngine
 
-    draws = fedgp.data.gp_federation(num_clients=6, n=20, d=1, seed=1)
+    draws = fedgp.synthetic.gp_federation(num_clients=6, n=20, d=1, seed=1)
     local = FlowerEngine(draws.spec, draws.federation, num_nodes=3).grid
     late = _LateNodes(local, quiet_calls=3)
     roster = GridEngine(late, draws.spec, timeout=30).start(fedgp.strategies.FGPR(), 0)

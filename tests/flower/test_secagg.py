@@ -35,7 +35,7 @@ BITS = SecureAggregation().fraction_bits
 
 @pytest.fixture(scope="module")
 def federation():
-    draws = fedgp.data.gp_federation(num_clients=9, n=30, d=2, n_test=0, seed=3)
+    draws = fedgp.synthetic.gp_federation(num_clients=9, n=30, d=2, n_test=0, seed=3)
     return draws.federation
 
 

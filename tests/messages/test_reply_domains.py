@@ -82,7 +82,7 @@ def hostile_client(monkeypatch):
 def test_a_reply_outside_its_domain_fails_that_client_not_the_run(
     hostile_client, engine, aggregator, name, value
 ):
-    draws = fedgp.data.gp_federation(num_clients=8, n=40, d=2, n_test=10, seed=0)
+    draws = fedgp.synthetic.gp_federation(num_clients=8, n=40, d=2, n_test=10, seed=0)
     strategy = fgpr.FGPR() if aggregator is None else fgpr.FGPR(aggregator=aggregator)
     clean = fedgp.fit(draws.spec, draws.federation, strategy, rounds=3, engine=engine, seed=0)
     hostile_client(name, value)

@@ -15,7 +15,6 @@ import torch
 
 import fedgp
 from fedgp import GPSpec
-from fedgp.data import gaussian_mixed_regression, gp_federation
 from fedgp.engines.sequential import SequentialEngine
 from fedgp.models import ZeroKernel
 from fedgp.run import ClientDP
@@ -28,6 +27,7 @@ from fedgp.strategies import (
     MomentumClustering,
 )
 from fedgp.strategies import clustered as C
+from fedgp.synthetic import gaussian_mixed_regression, gp_federation
 
 PROTOCOL = Path(__file__).resolve().parents[2] / "docs" / "protocol.md"
 

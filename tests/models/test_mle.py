@@ -7,10 +7,10 @@ import pytest
 import torch
 from linear_operator.utils.errors import NanError, NotPSDError
 
-from fedgp.data import gp_spec
 from fedgp.errors import MLEError
 from fedgp.models import fit_mle, maximize_likelihood, total_nll
 from fedgp.models.mle import adam, lbfgs, perturbed_starts
+from fedgp.synthetic import gp_spec
 
 
 def _data(seed=0, n=30):

@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from fedgp.data import ClientData
-from fedgp.data.synthetic import gp_spec
 from fedgp.engines.sequential import SequentialOps
 from fedgp.models import minibatch_nll
+from fedgp.synthetic.draws import gp_spec
 
 
 def rbf_case(seed=0, M=17, d=2):

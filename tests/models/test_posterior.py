@@ -4,10 +4,10 @@ import torch
 
 from fedgp import GPSpec
 from fedgp.data import ClientData
-from fedgp.data.synthetic import gp_spec
 from fedgp.engines.sequential import SequentialOps
 from fedgp.errors import FactorizationError
 from fedgp.models import condition
+from fedgp.synthetic.draws import gp_spec
 
 
 def test_posterior_matches_equation_1():
@@ -63,7 +63,7 @@ def test_factorisation_failure_names_the_client():
 def small_fit():
     import fedgp
 
-    draws = fedgp.data.gp_federation(num_clients=4, n=30, d=2, seed=1)
+    draws = fedgp.synthetic.gp_federation(num_clients=4, n=30, d=2, seed=1)
     strategy = fedgp.strategies.FGPR(local_steps=2, batch_size=10, lr=0.05)
     # Untransformed data, so the learned state is GPyTorch's to compare with as it stands.
     result = fedgp.fit(draws.spec, draws.federation, strategy, engine="sequential", rounds=3, transforms=None)

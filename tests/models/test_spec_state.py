@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from fedgp import GPSpec, HyperState
-from fedgp.data.synthetic import gp_spec
+from fedgp.synthetic.draws import gp_spec
 
 
 def test_state_names_units_and_round_trip():

@@ -9,9 +9,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import fedgp
-from fedgp.data import ClientData, Federation, gp_federation
+from fedgp.data import ClientData, Federation
 from fedgp.errors import InputError, InputTypeError
 from fedgp.models.posterior import condition
+from fedgp.synthetic import gp_federation
 from fedgp.transforms import Standardize, Transforms
 
 DT = torch.float64

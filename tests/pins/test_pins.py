@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.data.real import require_real_data
+from tests.datasets.real import require_real_data
 from tests.pins import cases
 
 REFERENCE = json.loads((Path(__file__).resolve().parent / "reference.json").read_text())

@@ -9,9 +9,9 @@ import torch
 import fedgp
 from fedgp import GPSpec, HyperState
 from fedgp.aggregators import CoordinateMedian, WeightedMean
-from fedgp.data import gp_federation
 from fedgp.strategies import FGPR
 from fedgp.strategies.fgpr import STATE
+from fedgp.synthetic import gp_federation
 
 SPEC = GPSpec(
     kernel=gpytorch.kernels.ScaleKernel(gpytorch.kernels.RBFKernel(ard_num_dims=2)),

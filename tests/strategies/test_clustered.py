@@ -7,12 +7,12 @@ import torch
 
 import fedgp
 from fedgp import GPSpec, HyperState
-from fedgp.data import gaussian_mixed_regression, gp_federation
 from fedgp.engines.sequential import SequentialEngine
 from fedgp.models import ZeroKernel
 from fedgp.models.linear import linear_model
 from fedgp.strategies import FGPR
 from fedgp.strategies import clustered as C
+from fedgp.synthetic import gaussian_mixed_regression, gp_federation
 
 NOISE = "likelihood.noise_covar.noise"
 W = "mean_module.weights"

@@ -5,9 +5,9 @@ import pytest
 import torch
 
 import fedgp
-from fedgp.data import gp_federation, sin_personalisation
 from fedgp.models import fit_mle
 from fedgp.strategies import FGPR
+from fedgp.synthetic import gp_federation, sin_personalisation
 
 THETA = {
     "covar_module.outputscale": 2.0,

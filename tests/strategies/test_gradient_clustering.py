@@ -11,13 +11,14 @@ import torch
 import fedgp
 from fedgp import GPSpec
 from fedgp.clustering import FixedRadius, QuantileRadius
-from fedgp.data import ClientData, Federation, bump_federation, gaussian_mixed_regression
+from fedgp.data import ClientData, Federation
 from fedgp.experiments.werner_fig1 import ETA, fig1a_study, loss
 from fedgp.models import GaussianBumpMean, ZeroKernel
 from fedgp.models.linear import linear_model
 from fedgp.strategies import FederatedClustering, MomentumClustering
 from fedgp.strategies import clustered as C
 from fedgp.strategies.gradient_clustering import resolve_blocks
+from fedgp.synthetic import bump_federation, gaussian_mixed_regression
 
 NOISE = "likelihood.noise_covar.noise"
 W = "mean_module.weights"

@@ -9,9 +9,10 @@ from scipy.optimize import linear_sum_assignment
 
 import fedgp
 from fedgp import GPSpec, HyperState
-from fedgp.data import Federation, gp_federation, mixed_linear_regression
+from fedgp.data import Federation
 from fedgp.models import ZeroKernel
 from fedgp.strategies import FGPR, IFCA
+from fedgp.synthetic import gp_federation, mixed_linear_regression
 
 
 def linear_spec(d, noise_var):

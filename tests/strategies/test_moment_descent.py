@@ -9,7 +9,6 @@ import torch
 
 import fedgp
 from fedgp import GPSpec
-from fedgp.data import gaussian_mixed_regression, su_xu_yang_setting
 from fedgp.errors import RoundFailedError
 from fedgp.experiments.metrics import max_matched_error
 from fedgp.models import ZeroKernel
@@ -17,6 +16,7 @@ from fedgp.models.linear import linear_model
 from fedgp.strategies import MomentDescentInit
 from fedgp.strategies import clustered as C
 from fedgp.strategies.clustered.moment_descent import merge_anchors
+from fedgp.synthetic import gaussian_mixed_regression, su_xu_yang_setting
 
 NOISE = "likelihood.noise_covar.noise"
 W = "mean_module.weights"

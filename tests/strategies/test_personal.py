@@ -9,10 +9,11 @@ import pytest
 import torch
 
 import fedgp
-from fedgp.data import ClientData, gp_federation
+from fedgp.data import ClientData
 from fedgp.models import minibatch_nll
 from fedgp.strategies import IFCA, LocalTraining
 from fedgp.strategies import clustered as C
+from fedgp.synthetic import gp_federation
 
 TRAIN = LocalTraining(steps=2, batch_size=8)
 LABELS = (1, 0, 1, 1, 0, 0, 1)

@@ -6,7 +6,6 @@ import pytest
 import torch
 
 import fedgp
-from fedgp.data import gp_federation
 from fedgp.models import GPSpec
 from fedgp.run import Checkpointing, Evaluate, Progress
 from fedgp.strategies import (
@@ -20,6 +19,7 @@ from fedgp.strategies import (
     ServerState,
     StepDecay,
 )
+from fedgp.synthetic import gp_federation
 from fedgp.testing.strategy import StrategyContract
 
 QUIET = [Evaluate(every=0), Progress(False)]

@@ -21,9 +21,9 @@ from fedgp.aggregators import (
     WeightedMean,
 )
 from fedgp.clustering import FixedRadius, KMeansRadius, QuantileRadius
-from fedgp.data import bump_federation, gp_federation
 from fedgp.models import GaussianBumpMean
 from fedgp.strategies import FGPR, FederatedClustering, MomentumClustering, MyopicClustering
+from fedgp.synthetic import bump_federation, gp_federation
 
 AGGREGATORS = [
     WeightedMean(),

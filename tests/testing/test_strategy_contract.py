@@ -8,7 +8,6 @@ import pytest
 import torch
 
 from fedgp.aggregators import CoordinateMedian
-from fedgp.data import gaussian_mixed_regression
 from fedgp.models import GPSpec, ZeroKernel
 from fedgp.strategies import (
     FGPR,
@@ -20,6 +19,7 @@ from fedgp.strategies import (
     MyopicClustering,
 )
 from fedgp.strategies import clustered as C
+from fedgp.synthetic import gaussian_mixed_regression
 from fedgp.testing.engine import Saboteur
 from fedgp.testing.strategy import StrategyContract
 

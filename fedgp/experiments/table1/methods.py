@@ -22,7 +22,6 @@ import gpytorch
 import pandas as pd
 
 from fedgp.data.client import Federation
-from fedgp.data.multifidelity import MultiFidelityFunction, MultiFidelityProblem, multifidelity_federation
 from fedgp.errors import ConvergenceWarning, FactorizationError, InputError
 from fedgp.experiments.common import fit_study
 from fedgp.experiments.table1.protocol import (
@@ -34,6 +33,11 @@ from fedgp.experiments.table1.protocol import (
 )
 from fedgp.models.multifidelity import AR1, NARGP, mle_with_restarts, rbf_spec
 from fedgp.models.posterior import Prediction, condition
+from fedgp.synthetic.multifidelity import (
+    MultiFidelityFunction,
+    MultiFidelityProblem,
+    multifidelity_federation,
+)
 
 __all__ = ["run_once", "run_batched", "fit_fgpr", "scores"]
 

@@ -10,11 +10,11 @@ from dataclasses import dataclass
 
 from fedgp.baselines.mfdgp import MFDGP, Stage
 from fedgp.data.client import Federation
-from fedgp.data.multifidelity import MF_FUNCTIONS, MultiFidelityFunction
 from fedgp.errors import InputError, InputTypeError
 from fedgp.run.stopping import NLLPlateau
 from fedgp.strategies.fgpr import FGPR
 from fedgp.strategies.weighted import WeightedFGPR
+from fedgp.synthetic.multifidelity import MF_FUNCTIONS, MultiFidelityFunction
 
 __all__ = [
     "METHODS",
@@ -188,7 +188,7 @@ def repeat_seeds(seed: int, repeats: int) -> list[int]:
 
 
 def resolve_function(name: str | MultiFidelityFunction) -> MultiFidelityFunction:
-    """A multi-fidelity function by name (``fedgp.data.multifidelity.MF_FUNCTIONS``) or as
+    """A multi-fidelity function by name (``fedgp.synthetic.multifidelity.MF_FUNCTIONS``) or as
     ``"module:attribute"``: the extension point for your own :class:`MultiFidelityFunction`
     (any box domain, 2 or more levels, lowest fidelity first; defined at module level, so worker
     processes can import it)."""
@@ -198,7 +198,7 @@ def resolve_function(name: str | MultiFidelityFunction) -> MultiFidelityFunction
         if name not in MF_FUNCTIONS:
             raise InputError(
                 f"function {name!r}: not one of {', '.join(sorted(MF_FUNCTIONS))}; give your own as "
-                "module:attribute (a fedgp.data.multifidelity.MultiFidelityFunction)"
+                "module:attribute (a fedgp.synthetic.multifidelity.MultiFidelityFunction)"
             )
         return MF_FUNCTIONS[name]
     module, _, attribute = str(name).partition(":")
@@ -208,7 +208,7 @@ def resolve_function(name: str | MultiFidelityFunction) -> MultiFidelityFunction
         raise InputError(f"function {name!r}: cannot import it ({type(err).__name__}: {err})") from None
     if not isinstance(found, MultiFidelityFunction):
         raise InputTypeError(
-            f"function {name!r} is a {type(found).__name__}, not a fedgp.data.multifidelity."
+            f"function {name!r} is a {type(found).__name__}, not a fedgp.synthetic.multifidelity."
             "MultiFidelityFunction(name, bounds, levels, paper_sizes)"
         )
     return found

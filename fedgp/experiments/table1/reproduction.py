@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pandas as pd
 
-from fedgp.data.multifidelity import TABLE1_FUNCTIONS, MultiFidelityFunction
 from fedgp.errors import InputError
 from fedgp.experiments.common import Report, reproduction
 from fedgp.experiments.table1.protocol import (
@@ -24,6 +23,7 @@ from fedgp.experiments.table1.protocol import (
 )
 from fedgp.experiments.table1.report import functions_markdown, markdown
 from fedgp.experiments.table1.studies import hf_sweep, p1_ablation, protocol_ablation, table1
+from fedgp.synthetic.multifidelity import TABLE1_FUNCTIONS, MultiFidelityFunction
 
 __all__ = ["reproduce"]
 

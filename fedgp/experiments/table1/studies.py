@@ -11,7 +11,6 @@ from dataclasses import replace
 import gpytorch
 import pandas as pd
 
-from fedgp.data.multifidelity import TABLE1_FUNCTIONS, MultiFidelityFunction, multifidelity_federation
 from fedgp.experiments.table1.jobs import collect_runs, map_jobs, run_job
 from fedgp.experiments.table1.methods import fit_fgpr, scores
 from fedgp.experiments.table1.protocol import (
@@ -22,6 +21,7 @@ from fedgp.experiments.table1.protocol import (
     check_methods,
     repeat_seeds,
 )
+from fedgp.synthetic.multifidelity import TABLE1_FUNCTIONS, MultiFidelityFunction, multifidelity_federation
 
 __all__ = ["summarise_runs", "table1", "hf_sweep", "SWEEP_BATCH", "p1_ablation", "protocol_ablation"]
 

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from fedgp.data import multifidelity as mf
-from fedgp.data.multifidelity import (
+from fedgp.synthetic import multifidelity as mf
+from fedgp.synthetic.multifidelity import (
     MF_FUNCTIONS,
     TABLE1_FUNCTIONS,
     borehole,

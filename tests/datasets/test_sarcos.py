@@ -9,11 +9,12 @@ import numpy as np
 import pytest
 from scipy.io import savemat
 
-from fedgp.data import IidPartitioner, load_sarcos
-from fedgp.data.registry import DataRegistry
-from fedgp.data.sarcos import COLUMNS
+from fedgp.data import IidPartitioner
+from fedgp.datasets import load_sarcos
+from fedgp.datasets.registry import DataRegistry
+from fedgp.datasets.sarcos import COLUMNS
 from fedgp.errors import DataFileError, DataFileMissing
-from tests.data.real import require_real_data
+from tests.datasets.real import require_real_data
 
 TEST_FILE = "sarcos/sarcos_inv_test.mat"
 

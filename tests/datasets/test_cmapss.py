@@ -9,11 +9,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from fedgp.data import load_cmapss
-from fedgp.data.cmapss import COLUMNS, SENSOR_NAMES
-from fedgp.data.registry import DataRegistry
+from fedgp.datasets import load_cmapss
+from fedgp.datasets.cmapss import COLUMNS, SENSOR_NAMES
+from fedgp.datasets.registry import DataRegistry
 from fedgp.errors import DataFileError, DataFileMissing
-from tests.data.real import require_real_data
+from tests.datasets.real import require_real_data
 
 FD001 = ("cmapss/train_FD001.txt", "cmapss/test_FD001.txt", "cmapss/RUL_FD001.txt")
 

@@ -1,6 +1,6 @@
 """Where real data files live, what they must contain, and how to fetch them.
 
-``fedgp/data/registry.json`` (installed with the package) lists every file a loader reads: its folder,
+``fedgp/datasets/registry.json`` (installed with the package) lists every file a loader reads: its folder,
 canonical URL, size and checksum (sha256, or the git blob id where only that is published). Loaders
 never parse a file before it has been verified against that entry, so a truncated download or an
 edited copy is an error that says which file, where it was looked for and how to get a good one,

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from fedgp.data.registry import (
+from fedgp.datasets.registry import (
     DataRegistry,
     data_root,
     fetch,
@@ -17,7 +17,7 @@ from fedgp.data.registry import (
     verify_file,
 )
 from fedgp.errors import DataFileError, DataFileMissing
-from tests.data.real import require_real_data
+from tests.datasets.real import require_real_data
 
 CONTENT = b"1 2 3\n4 5 6\n"
 

@@ -1,7 +1,7 @@
 import numpy as np
 import torch
 
-from fedgp.data import gp_federation, mixed_linear_regression, sin_personalisation
+from fedgp.synthetic import gp_federation, mixed_linear_regression, sin_personalisation
 
 
 def test_gp_draws_have_the_prior_variance():
@@ -53,11 +53,11 @@ def test_mixed_regression_clusters_and_shares():
 def test_gp_draws_do_not_depend_on_how_the_covariances_are_batched(monkeypatch):
     """Clients' covariances are factorised in blocks of equal size; each client's data must be
     what a client-by-client draw gives (same X, same y to rounding), whatever the block."""
-    from fedgp.data import synthetic
+    from fedgp.synthetic import draws
 
     sizes = [5, 5, 9, 9, 9, 3, 3, 12]
     blocked = gp_federation(num_clients=8, n=sizes, d=2, n_test=4, seed=7)
-    monkeypatch.setattr(synthetic, "_DRAW_BLOCK", 1)
+    monkeypatch.setattr(draws, "_DRAW_BLOCK", 1)
     one_by_one = gp_federation(num_clients=8, n=sizes, d=2, n_test=4, seed=7)
     for a, b in zip(blocked.federation, one_by_one.federation):
         assert a.n == b.n and torch.equal(a.X, b.X) and torch.equal(a.X_test, b.X_test)

@@ -15,8 +15,8 @@ import time
 import pytest
 
 from fedgp.cli import main as cli_main
-from fedgp.data import registry as registry_module
-from fedgp.data.registry import DataRegistry, fetch, locate
+from fedgp.datasets import registry as registry_module
+from fedgp.datasets.registry import DataRegistry, fetch, locate
 from fedgp.errors import DataFileError
 from fedgp.files import open_temporary
 

@@ -6,7 +6,7 @@
 * :func:`su_xu_yang_setting` — their settings C.1–C.3 (k = 3, d = 100, σ = 0.2).
 * :func:`gp_mixture_federation` — clients drawn from one of several GP priors (clustered FGPR).
 
-:func:`fedgp.data.mixed_linear_regression` is the IFCA paper's variant (Bernoulli θ*, contiguous
+:func:`fedgp.synthetic.mixed_linear_regression` is the IFCA paper's variant (Bernoulli θ*, contiguous
 cluster blocks).
 """
 
@@ -19,10 +19,10 @@ import numpy as np
 import torch
 
 from fedgp.data.client import ClientData, Federation
-from fedgp.data.synthetic import GPDraws, MixedRegression, gp_federation
 from fedgp.errors import InputError
 from fedgp.models.spec import GPSpec
 from fedgp.models.state import HyperState
+from fedgp.synthetic.draws import GPDraws, MixedRegression, gp_federation
 
 __all__ = [
     "gaussian_mixed_regression",
@@ -135,7 +135,7 @@ def gp_mixture_federation(
     seed: int = 0,
 ) -> GPMixture:
     """Clients of several GP populations: population j's clients are independent draws from
-    GP(0, k_θj) (see :func:`~fedgp.data.gp_federation`), θj given in constrained units by state name
+    GP(0, k_θj) (see :func:`~fedgp.synthetic.gp_federation`), θj given in constrained units by state name
     (missing entries drawn as in FGPR's Example 1). Clients are interleaved in random order and carry
     ``metadata["cluster"]``."""
     if not populations:

@@ -4,7 +4,7 @@ Each subset (FD001-FD004) has run-to-failure training engines, truncated test en
 true remaining useful life of each test engine. FGPR's NASA experiment (Yue & Kontar §6) models
 one sensor of one engine as a function of time: ``x = cycle / x_scale`` on a scale shared by all
 engines (so every engine's prior lives on the same time axis) and ``y`` standardised per engine.
-Files are verified against ``fedgp/data/registry.json`` before they are parsed.
+Files are verified against ``fedgp/datasets/registry.json`` before they are parsed.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 
 from fedgp.data.client import ClientData, Federation
-from fedgp.data.registry import DataRegistry, FileEntry, default_registry, locate
+from fedgp.datasets.registry import DataRegistry, FileEntry, default_registry, locate
 from fedgp.errors import DataFileError, InputError
 
 __all__ = ["CMAPSS", "load_cmapss", "COLUMNS", "SENSORS", "SENSOR_NAMES", "SUBSETS"]
@@ -217,7 +217,7 @@ def load_cmapss(
     Files are read from ``<root>/cmapss/`` (root: ``root=``, else ``FEDGP_DATA``, else the
     repository's ``datasets/``); ``download=True`` fetches missing files from the registry's URLs
     (``timeout``: seconds to wait for the server).
-    A missing, truncated or altered file raises :class:`~fedgp.data.registry.DataFileError`
+    A missing, truncated or altered file raises :class:`~fedgp.datasets.registry.DataFileError`
     naming the file, where it was looked for and how to get it.
     """
     subset = str(subset).upper()

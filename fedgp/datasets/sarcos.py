@@ -21,7 +21,7 @@ import pandas as pd
 
 from fedgp.data.client import ClientData, Federation
 from fedgp.data.partition import ContinuousPartitioner
-from fedgp.data.registry import DataRegistry, FileEntry, data_root, default_registry, locate
+from fedgp.datasets.registry import DataRegistry, FileEntry, data_root, default_registry, locate
 from fedgp.errors import DataFileError, FedGPWarning, InputError
 from fedgp.rng import generator
 
