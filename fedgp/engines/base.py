@@ -44,6 +44,7 @@ from fedgp.messages import (
     config_json,
     from_config,
     record_from_bytes,
+    record_size,
     record_to_bytes,
     reply_structure,
     split_size,
@@ -262,8 +263,8 @@ class InProcessEngine(Engine):
         self.use_transform(DataTransform.from_parts(task.shared.tensors, task.shared.settings))
         out = Outcome.empty(fields)
         out.clients = torch.sort(clients).values
-        out.bytes_down = _message_size(task) * len(clients)
-        out.bytes_up = len(record_to_bytes(Record())) * len(clients)
+        out.bytes_down = task_size(task) * len(clients)
+        out.bytes_up = record_size(Record()) * len(clients)
         return out
 
     # -- running a chunk, isolating the clients that fail ----------------------------------------------

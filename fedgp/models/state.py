@@ -43,7 +43,7 @@ class HyperState(dict):
             batch = this
 
     # -- read-only ------------------------------------------------------------------------------
-    def _read_only(self, *args, **kwargs):
+    def _read_only(self, *args, **kwargs) -> None:
         raise TypeError(
             "a HyperState is read-only: make a new one (state.map(...), HyperState({...}, shapes))"
         )

@@ -18,7 +18,6 @@ import torch
 from hypothesis import assume, given
 
 import fedgp
-from fedgp.data import gp_federation
 from fedgp.engines.batched import BatchedEngine
 from fedgp.engines.sequential import SequentialEngine
 from fedgp.errors import FileFormatError, InputTypeError
@@ -39,6 +38,7 @@ from fedgp.messages import (
 from fedgp.messages.container import HEADER, pack, packed_size
 from fedgp.run import Faults
 from fedgp.strategies import FGPR, IFCA
+from fedgp.synthetic import gp_federation
 from fedgp.testing.engine import Saboteur
 from fedgp.testing.zoo import strategy_zoo
 from tests.messages.test_records import settings_values

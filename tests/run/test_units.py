@@ -28,7 +28,7 @@ NOISE, LENGTHSCALE = "likelihood.noise_covar.noise", "covar_module.base_kernel.l
 
 @pytest.fixture(scope="module")
 def runs():
-    draws = fedgp.data.gp_federation(num_clients=4, n=16, d=2, seed=0, n_test=4)
+    draws = fedgp.synthetic.gp_federation(num_clients=4, n=16, d=2, seed=0, n_test=4)
     fed = fedgp.data.Federation(
         [
             c.derived(X=c.X * 30 - 7, y=50 * c.y + 200, X_test=c.X_test * 30 - 7, y_test=50 * c.y_test + 200)
@@ -190,7 +190,7 @@ def test_crafted_states_are_refused_naming_the_field(runs, tmp_path, edit, phras
 
 
 def test_a_resumed_run_keeps_every_rounds_state(tmp_path):
-    draws = fedgp.data.gp_federation(num_clients=3, n=12, d=2, seed=2)
+    draws = fedgp.synthetic.gp_federation(num_clients=3, n=12, d=2, seed=2)
 
     def fit(rounds, cb):
         return fedgp.fit(
