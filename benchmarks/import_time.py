@@ -11,7 +11,8 @@ the wall time per statement and writes results/benchmarks/import_time.csv. The r
 * ``import fedgp; fedgp.fit``: first use of the top-level API (torch, GPyTorch, pandas, ...);
 * the eager import: what ``import fedgp`` did before the subpackages became lazy (it imported
   aggregators, attacks, clustering, data, export, models, stopping, strategies and ``fit``; today
-  ``fedgp.run`` holds the stopping rules and ``fit``);
+  ``fedgp.run`` holds the stopping rules and ``fit``, and what ``fedgp.data`` held then is split
+  between ``fedgp.data``, ``fedgp.synthetic`` and ``fedgp.datasets``);
 * ``import torch``: the floor under any use of fedgp.
 
 ``python -X importtime -c "import fedgp"`` shows where the time of one import goes.
@@ -35,8 +36,8 @@ STATEMENTS = {
     "import fedgp": "import fedgp",
     "import fedgp; fedgp.fit": "import fedgp; fedgp.fit",
     "eager import (before)": (
-        "import fedgp; from fedgp import aggregators, attacks, clustering, data, export, models, "
-        "run, strategies; from fedgp.run import FitResult, fit"
+        "import fedgp; from fedgp import aggregators, attacks, clustering, data, datasets, export, "
+        "models, run, strategies, synthetic; from fedgp.run import FitResult, fit"
     ),
     "import torch": "import torch",
 }
