@@ -22,6 +22,7 @@ from collections.abc import Iterator, Mapping, Sequence
 
 import torch
 
+from fedgp.attacks.labels import OPTION as LABEL_FLIP
 from fedgp.attacks.labels import flipped_ops
 from fedgp.data.client import ClientData
 from fedgp.engines.deadline import Abandoned, run_within
@@ -46,6 +47,7 @@ from fedgp.messages import (
     record_from_bytes,
     record_size,
     record_to_bytes,
+    reply_size,
     reply_structure,
     split_size,
     task_from_bytes,
@@ -220,6 +222,7 @@ class InProcessEngine(Engine):
         replied, rows = [], {k: [] for k in fields if k not in summed}
         sums: dict[str, torch.Tensor] = {}
         down = None if self.loopback else task_size(task, rows=1)  # every participant's is this size
+        up = None  # a valid reply's size, from the declared fields (asked once)
         for start in range(0, len(clients), self.chunk_size):
             chunk, part = (
                 clients[start : start + self.chunk_size],
@@ -239,7 +242,12 @@ class InProcessEngine(Engine):
                 for pos, reason in zip(ok.tolist(), reasons):
                     if reason is not None:
                         out.failures[pos] = f"invalid reply: {reason}"
-                if not self.loopback:  # computed from shapes, as the bytes would be: nothing serialised
+                if self.loopback:
+                    pass  # counted as it crossed
+                elif bool(good.all()):  # every reply as declared: each the declaration's size
+                    up = reply_size(fields) if up is None else up
+                    out.bytes_up += up * len(ok)
+                else:  # computed from the shapes that came, as the bytes would be: nothing serialised
                     out.bytes_up += split_size(reply, len(ok))
                 if not bool(good.any()):
                     continue
@@ -359,7 +367,7 @@ def faulted_ops(ops: ClientOps, task: Task) -> ClientOps:
         failing = ops.indices[u < p]
         if len(failing):
             raise SimulatedFailure(f"simulated failure (p = {p:g})", failing.tolist())
-    return flipped_ops(ops, task)
+    return flipped_ops(ops, task) if LABEL_FLIP in task.options else ops
 
 
 # -- bytes ---------------------------------------------------------------------------------------------

@@ -30,8 +30,15 @@ def _flatten(states: HyperState) -> tuple[HyperState, torch.Size]:
     batch = states.batch_shape
     if len(batch) < 1 or batch[0] != 1:
         raise InputError(f"sequential ops expect a batch of one client, got batch {tuple(batch)}")
-    extra = batch[1:]
-    return states.map(lambda v, e: v.reshape(-1, *v.shape[len(batch) :])), extra
+    extra, lead = batch[1:], len(batch)
+    return HyperState(
+        {k: v.reshape(-1, *v.shape[lead:]) for k, v in states.items()}, states.event_shapes
+    ), extra
+
+
+def _unflatten(states: HyperState, extra: torch.Size) -> HyperState:
+    """(n_extra,) -> (1, *extra): the inverse of :func:`_flatten`."""
+    return HyperState({k: v.reshape(1, *extra, *v.shape[1:]) for k, v in states.items()}, states.event_shapes)
 
 
 class SequentialOps:
@@ -44,9 +51,10 @@ class SequentialOps:
         # ClientData stores float64; the model computes in the spec's precision.
         self.X, self.y = client.X.to(spec.dtype), client.y.to(spec.dtype)
         self.noise = spec.client_noise(client)
+        self.variational = spec.variational  # read in every local step
         self.clients = (client,)
         self.indices = torch.tensor([index])
-        self.sizes = torch.tensor([client.n])
+        self.sizes = torch.tensor([len(client.y)])
         self.round = rnd
         self.seed = seed
         self._trainable = [p for p in spec.params if p.trainable]
@@ -65,13 +73,13 @@ class SequentialOps:
     def _loss(self, X: torch.Tensor, y: torch.Tensor, noise: torch.Tensor | None) -> torch.Tensor:
         """The local per-point loss on ``(X, y)``: the exact NLL, or a variational spec's negative ELBO
         (with the client's q(u) as :meth:`_personalise` fitted it)."""
-        if self.spec.variational:
+        if self.variational:
             return self.spec.minibatch_loss(self.model, X, y, self.client.n)
         return minibatch_nll(self.model, X, y, self.spec.prior_weight, noise)
 
     def _personalise(self, what: str) -> None:
         """A variational spec's client fits its own q(u) to all its rows under the loaded θ."""
-        if self.spec.variational:
+        if self.variational:
             with factorization_guard(self.client.id, what):
                 self.spec.fit_personal(self.model, self.X, self.y)
 
@@ -117,9 +125,7 @@ class SequentialOps:
                 HyperState({k: g.get(k, torch.zeros_like(v)) for k, v in raw.items()}, raw.event_shapes)
             )
         stacked = HyperState.stack(grads)
-        return torch.stack(losses).reshape(1, *extra).to(torch.float64), stacked.map(
-            lambda v, e: v.reshape(1, *extra, *v.shape[1:])
-        )
+        return torch.stack(losses).reshape(1, *extra).to(torch.float64), _unflatten(stacked, extra)
 
     def train(self, states: HyperState, local: LocalTraining) -> TrainResult:
         """Run the local optimiser from each state on the client's minibatches (see
@@ -145,7 +151,7 @@ class SequentialOps:
             raw_all.update(raw)
             trained.append(self.spec.from_raw(HyperState(raw_all, self.spec.event_shapes)))
             losses.append(total / steps)
-        states_out = HyperState.stack(trained).map(lambda v, e: v.reshape(1, *extra, *v.shape[1:]))
+        states_out = _unflatten(HyperState.stack(trained), extra)
         loss = torch.tensor(losses, dtype=torch.float64).reshape(1, *extra)
         return TrainResult(states_out, loss, torch.tensor([steps]))
 
@@ -159,7 +165,7 @@ class SequentialOps:
             raise InputError(f"client {self.client.id!r} has no test split and no inputs were given")
         self.spec.load(self.model, states.index(0))
         X_new = torch.as_tensor(X_new).to(self.spec.dtype)
-        if self.spec.variational:
+        if self.variational:
             with torch.enable_grad():
                 self._personalise("personal q(u)")
             return [self.spec.predictive(self.model, X_new, full_cov)]

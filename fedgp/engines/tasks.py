@@ -182,10 +182,8 @@ class Evaluate(_Personal):
             out = ops.spec.test_metrics(ops.predict(states), targets, states)
         else:
             out = prediction_metrics(ops.predict(states), targets)
-        # In the original units: RMSE scales with sd, the density's log by −log sd; coverage is unchanged.
-        # (A non-Gaussian likelihood's targets are never transformed: its scale is 1.)
-        out["rmse"] = out["rmse"] * scale
-        out["nll"] = out["nll"] + scale.log()
+        # In the original units (a non-Gaussian likelihood's targets are never transformed: scale 1).
+        out = transform.untransform(out, offset, scale)
         out["n_test"] = torch.tensor([len(c.y_test) for c in ops.clients], dtype=torch.long)
         out["cluster"] = cluster.to(torch.long)
         return out
@@ -205,26 +203,17 @@ class Predict(_Personal):
     def answer_under(self, states, cluster, ops, task, offset, scale, transform):
         full_cov = bool(task.setting("full_cov", False))
         X = transform.inputs(task.tensor("X")).to(ops.spec.dtype)
-        return predicted(ops.predict(states, X, full_cov), offset, scale, full_cov)
-
-
-def predicted(
-    predictions, offset: torch.Tensor, scale: torch.Tensor, full_cov: bool
-) -> dict[str, torch.Tensor]:
-    """Per-client predictions stacked as a ``predict`` reply, back in the original units:
-    y = offset + scale · y', so variances and covariances scale by scale²."""
-    column, square = scale.unsqueeze(1), (scale * scale).unsqueeze(1)
-    out = {
-        "mean": torch.stack([p.mean for p in predictions]).to(torch.float64) * column + offset.unsqueeze(1),
-        "variance_f": torch.stack([p.variance_f for p in predictions]).to(torch.float64) * square,
-        "variance_y": torch.stack([p.variance_y for p in predictions]).to(torch.float64) * square,
-    }
-    if predictions and predictions[0].latent_mean is not None:  # a non-Gaussian likelihood's
-        out["mean_f"] = torch.stack([p.latent_mean for p in predictions]).to(torch.float64)
-    if full_cov:
-        covariance = torch.stack([p.covariance_f for p in predictions]).to(torch.float64)
-        out["covariance_f"] = covariance * square.unsqueeze(-1)
-    return out
+        predictions = ops.predict(states, X, full_cov)
+        out = {
+            "mean": torch.stack([p.mean for p in predictions]),
+            "variance_f": torch.stack([p.variance_f for p in predictions]),
+            "variance_y": torch.stack([p.variance_y for p in predictions]),
+        }
+        if predictions and predictions[0].latent_mean is not None:  # a non-Gaussian likelihood's
+            out["mean_f"] = torch.stack([p.latent_mean for p in predictions])
+        if full_cov:
+            out["covariance_f"] = torch.stack([p.covariance_f for p in predictions])
+        return transform.untransform(out, offset, scale)  # back in the original units
 
 
 #: Every kind a client answers, by its name on the wire.

@@ -21,7 +21,7 @@ import torch
 
 from fedgp.data.client import ClientData, Federation, _as_float_tensor, _check_finite
 from fedgp.data.names import align, check_names
-from fedgp.engines.base import Engine
+from fedgp.engines.base import Engine, InProcessEngine
 from fedgp.engines.sequential import SequentialOps
 from fedgp.engines.tasks import handle
 from fedgp.errors import (
@@ -41,7 +41,7 @@ from fedgp.models.state import HyperState
 from fedgp.plotting import plot_history
 from fedgp.run.combined import check_experts, combined_posterior
 from fedgp.run.evaluation import evaluate_clients
-from fedgp.run.exchange import ask, personal_task
+from fedgp.run.exchange import ask, personal_task, send_transform
 from fedgp.run.saved import read_result, write_result
 from fedgp.strategies.base import Strategy
 from fedgp.transforms import DataTransform
@@ -77,6 +77,8 @@ class FitResult:
     transform: DataTransform = field(default_factory=DataTransform)  # applied to every client's data
     feature_names: tuple[str, ...] | None = None  # the input columns, in the model's order
     _model: Any = field(default=None, init=False, repr=False, compare=False)  # new clients' GPyTorch model
+    _context: Any = field(default=None, init=False, repr=False, compare=False)
+    _conditioned: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.feature_names is not None:
@@ -111,8 +113,10 @@ class FitResult:
     @property
     def context(self) -> ServerContext:
         """What the server knows about this run (spec, clients' ids and sizes, seed), as the strategy saw
-        it."""
-        return ServerContext.from_roster(self.spec, self.roster, self.seed)
+        it (built once)."""
+        if self._context is None:
+            self._context = ServerContext.from_roster(self.spec, self.roster, self.seed)
+        return self._context
 
     def _position(self, client: int | ClientData | Any) -> int | ClientData:
         """The training position of ``client``, or a new client's data in the model's column order.
@@ -160,6 +164,22 @@ class FitResult:
         registration. A client that cannot answer raises :class:`~fedgp.errors.EngineError` with
         its reason."""
         where = self._position(client)
+        if kind == "predict" and self._here(where):
+            prediction = self._predict_here(where, X, full_cov)
+            reply = {
+                "mean": prediction.mean,
+                "variance_f": prediction.variance_f,
+                "variance_y": prediction.variance_y,
+            }
+            if prediction.latent_mean is not None:
+                reply["mean_f"] = prediction.latent_mean
+            if full_cov:
+                reply["covariance_f"] = prediction.covariance_f
+            return reply
+        return self._answer(kind, where, X, full_cov)
+
+    def _answer(self, kind: str, where: int | ClientData, X, full_cov: bool) -> dict[str, torch.Tensor]:
+        """:meth:`ask` through the protocol: a training client through the engine, a new one here."""
         if isinstance(where, ClientData):
             return self._ask_new(kind, where, X, full_cov)
         try:
@@ -168,6 +188,50 @@ class FitResult:
             (reason,) = err.failures.values()
             raise EngineError(f"client {self.roster.ids[where]!r} could not {kind}: {reason}") from None
         return {name: value[0] for name, value in outcome.individual.items()}
+
+    # -- a training client of an in-process engine, predicting in this process ----------------------
+    def _here(self, where: int | ClientData) -> bool:
+        """Whether ``where``'s prediction can be computed here, as its engine would: a training client
+        hosted in this process by an engine with no loopback (which proves that only records cross)
+        and no deadline (which cuts a client off on another thread)."""
+        engine = self.engine
+        return (
+            not isinstance(where, ClientData)
+            and isinstance(engine, InProcessEngine)
+            and not engine.loopback
+            and engine.timeout is None
+        )
+
+    def _predict_here(self, position: int, X: torch.Tensor, full_cov: bool) -> Prediction:
+        """The posterior of the training client at ``position`` at ``X`` (model columns): what the
+        engine's ``predict`` task computes — the client's personal state, conditioned on its data in
+        the run's units, back in the data's units — without a message. The personal state is the
+        client's own choice, asked once through the protocol (a ``personal`` task) and kept while
+        the server state and the engine's units are these."""
+        ops, state, offset, scale = self._client_here(position)
+        try:
+            (prediction,) = ops.predict(state, self.transform.inputs(X).to(self.spec.dtype), full_cov)
+        except Exception as err:  # noqa: BLE001 - as an engine reports a client's failure
+            reason = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"[:500]
+            raise EngineError(f"client {self.roster.ids[position]!r} could not predict: {reason}") from None
+        return self.transform.untransform(prediction, offset, scale)
+
+    def _client_here(self, position: int) -> tuple[Any, HyperState, torch.Tensor, torch.Tensor]:
+        """``(ops, personal state, outcome offset, outcome scale)`` of a training client, kept."""
+        engine = self.engine
+        if engine.transform_sent is not self.transform:  # another fit ran on the engine since
+            send_transform(engine, self.roster, self.transform)
+        key = (id(self.server_state), id(engine.transform_sent))
+        if self._conditioned.get("key") != key:
+            self._conditioned.clear()
+            self._conditioned["key"] = key
+        if position not in self._conditioned:
+            reply = self._answer("personal", position, None, False)
+            state = read_state({k: v.unsqueeze(0) for k, v in reply.items()}, self.spec, "state/")
+            ops = engine.ops(torch.tensor([position]), 0)
+            units = engine.outcome_offset[position], engine.outcome_scale[position]
+            self._conditioned[position] = (ops, state, *units)
+        return self._conditioned[position]
 
     def _ask_new(self, kind: str, client: ClientData, X, full_cov: bool) -> dict[str, torch.Tensor]:
         task, fields = personal_task(self, kind, torch.tensor([-1]), X, full_cov)
@@ -187,7 +251,7 @@ class FitResult:
 
     def client_state(self, client: int | ClientData | Any) -> HyperState:
         """The state a client conditions on (FGPR: the global state; clustered: its cluster's)."""
-        reply = self.ask("personal", client)
+        reply = self._answer("personal", self._position(client), None, False)
         return read_state({k: v.unsqueeze(0) for k, v in reply.items()}, self.spec, "state/").index(0)
 
     def posterior(
@@ -221,13 +285,16 @@ class FitResult:
             raise InputError("full_cov=True is per client: a combined prediction has marginal variances only")
         if combine is not None:
             check_experts(self)
-        d = self._dims(client if client is not None else 0)
+        where = self._position(client if client is not None else 0)  # resolved once
+        d = self._dims(where)
         name = client.id if isinstance(client, ClientData) else client
         if combine is not None:
             name = "(combined prediction)"
         # Named columns in the model's order; then a copy (pandas and read-only arrays included),
         # checked for dtype and NaN/inf as data are.
-        X = _as_float_tensor(align(X, self.feature_names, _where(name)), name, "X")
+        if self.feature_names is not None:  # else X is read by position, as it is
+            X = align(X, self.feature_names, _where(name))
+        X = _as_float_tensor(X, name, "X")
         if X.dim() != 2 or X.shape[1] != d:
             whose = f"client {name!r}, whose model takes" if client is not None else "the model, which takes"
             raise InputError(
@@ -237,7 +304,9 @@ class FitResult:
         _check_finite(X, name, "X")
         if combine is not None:
             return combined_posterior(self, X, combine)
-        reply = self.ask("predict", client, X, full_cov)
+        if self._here(where):
+            return self._predict_here(where, X, full_cov)
+        reply = self._answer("predict", where, X, full_cov)
         return Prediction(
             reply["mean"],
             reply["variance_f"],
@@ -246,11 +315,11 @@ class FitResult:
             reply.get("mean_f"),
         )
 
-    def _dims(self, client) -> int:
-        """The input width of ``client``'s model; a new client must match the training data's (by
-        name, where both have names)."""
-        if isinstance(client, ClientData):
-            client = client.in_order(self.feature_names)  # refuses missing or extra names, naming them
+    def _dims(self, where: int | ClientData) -> int:
+        """The input width of the model of the client at training position ``where``, or of a new
+        client's (its columns already in the model's order), which must match the training data's."""
+        if isinstance(where, ClientData):
+            client = where
             trained = int(self.roster.dims[0]) if len(self.roster.dims) else client.n_features
             if client.n_features != trained:
                 raise InputError(
@@ -259,7 +328,7 @@ class FitResult:
                     "input columns, in the same order, as the training clients"
                 )
             return client.n_features
-        return int(self.roster.dims[self._position(client)])
+        return int(self.roster.dims[where])
 
     def predict(
         self,
