@@ -55,7 +55,7 @@ __all__ = [
     "outward_bounds",
 ]
 
-#: Names under which a transform travels in a task's shared record.
+#: Names under which a transform travels in the ``transform`` task's shared record.
 PREFIX = "transform/"
 
 
@@ -111,7 +111,7 @@ class Normalize:
 
 @dataclass(frozen=True)
 class DataTransform:
-    """The learned transforms, as every task carries them.
+    """The learned transforms, as the ``transform`` task carries them to the clients once per run.
 
     ``x_offset``/``x_scale`` ``(d,)``: inputs become ``(x − x_offset) / x_scale``; ``None`` leaves
     them alone. ``y_offset``/``y_scale`` (scalars): targets become ``(y − y_offset) / y_scale``;
@@ -132,7 +132,7 @@ class DataTransform:
 
     # -- travelling in a task ------------------------------------------------------------------------
     def tensors(self) -> dict[str, torch.Tensor]:
-        """The transform's tensors as they travel in every later task."""
+        """The transform's tensors as the ``transform`` task carries them."""
         out = {}
         for name in ("x_offset", "x_scale", "y_offset", "y_scale"):
             value = getattr(self, name)
@@ -141,7 +141,7 @@ class DataTransform:
         return out
 
     def settings(self) -> dict[str, bool]:
-        """The transform's plain settings as they travel in every later task."""
+        """The transform's plain settings as the ``transform`` task carries them."""
         return {PREFIX + "y_local": True} if self.y_local else {}
 
     @classmethod

@@ -60,7 +60,7 @@ class RunView(Protocol):
     failures: list[dict[str, Any]]  # one row per failed client and round
     roster: Roster  # what registration told the server
     context: ServerContext
-    transform: DataTransform  # the data transforms every task carries
+    transform: DataTransform  # the data transforms the clients hold (sent once, before round 1)
     callbacks: list[Callback]
 
     @property
