@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import fedgp
-from fedgp.engines import client as client_side
+from fedgp.engines import tasks as client_side
 from fedgp.errors import RoundFailedError, RunWarning
 from fedgp.messages.roster import Roster
 from fedgp.run.summary import Summary, check_claimed_sizes

@@ -111,7 +111,7 @@ def test_clustered_cold_start_takes_the_cluster_with_most_training_points():
     strategy = ClusteredGP(num_clusters=2, assigner=FixedAssigner(labels=(0, 0, 1)), restarts=1)
     result = fedgp.fit(fedgp.GPSpec(), fed, strategy, rounds=2, **RAW)
     empty = ClientData(np.zeros((0, D)), np.zeros(0), id="new")
-    assert int(result._ask("personal", empty)["cluster"][0]) == 1
+    assert int(result.ask("personal", empty)["cluster"]) == 1
     torch.testing.assert_close(result.client_state(empty).to_dict(), result.state.index(1).to_dict())
     X = torch.rand(4, D, dtype=torch.float64)
     prior = result.posterior(X, client=empty)
@@ -125,7 +125,7 @@ def test_ifca_cold_start_follows_the_best_restarts_assignment():
     labels = server.assignment[server.best]
     points = torch.zeros(2, dtype=torch.float64).index_add_(0, labels, fed.sizes.to(torch.float64))
     empty = ClientData(np.zeros((0, D)), np.zeros(0), id="new")
-    assert int(result._ask("personal", empty)["cluster"][0]) == int(points.argmax())
+    assert int(result.ask("personal", empty)["cluster"]) == int(points.argmax())
     # one point: its cluster is chosen by its own likelihood, and the posterior conditions on it
     one = ClientData([[0.5, 0.5]], [-1.0], id="one")
     state = result.client_state(one)
@@ -138,7 +138,7 @@ def test_personal_strategies_cold_start_takes_the_largest_clients_state():
     fed = _mixture([(10, 1.0), (30, 1.0), (12, -1.0)])
     result = fedgp.fit(fedgp.GPSpec(), fed, FederatedClustering(iterations=2), rounds=2, **RAW)
     empty = ClientData(np.zeros((0, D)), np.zeros(0), id="new")
-    assert int(result._ask("personal", empty)["cluster"][0]) == 1
+    assert int(result.ask("personal", empty)["cluster"]) == 1
     torch.testing.assert_close(result.client_state(empty).to_dict(), result.state.index(1).to_dict())
 
 

@@ -7,8 +7,7 @@ on standardised targets and unit-cube inputs when the data transforms were on
 
 The run keeps the global state of every round (:class:`RoundStates`, in ``history.attrs["states"]``,
 saved with the result), and the table is written from those states with
-:meth:`DataTransform.untransform <fedgp.transforms.DataTransform.untransform>` when it is asked
-for: units are applied to states, never parsed back from column names. A history without kept
+:meth:`fedgp.transforms.DataTransform.untransform` when it is asked for: units are applied to states, never parsed back from column names. A history without kept
 states (a result saved before they were kept, or a table built by hand) has them rebuilt from its
 state columns, which the spec's hyper-parameter names and shapes determine (:meth:`RoundStates.from_columns`).
 :func:`fedgp.layout.write_history` writes the table and the units of every column.
@@ -38,8 +37,8 @@ _OBJECTIVES = ("train_nll", "objective")
 
 
 def state_columns(state: HyperState) -> dict[str, tuple[int | None, str, int]]:
-    """The history columns of one round's global state, as :meth:`Strategy.describe
-    <fedgp.strategies.base.Strategy.describe>` writes them by default: ``name`` or ``name[i]``
+    """The history columns of one round's global state, as
+    :meth:`fedgp.strategies.base.Strategy.describe` writes them by default: ``name`` or ``name[i]``
     (flat index ``i`` of a hyper-parameter with several entries), ``j/`` before them for state ``j``
     of a batch ``(k,)``; each mapped to ``(j or None, name, i)``."""
     events = state.event_shapes
@@ -78,6 +77,10 @@ class RoundStates:
 
     def __setattr__(self, name: str, value: Any) -> None:
         raise AttributeError("RoundStates is immutable")
+
+    def __reduce__(self) -> tuple:
+        """Pickled (a scikit-learn estimator holding a result is) and rebuilt through ``__init__``."""
+        return (RoundStates, (self.rounds, self.states))
 
     @classmethod
     def stack(cls, rounds: Sequence[int], states: Sequence[HyperState]) -> RoundStates | None:
