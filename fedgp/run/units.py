@@ -7,9 +7,10 @@ on standardised targets and unit-cube inputs when the data transforms were on
 
 The run keeps the global state of every round (:class:`RoundStates`, in ``history.attrs["states"]``,
 saved with the result), and the table is written from those states with
-:meth:`fedgp.transforms.DataTransform.untransform` when it is asked for: units are applied to states, never parsed back from column names. A history without kept
-states (a result saved before they were kept, or a table built by hand) has them rebuilt from its
-state columns, which the spec's hyper-parameter names and shapes determine (:meth:`RoundStates.from_columns`).
+:meth:`fedgp.transforms.DataTransform.untransform` when it is asked for: units are applied to
+states, never parsed back from column names. A history without kept states (a result saved
+before they were kept, or a table built by hand) has them rebuilt from its state columns, which
+the spec's hyper-parameter names and shapes determine (:meth:`RoundStates.from_columns`).
 :func:`fedgp.layout.write_history` writes the table and the units of every column.
 """
 
