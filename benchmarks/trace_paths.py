@@ -1,7 +1,8 @@
 """How many fedgp files the two paths everyone walks enter, and how often they move between them.
 
     .venv/bin/python benchmarks/trace_paths.py            # prints the counts, writes the CSV
-    .venv/bin/python benchmarks/trace_paths.py --detail   # also the files and the call counts
+    .venv/bin/python benchmarks/trace_paths.py --detail   # also the files, the call counts and
+                                                          # the round's moves by concern
 
 The paths (issue 50): one FGPR round of a 3-client fit on the sequential engine, with the callbacks
 ``fit`` adds (a :class:`fedgp.run.Run` driven as ``fit`` drives it; the second round is traced, so
@@ -46,6 +47,17 @@ def commit() -> str:
     return git("rev-parse", "--short", "HEAD") + ("+changes" if git("status", "--porcelain", "fedgp") else "")
 
 
+#: Where a move happens, by the innermost of these functions on the stack (first match wins).
+CONCERNS = [
+    ("client: local steps", ("engines/sequential.py:train", "engines/sequential.py:_loss_and_grad")),
+    ("client: the task's answer", ("engines/tasks.py:answer", "engines/tasks.py:handle")),
+    ("engine: delivery, reply checks, bytes", ("engines/base.py:_run",)),
+    ("server: aggregate and step", (":aggregate",)),
+    ("server: plan the round", (":configure",)),
+    ("callbacks", ("run/loop.py:_complete",)),
+]
+
+
 class Tracer:
     """Counts fedgp files entered, moves between them and calls, while active."""
 
@@ -54,6 +66,14 @@ class Tracer:
         self.moves = 0
         self.calls = 0
         self.stack: list[str | None] = []  # per Python frame: its fedgp file, or None
+        self.functions: list[str] = []  # per Python frame: file:function
+        self.concerns: Counter[str] = Counter()
+
+    def _concern(self) -> str:
+        for concern, marks in CONCERNS:
+            if any(f.endswith(mark) for f in self.functions for mark in marks):
+                return concern
+        return "other (the run loop, the exchange, the plan's records)"
 
     def _file(self, frame) -> str | None:
         name = frame.f_code.co_filename
@@ -75,8 +95,11 @@ class Tracer:
                 self.files[name] += 1
                 if before is not None and name != before:
                     self.moves += 1
+                    self.concerns[self._concern()] += 1
+            self.functions.append(f"{name}:{frame.f_code.co_name}")
         elif event == "return" and self.stack:
             self.stack.pop()
+            self.functions.pop()
 
     def __enter__(self) -> Tracer:
         sys.setprofile(self)
@@ -139,6 +162,9 @@ def main() -> None:
         if args.detail:
             for name, count in t.files.most_common():
                 print(f"    {count:5d}  {name}")
+            print("  moves by concern:")
+            for concern, count in t.concerns.most_common():
+                print(f"    {count:5d}  {concern}")
     OUT.parent.mkdir(parents=True, exist_ok=True)
     earlier = list(csv.DictReader(OUT.open())) if args.append and OUT.exists() else []
     with OUT.open("w", newline="") as handle:

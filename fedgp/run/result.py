@@ -158,25 +158,13 @@ class FitResult:
         """``client``'s answer to a ``kind`` task — ``"predict"`` (at ``X``, in model column order),
         ``"evaluate"`` or ``"personal"`` — one row per reply field (:mod:`fedgp.engines.tasks`).
 
-        A training client answers through the run's engine, from its own data; a new ``ClientData``
-        is answered here, in this process, as that client would: its data in the run's units, the
-        strategy's choice of state for a client the server never saw, no engine and no
-        registration. A client that cannot answer raises :class:`~fedgp.errors.EngineError` with
-        its reason."""
-        where = self._position(client)
-        if kind == "predict" and self._here(where):
-            prediction = self._predict_here(where, X, full_cov)
-            reply = {
-                "mean": prediction.mean,
-                "variance_f": prediction.variance_f,
-                "variance_y": prediction.variance_y,
-            }
-            if prediction.latent_mean is not None:
-                reply["mean_f"] = prediction.latent_mean
-            if full_cov:
-                reply["covariance_f"] = prediction.covariance_f
-            return reply
-        return self._answer(kind, where, X, full_cov)
+        A training client answers through the run's engine, from its own data, as a message; a new
+        ``ClientData`` is answered here, in this process, as that client would: its data in the
+        run's units, the strategy's choice of state for a client the server never saw, no engine and
+        no registration. A client that cannot answer raises :class:`~fedgp.errors.EngineError` with
+        its reason. (:meth:`posterior` computes a training client's prediction in this process where
+        its engine hosts it here, bit for bit what this ``predict`` task answers.)"""
+        return self._answer(kind, self._position(client), X, full_cov)
 
     def _answer(self, kind: str, where: int | ClientData, X, full_cov: bool) -> dict[str, torch.Tensor]:
         """:meth:`ask` through the protocol: a training client through the engine, a new one here."""

@@ -105,8 +105,8 @@ def fit_and_ask(engine_type, name):
     engine = engine_type(spec, list(data.federation))
     result = fedgp.fit(spec, data.federation, strategy, rounds=rounds, engine=engine, seed=11)
     X = torch.rand(3, data.federation[0].X.shape[1], dtype=torch.float64)
-    result.posterior(X, client=0)
-    result.posterior(X, client=1, full_cov=True)
+    result.ask("predict", 0, X)  # through the engine (posterior predicts here, in process)
+    result.ask("predict", 1, X, full_cov=True)
     result.client_state(2)
     if data.federation.has_test:
         result.evaluate()
