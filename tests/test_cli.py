@@ -795,3 +795,37 @@ def test_the_linear_mean_starts_at_zero_whatever_torchs_seed():
         states.append(dict(make_spec("rbf", "linear", d=3).initial_state().items()))
     assert torch.equal(states[0]["mean_module.weights"], torch.zeros(3, 1, dtype=torch.float64))
     assert all(torch.equal(states[0][k], states[1][k]) for k in states[0])
+
+
+@pytest.mark.parametrize(
+    "kind, cell",
+    [("datetime", "'2024-01-05 00:00:00' is a date and time"), ("date", "'2024-01-05' is a date"),
+     ("timedelta", "'1 days 00:00:00' is a duration")],
+)  # fmt: skip
+def test_a_parquet_date_column_is_one_line_naming_it(tmp_path, capsys, kind, cell):
+    """Issue 51: ``fedgp fit`` on a Parquet file with a date, time or duration column exits 2 with one
+    line naming the file and the column (it fitted the dates as microseconds since 1970)."""
+    import datetime
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    days = [datetime.date(2024, 1, d) for d in range(5, 11)]
+    when = {
+        "datetime": pa.array(pd.to_datetime(days)),
+        "date": pa.array(days, type=pa.date32()),
+        "timedelta": pa.array(pd.to_timedelta(range(1, 7), unit="D")),
+    }[kind]
+    path = tmp_path / "dated.parquet"
+    owners = ["a", "a", "a", "b", "b", "b"]
+    pq.write_table(pa.table({"owner": owners, "when": when, "y": [1.0, 3.0, 2.0, 5.0, 4.0, 6.0]}), path)
+    out = tmp_path / "m"
+    assert (
+        main(["fit", str(path), "--target", "y", "--group", "owner", *ROUNDS, "--out", str(out), "--quiet"])
+        == 2
+    )
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "Traceback" not in err[0], err
+    assert err[0].startswith(f"fedgp fit: {path}: column 'when', line 2 (owner 'a'): {cell}, not a number; ")
+    assert "convert the column to numbers first" in err[0] and "--features" in err[0]
+    assert not out.exists()

@@ -2,10 +2,10 @@
 
 ``fedgp fit`` and ``fedgp predict`` read their data through :func:`read_owner_table`, which checks
 every cell where it enters and names the file, the column, the line and the owner of anything it
-refuses (a missing column, a cell that is not a number, an empty cell, inf, an owner too small to
-train on), as a :class:`TableError`. Lines are the file's own: the header is line 1, the first
-row line 2 (what a text editor and a spreadsheet both show). :func:`rows_by_owner` groups rows by
-owner label for any caller (the scikit-learn estimator too).
+refuses (a missing column, a cell that is not a number, a date, time or duration, an empty cell,
+inf, an owner too small to train on), as a :class:`TableError`. Lines are the file's own: the
+header is line 1, the first row line 2 (what a text editor and a spreadsheet both show).
+:func:`rows_by_owner` groups rows by owner label for any caller (the scikit-learn estimator too).
 
 The separator is sniffed from the header line: a comma unless the header has none and splits on a
 tab or a semicolon (or the file ends in ``.tsv``: tabs), so a TSV or a ``;``-separated export reads
@@ -16,6 +16,7 @@ flags, the Flower app's run-config keys, Python's argument names).
 from __future__ import annotations
 
 import csv
+import datetime
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -140,10 +141,12 @@ def read_owner_table(
 
     ``features`` default to every column but ``group`` and ``target``. The owner labels are read as
     text (so ``7`` and ``007`` are different owners, and a label is the same in every file), the
-    feature and target columns as numbers; an owner labelled ``NA``, ``None``, ``null``, ``nan`` ...
-    keeps that label (only an empty owner cell is missing). Blank lines are skipped. A column named
-    twice in the header, or ``target`` equal to ``group``, is refused. The separator is a comma, or
-    a tab or a semicolon when the header line has no comma and splits on one (a ``.tsv`` file: tabs).
+    feature and target columns as numbers (a Parquet date, time or duration column is refused, as a
+    date in a CSV file is: convert it to numbers first); an owner labelled ``NA``, ``None``,
+    ``null``, ``nan`` ... keeps that label (only an empty owner cell is missing). Blank lines are
+    skipped. A column named twice in the header, or ``target`` equal to ``group``, is refused. The
+    separator is a comma, or a tab or a semicolon when the header line has no comma and splits on
+    one (a ``.tsv`` file: tabs).
     ``roles``: how the caller's door names the ``group``, ``target`` and ``features`` settings in
     messages (:data:`CLI_ROLES`, :data:`RUN_CONFIG_ROLES`; default :data:`PYTHON_ROLES`). Raises
     :class:`TableError`.
@@ -293,6 +296,64 @@ def _read_parquet(path: Path, group: str) -> pd.DataFrame:
     return frame
 
 
+#: What a date or time cell is, by kind, and how to make it a number, for messages. No reader
+#: converts one: a CSV date is text, and a Parquet date (which pandas could read as microseconds or
+#: nanoseconds since 1970, by the file's unit) is refused the same way.
+TEMPORAL = {
+    "datetime": ("a date and time", "e.g. days or seconds since a reference date"),
+    "date": ("a date", "e.g. the number of days since a reference date"),
+    "time": ("a time of day", "e.g. seconds since midnight"),
+    "duration": ("a duration", "e.g. a number of days or seconds"),
+    "period": ("a period of time", "e.g. the number of days since a reference date to its start"),
+}
+
+
+def _temporal_kind(value: Any) -> str | None:
+    """The :data:`TEMPORAL` kind of one cell (``None``: not a date, a time or a duration)."""
+    if isinstance(value, (datetime.datetime, np.datetime64)):  # pd.Timestamp too
+        return "datetime" if not pd.isna(value) else None
+    if isinstance(value, datetime.date):
+        return "date"
+    if isinstance(value, datetime.time):
+        return "time"
+    if isinstance(value, (datetime.timedelta, np.timedelta64)):  # pd.Timedelta too
+        return "duration" if not pd.isna(value) else None
+    if isinstance(value, pd.Period):
+        return "period"
+    return None
+
+
+def _temporal(values: pd.Series) -> pd.Series | None:
+    """Each cell's :data:`TEMPORAL` kind (missing where a cell is none), or ``None`` when the column
+    holds no date, time or duration: a datetime64, timedelta64 or period column, a pyarrow-backed
+    date, time, timestamp or duration column, or an object column of ``datetime`` objects (how
+    pandas reads a Parquet ``date32``)."""
+    dtype = values.dtype
+    kind = None
+    if isinstance(dtype, pd.ArrowDtype):
+        import pyarrow as pa
+
+        arrow = dtype.pyarrow_dtype
+        kind = next(
+            (name for name, test in (("datetime", pa.types.is_timestamp), ("date", pa.types.is_date),
+                                     ("time", pa.types.is_time), ("duration", pa.types.is_duration))
+             if test(arrow)), None,
+        )  # fmt: skip
+    elif isinstance(dtype, pd.DatetimeTZDtype) or getattr(dtype, "kind", "") == "M":
+        kind = "datetime"
+    elif getattr(dtype, "kind", "") == "m":
+        kind = "duration"
+    elif isinstance(dtype, pd.PeriodDtype):
+        kind = "period"
+    elif pd.api.types.is_object_dtype(dtype):
+        kinds = values.map(_temporal_kind)
+        return kinds if kinds.notna().any() else None
+    if kind is None:
+        return None
+    # a column of this dtype is a date column even when every cell is missing (NaT is not a number)
+    return pd.Series(np.where(values.notna().to_numpy(), kind, None), index=values.index, dtype=object)
+
+
 def _numbers(
     frame: pd.DataFrame, column: str, source: str, lines, owners, group: str, text: str = ""
 ) -> np.ndarray:
@@ -304,6 +365,24 @@ def _numbers(
         i = int(np.flatnonzero(mask)[0])
         return f"{source}: column {column!r}, line {int(lines[i])} ({group} {owners.iloc[i]!r})"
 
+    kinds = _temporal(values)
+    if kinds is not None:  # a date is not read as a number (Parquet's microseconds since 1970)
+        if pd.api.types.is_object_dtype(
+            values.dtype
+        ):  # the first cell that is not a number, be it a date or text
+            numbers = pd.to_numeric(values.where(kinds.isna()), errors="coerce")
+            bad = (values.notna() & (kinds.notna() | numbers.isna())).to_numpy()
+        else:
+            bad = kinds.notna().to_numpy()
+        i = int(np.flatnonzero(bad)[0]) if bad.any() else None
+        if i is not None and pd.notna(kinds.iloc[i]):
+            what, how = TEMPORAL[kinds.iloc[i]]
+            raise TableError(
+                f"{where(bad)}: {str(values.iloc[i])!r} is {what}, not a number; convert the column to "
+                f"numbers first ({how})" + (f"; {text}" if text else "")
+            )
+        if i is None:  # every cell missing (NaT): refused below as missing, not read as a number
+            values = pd.Series(np.nan, index=values.index)
     if pd.api.types.is_bool_dtype(values.dtype):
         raise TableError(
             f"{where(np.ones(len(values), bool))}: true/false values; a feature or target must be a number "

@@ -212,3 +212,82 @@ def test_messages_name_the_roles_as_the_callers_door_does(tmp_path, roles, group
         )
     table = read_owner_table(tmp_path / "t.csv", group="era", target="mpg", features=["weight"], roles=roles)
     assert table.features == ("weight",)
+
+
+def _dated(tmp_path: Path, kind: str) -> Path:
+    """A Parquet owner table whose column 'when' holds dates (``kind``), written with pyarrow."""
+    import datetime
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    days = [datetime.date(2024, 1, d) for d in (5, 6, 7, 8)]
+    when = {
+        "datetime": pa.array(pd.to_datetime(days)),  # pandas datetime64 (a Parquet timestamp)
+        "date": pa.array(days, type=pa.date32()),  # read back as an object column of datetime.date
+        "timedelta": pa.array(pd.to_timedelta([1, 2, 3, 4], unit="D")),  # a Parquet duration
+    }[kind]
+    path = tmp_path / f"{kind}.parquet"
+    table = {
+        "owner": ["a", "a", "b", "b"],
+        "x": [1.0, 2.0, 3.0, 4.0],
+        "when": when,
+        "y": [1.0, 3.0, 2.0, 5.0],
+    }
+    pq.write_table(pa.table(table), path)
+    return path
+
+
+PARQUET_DATES = {  # kind: the refused cell of line 2, what it is, and how to make it a number
+    "datetime": ("'2024-01-05 00:00:00' is a date and time", "days or seconds since a reference date"),
+    "date": ("'2024-01-05' is a date", "the number of days since a reference date"),
+    "timedelta": ("'1 days 00:00:00' is a duration", "a number of days or seconds"),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(PARQUET_DATES))
+def test_a_parquet_date_column_is_refused_as_a_csv_date_is(tmp_path, kind):
+    """Issue 51: Parquet dates, times and durations were read as numbers (microseconds since 1970),
+    where the CSV reader refuses a date as not a number; now they are refused, by file, column, line
+    and owner, saying how to convert them."""
+    path = _dated(tmp_path, kind)
+    cell, how = PARQUET_DATES[kind]
+    for features in (None, ["x", "when"]):  # every column by default, or named
+        with pytest.raises(TableError) as caught:
+            read_owner_table(path, group="owner", target="y", features=features)
+        assert str(caught.value).startswith(
+            f"{path}: column 'when', line 2 (owner 'a'): {cell}, not a number; convert the column to "
+            f"numbers first (e.g. {how})"
+        )
+    with pytest.raises(
+        TableError, match=re.escape(f"column 'when', line 2 (owner 'a'): {cell}, not a number")
+    ):
+        read_owner_table(path, group="owner", target="when", features=["x"])  # as the target too
+    table = read_owner_table(path, group="owner", target="y", features=["x"])  # left out: read
+    assert table.X.ravel().tolist() == [1.0, 2.0, 3.0, 4.0]
+
+
+def test_a_numeric_parquet_table_reads_as_its_csv_twin(tmp_path):
+    frame = pd.DataFrame(
+        {
+            "owner": ["a", "a", "7", "7"],
+            "x": [0.1, 2.0, -3.5, 4.0],
+            "n": [1, 2, 3, 4],
+            "y": [1.0, 3.0, 2.0, 5.0],
+        }
+    )
+    frame.to_csv(tmp_path / "t.csv", index=False)
+    frame.to_parquet(tmp_path / "t.parquet")
+    a = read_owner_table(tmp_path / "t.csv", group="owner", target="y")
+    b = read_owner_table(tmp_path / "t.parquet", group="owner", target="y")
+    assert a.features == b.features == ("x", "n")
+    assert np.array_equal(a.X, b.X) and np.array_equal(a.y, b.y)
+    assert a.owners.tolist() == b.owners.tolist() == ["a", "a", "7", "7"]
+
+
+def test_a_parquet_date_column_without_dates_is_missing_not_a_number(tmp_path):
+    """A datetime column whose every cell is empty (NaT) is a missing value, not -9.2e18."""
+    frame = pd.DataFrame({"owner": ["a", "a"], "when": pd.to_datetime([None, None]), "y": [1.0, 2.0]})
+    frame.to_parquet(tmp_path / "t.parquet")
+    with pytest.raises(TableError, match=re.escape("column 'when', line 2 (owner 'a'): missing value")):
+        read_owner_table(tmp_path / "t.parquet", group="owner", target="y")

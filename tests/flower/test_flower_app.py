@@ -268,6 +268,18 @@ def test_a_node_reads_parquet_as_it_reads_csv(tmp_path):
     broken.write_bytes(b"not parquet")
     with pytest.raises(fedgp.errors.TableError, match="broken.parquet: cannot be read as a Parquet table"):
         loader(Context(0, 1, {"data-path": str(broken)}, RecordDict(), {}))
+    dated = tmp_path / "dated.parquet"  # issue 51: a date column was read as microseconds since 1970
+    frame = pd.read_csv(paths[0], dtype={"owner": str})
+    frame.assign(x2=pd.Timestamp("2024-01-05") + pd.to_timedelta(np.arange(len(frame)), unit="D")).to_parquet(
+        dated
+    )
+    with pytest.raises(fedgp.errors.TableError) as caught:
+        loader(Context(0, 1, {"data-path": str(dated)}, RecordDict(), {}))
+    assert str(caught.value).startswith(
+        f"{dated}: column 'x2', line 2 (owner {frame['owner'][0]!r}): '2024-01-05 00:00:00' is a date and "
+        "time, not a number; convert the column to numbers first"
+    )
+    assert "run config 'features'" in str(caught.value)
 
 
 def test_simulated_nodes_share_one_table_by_partition_id(tmp_path):
