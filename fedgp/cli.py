@@ -2,8 +2,12 @@
 
 Every command writes into ``--out``, by default a new folder under the current directory named
 after the command and the time (``fedgp-fit-20261126-154501/``), never ``results/``; ``fit`` and
-``predict`` refuse, before any work, an ``--out`` that already holds a file they would write (unless
-``--force``), and write each file atomically. A mistake in the input (a missing column, a cell that
+``predict`` first claim ``--out`` with an exclusive create of a marker file (``.fedgp-writing``,
+holding the host and process id, removed when they are done): a second command given the same
+``--out`` meanwhile is refused in one line naming the folder and the first one's pid, and a marker
+left by a killed run is named as such (``--force`` takes it over). They then refuse an ``--out``
+that already holds a file they would write (unless ``--force``), and write each file atomically.
+A mistake in the input (a missing column, a cell that
 is not a number, an unknown owner, ...), and any other error fedgp raises, is printed as one line
 naming the file, column, line or owner, with exit status 2; progress goes to stderr (a bar on a
 terminal, a line every tenth of the rounds otherwise) and ``--quiet`` turns it off.
@@ -77,14 +81,20 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _fit(args: argparse.Namespace) -> int:
-    from fedgp.commands import claim_out, fit_metrics
+    from fedgp.commands import claim_out
+
+    with claim_out(_out(args), FIT_FILES, args.force) as out:  # held until the files are written
+        return _fit_into(out, args)
+
+
+def _fit_into(out: Path, args: argparse.Namespace) -> int:
+    from fedgp.commands import fit_metrics
     from fedgp.data.table import CLI_ROLES, read_owner_table
     from fedgp.layout import write_model_folder
     from fedgp.presets import make_spec, make_strategy
     from fedgp.run import Progress, fit
     from fedgp.transforms import Transforms
 
-    out = claim_out(_out(args), FIT_FILES, args.force)
     table = read_owner_table(
         args.data, group=args.group, target=args.target, features=args.features, roles=CLI_ROLES
     )
@@ -148,16 +158,22 @@ def _pd() -> ModuleType:
 
 
 def _predict(args: argparse.Namespace) -> int:
+    from fedgp.commands import claim_out
+
+    if not 0.0 < args.level < 1.0:
+        raise CommandError(f"--level must be in (0, 1), got {args.level}")
+    with claim_out(_out(args), PREDICT_FILES, args.force) as out:  # held until predictions.csv is written
+        return _predict_into(out, args)
+
+
+def _predict_into(out: Path, args: argparse.Namespace) -> int:
     import numpy as np
 
-    from fedgp.commands import claim_out, predict_owners, read_columns, read_new_table
+    from fedgp.commands import predict_owners, read_columns, read_new_table
     from fedgp.data.table import CLI_ROLES, read_owner_table
     from fedgp.layout import write_table
     from fedgp.run import load
 
-    if not 0.0 < args.level < 1.0:
-        raise CommandError(f"--level must be in (0, 1), got {args.level}")
-    out = claim_out(_out(args), PREDICT_FILES, args.force)
     folder = Path(args.model)
     columns = read_columns(folder)
     group = args.group or columns["group"]
@@ -335,7 +351,9 @@ def _force_option(parser: argparse.ArgumentParser, files: tuple[str, ...]) -> No
     parser.add_argument(
         "--force",
         action="store_true",
-        help=f"overwrite {', '.join(files)} where --out holds them (default: refuse, before any work)",
+        help=f"overwrite {', '.join(files)} where --out holds them, each replaced atomically, and take over "
+        "the marker of a killed fedgp run there (default: refuse, before any work; a --out that another "
+        "running fedgp fit/predict holds is refused even with --force)",
     )
 
 

@@ -11,15 +11,20 @@ minutes, not hours; on another engine, owner by owner.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
+import os
+import secrets
 import sys
-from collections.abc import Sequence
+import time
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 
+from fedgp import files
 from fedgp.errors import CommandError, InputError
 from fedgp.layout import COLUMNS_FILE, COLUMNS_FORMAT, MODEL_FILE, owner_metrics
 from fedgp.run.progress import progress_bar
@@ -30,6 +35,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "claim_out",
+    "WRITER_MARKER",
     "read_columns",
     "read_new_table",
     "fit_metrics",
@@ -41,19 +47,118 @@ __all__ = [
 OWNERS_PER_STEP = 20_000
 
 
-def claim_out(out: Path, names: Sequence[str], force: bool) -> Path:
-    """Check, before any work, that ``out`` can be a folder and that none of the files ``names`` the
-    command will write there exists (unless ``force``); raises :class:`CommandError` naming them."""
+#: The marker a writer creates, exclusively, in its ``--out`` before writing anything there, and
+#: removes when it is done: a second writer finds it and refuses (see :func:`claim_out`).
+WRITER_MARKER = ".fedgp-writing"
+
+
+def _marker_text() -> str:
+    return json.dumps({"host": files._HOST, "pid": os.getpid(), "since": time.strftime("%Y-%m-%d %H:%M:%S")})
+
+
+def _read_marker(path: Path) -> dict:
+    try:
+        held = json.loads(path.read_text())
+    except (OSError, ValueError, UnicodeDecodeError):
+        return {}
+    return held if isinstance(held, dict) else {}
+
+
+def _who(held: dict) -> str:
+    pid = held.get("pid")
+    since = held.get("since")
+    return ", ".join(
+        part for part in (f"pid {pid}" if pid is not None else "", f"since {since}" if since else "") if part
+    )
+
+
+def _take_over(marker: Path) -> None:
+    """Move a dead writer's marker aside (an atomic rename: of two processes taking it over, one
+    moves it and the other finds it gone) and remove it."""
+    aside = marker.with_name(f"{marker.name}.stale-{secrets.token_hex(6)}")
+    try:
+        os.rename(marker, aside)
+    except FileNotFoundError:
+        return
+    aside.unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
+def claim_out(out: Path, names: Sequence[str], force: bool) -> Iterator[Path]:
+    """Claim ``out`` for this process before any work, and hold it while the block runs.
+
+    The claim is an exclusive create (``O_CREAT | O_EXCL``) of :data:`WRITER_MARKER` in ``out``
+    (made if new), holding this host and process id: of several commands given the same ``--out``
+    at once, exactly one creates it; the others raise :class:`CommandError` naming the folder and
+    the writer that holds it. A marker whose writer is no longer running (killed, or its machine
+    restarted) is named as such; ``force`` takes it over. Once claimed, none of the files ``names``
+    may exist unless ``force`` (each is then replaced atomically, file by file). The marker is
+    removed when the block ends, and so is ``out`` if this call made it and it is left empty."""
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise CommandError(f"--out {out} is a file, not a folder: give a folder (new or existing)")
-    there = [name for name in names if (out / name).exists() or (out / name).is_symlink()]
-    if there and not force:
-        raise CommandError(
-            f"--out {out} already holds {', '.join(there)}, which this command would overwrite; choose "
-            "another --out, remove them, or pass --force to overwrite them"
-        )
-    return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.mkdir(out)
+        created = True
+    except FileExistsError:
+        created = False
+        if not out.is_dir():
+            raise CommandError(
+                f"--out {out} is a file, not a folder: give a folder (new or existing)"
+            ) from None
+    marker = out / WRITER_MARKER
+    try:
+        for _ in range(10):
+            try:
+                fd = os.open(marker, files._CREATE, 0o644)
+            except FileExistsError:
+                held = _read_marker(marker)
+                who = _who(held)
+                if files._writer_is_dead(
+                    held.get("host"), None if held.get("pid") is None else str(held["pid"])
+                ):
+                    if force:
+                        _take_over(marker)
+                        continue
+                    raise CommandError(
+                        f"--out {out} holds {WRITER_MARKER} from a fedgp writer that is no longer running "
+                        f"({who or 'unknown pid'}; killed or crashed), so its files may be incomplete: pass "
+                        f"--force to replace them, or remove {marker} and the folder's files"
+                    ) from None
+                raise CommandError(
+                    f"--out {out} is being written by another fedgp process ({who or 'pid unknown'}; its "
+                    f"marker {marker}): wait for it to finish or choose another --out (if no fedgp "
+                    "process writes there, remove the marker)"
+                ) from None
+            with os.fdopen(fd, "w") as handle:
+                handle.write(_marker_text() + "\n")
+            break
+        else:  # pragma: no cover - ten takeovers in a row
+            raise CommandError(f"--out {out}: could not claim it ({marker} keeps coming back)")
+    except BaseException:
+        if created:
+            _remove_if_empty(out)
+        raise
+    try:
+        there = [name for name in names if (out / name).exists() or (out / name).is_symlink()]
+        if there and not force:
+            raise CommandError(
+                f"--out {out} already holds {', '.join(there)}, which this command would overwrite; choose "
+                "another --out, remove them, or pass --force to overwrite them"
+            )
+        yield out
+    finally:
+        marker.unlink(missing_ok=True)
+        if created:
+            _remove_if_empty(out)
+
+
+def _remove_if_empty(folder: Path) -> None:
+    try:
+        folder.rmdir()
+    except OSError:  # not empty (or gone): leave it
+        pass
 
 
 def read_columns(folder: Path) -> dict:
