@@ -407,3 +407,85 @@ def test_distributed_noise_is_a_run_option_the_engines_agree_on(draws):
         ClientDP(noise=1.0, noise_shares=3)
     with pytest.raises(InputError, match="'server' or 'clients'"):
         ClientDP(noise=1.0, noise_at="everywhere")
+
+
+@pytest.fixture(scope="module")
+def six():
+    return fedgp.synthetic.gp_federation(num_clients=6, n=10, d=1, seed=0)
+
+
+def test_a_budget_that_affords_no_round_refuses_before_any_client_trains(six):
+    """Issue 51: ClientDP(epsilon=0.5, noise=0.3) spent ε = 20.39 in its first round. It is refused
+    before the first round, naming the smallest noise multiplier that fits one round (dp-accounting's
+    calibration); that noise then runs, within the budget."""
+    trained = []
+
+    class Watch(fedgp.run.Callback):
+        def on_round(self, run, row):
+            trained.append(row["round"])
+
+    with pytest.raises(InputError, match="affords 0 of the 10 rounds at noise 0.3") as refused:
+        fedgp.fit(six.spec, six.federation, ClientDP(FGPR(), epsilon=0.5, noise=0.3), rounds=10,
+                  callbacks=[*QUIET, Watch()])  # fmt: skip
+    assert not trained
+    message = str(refused.value)
+    assert "already spends ε = 20.39" in message
+    suggested = float(message.split("fits one round is noise=")[1].split()[0])
+    assert suggested == pytest.approx(calibrate_noise(0.5, 1e-5, 1.0, 1), rel=2e-3)
+    assert epsilon_spent(suggested, 1.0, 1, 1e-5) <= 0.5 < epsilon_spent(suggested * 0.99, 1.0, 1, 1e-5)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", PrivacyBudgetWarning)
+        result = fedgp.fit(six.spec, six.federation, ClientDP(FGPR(), epsilon=0.5, noise=suggested),
+                           rounds=10, callbacks=QUIET)  # fmt: skip
+    assert len(result.history) >= 1 and (result.history["epsilon"] <= 0.5).all()
+    # Refused where the run is made, too: Run(...) raises before any engine starts.
+    with pytest.raises(InputError, match="fits one round is noise="):
+        fedgp.run.Run(six.spec, six.federation, ClientDP(FGPR(), epsilon=0.5, noise=0.3, rate=0.5,
+                                                         delta=1e-3), rounds=3)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "epsilon, noise, rate, rounds",
+    [
+        (0.5, 0.3, 1.0, 10),
+        (1.0, 0.8, 0.5, 5),
+        (0.2, 5.0, 0.5, 3),
+        (3.0, 2.0, 1.0, 4),
+        (5.0, 1.5, 1.0, 6),
+        (2.0, 2.0, 0.5, 5),
+        (4.0, 3.0, 1.0, 4),
+    ],  # fmt: skip
+)
+def test_no_run_records_epsilon_above_its_budget(six, epsilon, noise, rate, rounds):
+    """Every row's ε is within the budget: the run stops after the last round it affords, or is
+    refused before the first."""
+    private = ClientDP(FGPR(), epsilon=epsilon, noise=noise, rate=rate, delta=1e-3, reproducible=True)
+    affords = sum(epsilon_spent(noise, rate, r, 1e-3) <= epsilon for r in range(1, rounds + 1))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", PrivacyBudgetWarning)
+        try:
+            result = fedgp.fit(six.spec, six.federation, private, rounds=rounds, callbacks=QUIET)
+        except InputError as err:
+            assert affords == 0 and "affords 0 of the" in str(err)
+            return
+    assert len(result.history) == affords >= 1
+    assert (result.history["epsilon"] <= epsilon).all()
+    assert result.history.attrs["privacy"]["epsilon"] <= epsilon
+
+
+def test_a_run_resumed_from_a_budget_stopped_checkpoint_takes_no_further_round(six, tmp_path):
+    """The checkpoint of a run the budget stopped holds its rounds, not why it stopped: resumed, the
+    run stops again before the round the budget does not afford."""
+    z = 2.0
+    budget = (epsilon_spent(z, 1.0, 2, 1e-3) + epsilon_spent(z, 1.0, 3, 1e-3)) / 2  # affords 2 rounds
+    private = ClientDP(FGPR(), epsilon=budget, noise=z, delta=1e-3, reproducible=True)
+    path = tmp_path / "run.ckpt"
+    with pytest.warns(PrivacyBudgetWarning, match="affords 2 of the 5 rounds"):
+        first = fedgp.fit(six.spec, six.federation, private, rounds=5,
+                          callbacks=[*QUIET, fedgp.run.Checkpointing(path)])  # fmt: skip
+    with pytest.warns(PrivacyBudgetWarning, match="affords 2 of the 5 rounds"):
+        resumed = fedgp.fit(six.spec, six.federation, private, rounds=5,
+                            callbacks=[*QUIET, fedgp.run.Checkpointing(path, resume=True)])  # fmt: skip
+    assert len(first.history) == len(resumed.history) == 2
+    assert (resumed.history["epsilon"] <= budget).all()
+    assert resumed.state.allclose(first.state, rtol=1e-12)

@@ -22,10 +22,12 @@ arithmetic: a round is ``PoissonSampledDpEvent(rate, GaussianDpEvent(noise))`` (
 DP accountant, add-or-remove-one-client neighbours. Every row of ``result.history`` has
 ``epsilon``, the budget spent after that round. Given both ``noise`` and ``epsilon``, the run
 stops, with a :class:`~fedgp.errors.PrivacyBudgetWarning`, after the last round the budget affords
-(its state is the result). On an engine that releases no sum of fewer than two nodes (secure
-aggregation on Flower), a round whose sample or surviving nodes fall short is skipped, not the end
-of the run, and still accounted; with sampling such a run is accounted without amplification
-(:meth:`ClientDP.accounted_rate` gives the argument; ``history.attrs["privacy"]["accounted_rate"]``).
+(its state is the result), so no row's ε is above the budget; a budget that affords no round is
+refused before the first, naming the noise multipliers that fit (:meth:`ClientDP.check_budget`).
+On an engine that releases no sum of fewer than two nodes (secure aggregation on Flower), a round
+whose sample or surviving nodes fall short is skipped, not the end of the run, and still accounted;
+with sampling such a run is accounted without amplification (:meth:`ClientDP.accounted_rate` gives
+the argument; ``history.attrs["privacy"]["accounted_rate"]``).
 
 What else would leave a client is closed or refused: the transforms send nothing (``"auto"``
 becomes each client's own standardisation and the inputs as they are; ``Normalize(bounds=...)``
@@ -222,7 +224,7 @@ class ClientDP:
             defaults). Others are refused, saying why (:func:`refusal`).
         epsilon: the budget ε for the whole run. With ``noise=None``, the noise multiplier is
             calibrated so that all ``rounds`` cost ε; with ``noise``, the run stops when the next
-            round would pass it.
+            round would pass it, and is refused before it starts when the first would.
         delta: δ; must be below 1/K (K clients), or releasing one client's data outright would be
             within the guarantee.
         clip: C, the L2 bound on a client's update per round (GPyTorch's raw parameters of the
@@ -322,8 +324,28 @@ class ClientDP:
             if self.noise is not None
             else calibrate_noise(self.epsilon, self.delta, account, rounds)
         )
+        if self.epsilon is not None and self.noise is not None:
+            self.check_budget(noise, account, rounds)
         shares = 1 if self.noise_shares is None else self.noise_shares
         return DPFGPR(self.strategy, self.clip, noise, self.rate, self.reproducible, self.noise_at, shares)
+
+    def check_budget(self, noise: float, rate: float, rounds: int) -> None:
+        """Refuse, before any client trains, a budget that cannot afford one round at ``noise``
+        (accounted at ``rate``): the error names the largest number of rounds that fits (0) and the
+        smallest noise multipliers that fit one round and all ``rounds``, by dp-accounting
+        (:func:`calibrate_noise`, rounded up to three significant digits)."""
+        one = epsilon_spent(float(noise), float(rate), 1, float(self.delta))
+        if one <= self.epsilon:
+            return
+        fits_one = _round_up(calibrate_noise(self.epsilon, self.delta, rate, 1))
+        fits_all = _round_up(calibrate_noise(self.epsilon, self.delta, rate, rounds)) if rounds > 1 else None
+        every = "" if fits_all is None else f" (all {rounds} rounds: noise={fits_all:g})"
+        raise InputError(
+            f"ClientDP: the budget ε = {self.epsilon:g} (δ = {self.delta:g}) affords 0 of the {rounds} "
+            f"rounds at noise {noise:g}: one round at rate {rate:g} already spends ε = {one:.4g}. The "
+            f"smallest noise multiplier that fits one round is noise={fits_one:g}{every}; or leave noise "
+            "out to calibrate it to the rounds, raise epsilon, or lower rate"
+        )
 
     def transforms(self, given: Transforms) -> Transforms:
         """The run's transforms: ``"auto"`` parts become ones that send nothing; parts that need
@@ -360,6 +382,15 @@ class ClientDP:
             )
 
 
+def _round_up(value: float, digits: int = 3) -> float:
+    """``value`` rounded up to ``digits`` significant digits (a noise multiplier to print: the
+    printed one must still fit)."""
+    if value <= 0 or not math.isfinite(value):
+        return value
+    step = 10.0 ** (math.floor(math.log10(value)) - digits + 1)
+    return round(math.ceil(value / step - 1e-9) * step, 12)
+
+
 def _real(value) -> bool:
     return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
 
@@ -387,9 +418,19 @@ class PrivacyAccounting(Callback):
 
     def on_start(self, run) -> None:
         self.privacy.check_federation(len(run.roster.ids))
+        if run.completed == 0 and self.privacy.epsilon is not None:
+            # The run refused such a budget when it was made (ClientDP.build); here as well for a
+            # strategy given some other way: never a first round the budget does not afford.
+            self.privacy.check_budget(float(run.strategy.noise), self._rate(run), run.rounds)
+        self._stop_if_spent(run)  # a run resumed from a checkpoint of one the budget stopped
 
     def on_round(self, run, row) -> None:
         row["epsilon"] = self._spent(run, run.completed)
+        self._stop_if_spent(run)
+
+    def _stop_if_spent(self, run) -> None:
+        """Stop the run when its next round would spend more than the budget: no row's ε is ever
+        above it."""
         budget = self.privacy.epsilon
         if budget is not None and run.completed < run.rounds and self._spent(run, run.completed + 1) > budget:
             run.stop(f"privacy budget: round {run.completed + 1} would spend ε > {budget:g}")
