@@ -1,12 +1,14 @@
 """The ``fedgp`` command line: fit and predict on CSV files, the demo, the paper reproductions.
 
 Every command writes into ``--out``, by default a new folder under the current directory named
-after the command and the time (``fedgp-fit-20261126-154501/``), never ``results/``; ``fit`` and
-``predict`` first claim ``--out`` with an exclusive create of a marker file (``.fedgp-writing``,
-holding the host and process id, removed when they are done): a second command given the same
-``--out`` meanwhile is refused in one line naming the folder and the first one's pid, and a marker
-left by a killed run is named as such (``--force`` takes it over). They then refuse an ``--out``
-that already holds a file they would write (unless ``--force``), and write each file atomically.
+after the command and the time (``fedgp-fit-20261126-154501/``), never ``results/``. Every command
+that writes (``fit``, ``predict``, ``demo``, ``reproduce``) first claims ``--out`` with an exclusive
+create of a marker file (``.fedgp-writing``, holding the host and process id, removed when it is
+done): a second command given the same ``--out`` meanwhile is refused in one line naming the folder
+and the first one's pid, and a marker left by a killed run is named as such (``fit``/``predict``'s
+``--force`` takes it over). ``fit`` and ``predict`` then refuse an ``--out`` that already holds a
+file they would write (unless ``--force``) and write each file atomically; ``demo`` and
+``reproduce`` refresh their own files in place (``--out results`` updates the committed tables).
 A mistake in the input (a missing column, a cell that
 is not a number, an unknown owner, ...), and any other error fedgp raises, is printed as one line
 naming the file, column, line or owner, with exit status 2; progress goes to stderr (a bar on a
@@ -72,11 +74,14 @@ def _progress(args: argparse.Namespace) -> bool:
 
 
 def _demo(args: argparse.Namespace) -> int:
+    from fedgp.commands import claim_out
     from fedgp.experiments.demo import run_demo
     from fedgp.experiments.settings import quick_mode
 
     rounds = args.rounds if args.rounds is not None else (10 if args.quick or quick_mode() else None)
-    run_demo(_out(args), rounds=rounds, progress=_progress(args))
+    # claimed for its writers only: a demo's or reproduction's files are meant to be refreshed in place
+    with claim_out(_out(args), (), force=False) as out:
+        run_demo(out, rounds=rounds, progress=_progress(args))
     return 0
 
 
@@ -261,6 +266,7 @@ def _setting_options(name: str, reproduce, args: argparse.Namespace) -> dict:
 
 
 def _reproduce(args: argparse.Namespace) -> int:
+    from fedgp.commands import claim_out
     from fedgp.experiments.registry import get_reproduction, quick_runtime
     from fedgp.experiments.settings import quick_mode
 
@@ -271,14 +277,15 @@ def _reproduce(args: argparse.Namespace) -> int:
         expect = quick_runtime(args.name) if quick else "the full protocol (results/README.md gives its time)"
         print(f"fedgp reproduce {args.name}: started; {expect}", file=sys.stderr, flush=True)
     try:
-        written = reproduce(
-            repeats=args.repeats,
-            out_dir=_out(args),
-            seed=args.seed,
-            quick=quick,
-            progress=_progress(args),
-            **options,
-        )
+        with claim_out(_out(args), (), force=False) as out:
+            written = reproduce(
+                repeats=args.repeats,
+                out_dir=out,
+                seed=args.seed,
+                quick=quick,
+                progress=_progress(args),
+                **options,
+            )
     except FileNotFoundError as err:  # data files, or verdicts' input CSVs: the message names them
         raise CommandError(str(err)) from None
     for path in written:

@@ -128,3 +128,17 @@ def test_a_killed_writers_marker_is_named_and_force_takes_it_over(tmp_path, caps
     assert main([*_fit_argv(data, out, "3"), "--force"]) == 0
     assert {p.name for p in out.iterdir()} == FIT_FILES
     assert len(pd.read_csv(out / "history.csv")) == 3
+
+
+def test_demo_and_reproduce_claim_out_too(tmp_path, capsys):
+    """A demo or a reproduction into a folder another fedgp process is writing is refused in one line
+    before any work, and leaves that process's marker alone."""
+    out = tmp_path / "busy"
+    out.mkdir()
+    (out / WRITER_MARKER).write_text(_marker_text())  # this very process: alive
+    for argv in (["demo", "--quick", "--quiet"], ["reproduce", "verdicts", "--quiet"]):
+        assert main([*argv, "--out", str(out)]) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and "Traceback" not in err
+        assert f"--out {out} is being written by another fedgp process (pid {os.getpid()}" in err
+    assert [p.name for p in out.iterdir()] == [WRITER_MARKER]
