@@ -250,12 +250,18 @@ class AppSettings:
             settings = json.loads(self["privacy"])
             if not isinstance(settings, dict):
                 raise TypeError("not a JSON object")
-            return ClientDP(strategy, **settings)
+            private = ClientDP(strategy, **settings)
         except (ValueError, TypeError) as err:
             raise InputError(
                 f"run config 'privacy' must be ClientDP settings as a JSON object, e.g. "
                 f'{{"epsilon": 4, "rate": 0.5}}: {err}'
             ) from None
+        if private.epsilon is not None and private.noise is not None:
+            # Before the hello: a budget that affords no round at the least the round can be
+            # accounted at (its rate) is refused with no message sent; fit re-checks at the
+            # rate the engine allows (ClientDP.accounted_rate) once the nodes are known.
+            private.check_budget(float(private.noise), float(private.rate), int(self["rounds"]))
+        return private
 
 
 def _node_flag(context: Context, key: str) -> bool:

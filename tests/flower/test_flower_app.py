@@ -496,3 +496,19 @@ def test_a_flower_log_line_prints_once_after_dp_accounting_ran():
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stderr.count("fedgp-marker-line") == 1, done.stderr[-2000:]
     assert done.stdout.strip() == "0"  # the root logger as it was: no handler left behind
+
+
+def test_a_budget_that_affords_no_round_is_refused_before_any_message(tmp_path):
+    """Issue 51, item 4 through the Flower door: ``privacy={"epsilon": 0.5, "noise": 0.3}`` over 10
+    rounds is refused with no message sent (not even the hello), naming the noise that fits."""
+    paths = owner_tables(tmp_path, nodes=2)
+    out = tmp_path / "model"
+    privacy = {"epsilon": 0.5, "noise": 0.3, "delta": 1e-3}
+    config = {"rounds": 10, "out-dir": str(out), "privacy": json.dumps(privacy)}
+    grid = deploy(paths, config)
+    with pytest.raises(InputError, match=r"affords 0 of the 10 rounds at noise 0.3"):
+        flower_app.main(grid, Context(0, 0, {}, RecordDict(), config))
+    assert grid.bytes_down == 0
+    error = (out / "error.txt").read_text()
+    assert error.count("\n") == 1 and "smallest noise multiplier that fits one round is noise=" in error
+    assert not (out / "model.fedgp").exists()
