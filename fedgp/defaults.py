@@ -91,8 +91,9 @@ DEFAULTS: tuple[Default, ...] = (
         "integer-valued features' box ends as they are (a widened grid point)",
         {"flower": True},
         "a deployment's server is another party: each node moves its integer features' box ends out "
-        "by 0 to 3 grid steps, so the server cannot read a node's extreme values; in one process there "
-        "is no one to hide them from",
+        "by 0 to 3 grid steps of at least 1, so the server reads a node's extreme value for 1 end in 4 "
+        "(the privacy guide has the measurement), not every time; in one process there is no one to "
+        "hide them from",
         ("Transforms(hide_discrete=)", "transforms=", "--hide-discrete", "hide-discrete"),
     ),
     Default(

@@ -11,6 +11,8 @@ the minimum in place refuses to release it.
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from hypothesis import given
@@ -99,6 +101,29 @@ def test_widened_boxes_hide_the_extremes_of_integer_features_when_asked():
     torch.testing.assert_close(hidden["x_min"][:, 1], plain["x_min"][:, 1], rtol=0, atol=0)
     again = client_summaries(clients, "mean", bounds=True, hide_discrete=True)
     torch.testing.assert_close(again["x_min"], hidden["x_min"], rtol=0, atol=0)
+
+
+def test_hidden_integer_extremes_are_recovered_one_time_in_four():
+    """Issue 51: the documented rate, measured. Over 4,000 clients whose integer feature spans 1 to
+    16 (offsets up to 10**6, so no two share data), the integer just inside each end of the box is
+    the extreme for 1 end in 4 (±4 binomial sd). A further step under 1 stayed between the same two
+    integers: features spanning under 8 were recovered every time (spans 1-3) or half the time."""
+    gen = torch.Generator().manual_seed(51)
+    clients, clients_n = [], 4000
+    for i in range(clients_n):
+        width = int(torch.randint(1, 17, (), generator=gen))
+        X = torch.randint(0, width + 1, (12, 1), generator=gen).to(torch.float64)
+        X[:2, 0] = torch.tensor([0.0, width])
+        X += int(torch.randint(0, 10**6, (), generator=gen))
+        clients.append(fedgp.data.ClientData(X, torch.randn(12, generator=gen, dtype=torch.float64), id=i))
+    box = client_summaries(clients, "mean", bounds=True, hide_discrete=True)
+    lowest = torch.stack([c.X[:, 0].min() for c in clients])
+    highest = torch.stack([c.X[:, 0].max() for c in clients])
+    inside = (torch.floor(box["x_min"][:, 0]) + 1, torch.ceil(box["x_max"][:, 0]) - 1)
+    exact = (inside[0] == lowest).sum() + (inside[1] == highest).sum()
+    ends = 2 * clients_n
+    assert abs(float(exact) / ends - 0.25) <= 4 * math.sqrt(0.25 * 0.75 / ends)
+    assert bool((box["x_min"][:, 0] < lowest).all() and (box["x_max"][:, 0] > highest).all())
 
 
 def test_a_run_hides_discrete_extremes_the_same_on_every_engine(draws):

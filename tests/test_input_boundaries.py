@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 import fedgp
 from fedgp.data import ClientData, Federation
 from fedgp.errors import InputError, InputTypeError
+from fedgp.transforms import Standardize, Transforms
 
 NOT_A_LIST_OF_CLIENTS = st.one_of(
     st.none(),
@@ -65,9 +66,51 @@ def _federation(x_scale: float, y_scale: float, test: bool = False) -> Federatio
 
 
 def test_a_tiny_spread_is_not_called_constant():
+    """One federated Standardize asked for explicitly has no unit for the spread: its squares
+    underflow, and the message says so (the default measures it: the tests below)."""
+    explicit = Transforms(outcome=Standardize())
     with pytest.raises(InputError, match="vary too little to measure in float64") as caught:
-        fedgp.fit(fedgp.GPSpec(), _federation(1.0, 1e-200), rounds=1)
-    assert "are constant" not in str(caught.value) and "rescale y" in str(caught.value)
+        fedgp.fit(fedgp.GPSpec(), _federation(1.0, 1e-200), rounds=1, transforms=explicit)
+    message = str(caught.value)
+    assert "are constant" not in message and "rescale y" in message and "transforms='auto'" in message
+
+
+def _predictions(y_scale: float, owner_scales=(1.0, 1.0, 1.0)) -> tuple[torch.Tensor, dict]:
+    """Every owner's predicted means under the default transforms, for targets times ``y_scale``
+    (owner i's also times ``owner_scales[i]``), and what the transforms did."""
+    fed = Federation([c.derived(y=c.y * y_scale * s) for c, s in zip(_federation(1.0, 1.0), owner_scales)])
+    result = fedgp.fit(fedgp.GPSpec(), fed, rounds=3, seed=2, callbacks=[fedgp.run.Progress(False)])
+    X = torch.rand(6, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(9))
+    return torch.stack([result.predict(X, client=i)[0] for i in range(3)]), result.transforms
+
+
+@pytest.mark.parametrize(
+    "owner_scales, picked", [((1.0, 1.0, 1.0), "one federated"), ((1.0, 50.0, 0.02), "each owner")]
+)
+@pytest.mark.parametrize("y_scale", [1e-200, 2.0**-700])
+def test_tiny_non_constant_targets_fit_under_the_default_transforms(owner_scales, picked, y_scale):
+    """Issue 51: targets times 1e-200 (squares underflow) fit as the unscaled ones do, by one
+    federated sd and by each owner's own, and predict y_scale times their predictions."""
+    tiny, how = _predictions(y_scale, owner_scales)
+    plain, plain_how = _predictions(1.0, owner_scales)
+    assert picked in how["note"] and picked in plain_how["note"]
+    tolerance = 1e-10 * float(plain.abs().max())  # measured 1e-15 (0 for a power of two)
+    assert float((tiny / y_scale - plain).abs().max()) <= tolerance
+
+
+@pytest.mark.filterwarnings("ignore::sklearn.exceptions.ConvergenceWarning")
+def test_tiny_targets_fit_through_the_scikit_learn_door():
+    from fedgp.sklearn import FederatedGPRegressor
+
+    fed = _federation(1.0, 1.0)
+    X = torch.cat([c.X for c in fed]).numpy()
+    y = torch.cat([c.y for c in fed]).numpy()
+    groups = np.repeat([0, 1, 2], 20)
+    X_new = np.random.default_rng(3).uniform(size=(5, 2))
+    plain = FederatedGPRegressor(rounds=3, seed=1).fit(X, y, groups=groups).predict(X_new, groups=np.zeros(5))
+    tiny = FederatedGPRegressor(rounds=3, seed=1).fit(X, y * 1e-200, groups=groups)
+    got = tiny.predict(X_new, groups=np.zeros(5))
+    np.testing.assert_allclose(got / 1e-200, plain, rtol=0, atol=1e-10 * np.abs(plain).max())
 
 
 def test_a_value_the_transforms_made_is_not_blamed_on_the_data():

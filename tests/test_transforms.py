@@ -15,7 +15,16 @@ import fedgp
 from fedgp.data import ClientData, Federation
 from fedgp.engines.sequential import SequentialEngine
 from fedgp.strategies import FGPR
-from fedgp.transforms import DataTransform, Normalize, Standardize, client_summaries, learn, outward_bounds
+from fedgp.transforms import (
+    DataTransform,
+    Normalize,
+    Standardize,
+    client_summaries,
+    learn,
+    outward_bounds,
+    own_outcome_maps,
+    spread_unit,
+)
 
 RAW = {"transforms": None}
 
@@ -373,3 +382,41 @@ def test_a_transformed_value_out_of_range_names_the_client_and_the_transform():
         t.apply_all([near, far])
     with pytest.raises(TypeError, match="no data field"):
         near.derived(id="other")
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    scale=st.floats(1e-6, 1e6),
+    sizes=st.lists(st.integers(2, 9), min_size=1, max_size=4),
+    shrink=st.integers(0, 900),
+    seed=st.integers(0, 2**16),
+)
+def test_sds_measured_in_a_unit_keep_every_bit_and_survive_tiny_targets(scale, sizes, shrink, seed):
+    """Issue 51: the sds are taken in a power-of-two unit, so on ordinary data every bit is the plain
+    formula's, and targets times 2**-shrink (down to 1e-271, whose squares underflow) give sds
+    exactly 2**-shrink times as large, in the client's own sd and the federation's spread alike."""
+    g = torch.Generator().manual_seed(seed)
+    ys = [3 * scale + scale * torch.randn(n, generator=g, dtype=torch.float64) for n in sizes]
+    offsets, scales = own_outcome_maps(ys)
+    for y, sd in zip(ys, scales):
+        plain = (((y - y.mean()) ** 2).sum() / (len(y) - 1)).sqrt()
+        assert torch.equal(sd, plain)
+    factor = 2.0**-shrink
+    assert torch.equal(own_outcome_maps([y * factor for y in ys])[1], scales * factor)
+
+    def federated_sd(targets):
+        X = [torch.zeros(len(y), 1, dtype=torch.float64) for y in targets]
+        clients = [ClientData(x, y, id=i) for i, (x, y) in enumerate(zip(X, targets))]
+        first = client_summaries(clients, "mean", scales=True)
+        sums = {k: v.sum(0) for k, v in first.items()}
+        unit = spread_unit(sums, len(clients))
+        center = float(sums["y_sum"] / sums["count"])
+        sums["y_sumsq"] = client_summaries(clients, "spread", center=center, unit=unit)["y_sumsq"].sum(0)
+        return learn(Standardize(), None, sums, None, 1, unit).y_scale
+
+    if sum(sizes) >= 2:
+        sd = federated_sd(ys)
+        center = float(torch.cat(ys).mean())
+        plain = math.sqrt(sum(float(((y - center) ** 2).sum()) for y in ys) / (sum(sizes) - 1))
+        assert float(sd) == pytest.approx(plain, rel=1e-12)
+        assert float(federated_sd([y * factor for y in ys])) == pytest.approx(float(sd) * factor, rel=1e-12)

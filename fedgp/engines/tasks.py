@@ -110,6 +110,7 @@ class Summarise(TaskKind):
             task.setting("center", 0.0),
             task.setting("scales", False),
             task.setting("hide_discrete", False),
+            task.setting("unit", 1.0),
         )
 
 

@@ -28,7 +28,7 @@ from fedgp.messages import Record, RoundPlan
 from fedgp.messages.roster import Roster
 from fedgp.models.spec import GPSpec
 from fedgp.run.exchange import exchange
-from fedgp.transforms import DataTransform, Transforms, auto_outcome, learn
+from fedgp.transforms import DataTransform, Transforms, auto_outcome, learn, spread_unit
 
 __all__ = ["Summary", "learn_transform", "check_claimed_sizes"]
 
@@ -89,12 +89,14 @@ def learn_transform(
     sums = dict(first.sums)
     if choose:
         outcome, note = auto_outcome(sums, len(everyone))
+    unit = 1.0
     if outcome is not None and not outcome.local:
         center = float(sums["y_sum"]) / float(sums["count"])
-        sums.update(ask("spread", {"center": center}).sums)
+        unit = spread_unit(sums, len(first.participants))  # targets of 1e-200 keep their spread
+        sums.update(ask("spread", {"center": center, "unit": unit}).sums)
     count = float(sums["count"]) if "count" in sums else None
     summary = Summary(first.participants.clone(), count, failures)
-    return replace(learn(outcome, inputs, sums, first.individual, d), note=note), summary
+    return replace(learn(outcome, inputs, sums, first.individual, d, unit), note=note), summary
 
 
 def check_claimed_sizes(roster: Roster, summary: Summary) -> Roster:

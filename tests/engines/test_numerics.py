@@ -6,6 +6,8 @@ and agree. A ``GreaterThan(1e-12)`` noise constraint is a legitimate likelihood:
 engine's self-check must accept it and every path must give the same result.
 """
 
+import warnings
+
 import gpytorch
 import numpy as np
 import pytest
@@ -105,3 +107,67 @@ def test_the_self_check_names_what_differs_and_why():
         check_against_gpytorch(spec)
     with pytest.warns(UserWarning, match=message):  # the engine falls back to GPyTorch and says why
         BatchedEngine(spec, _federation(0.0), 0)
+
+
+def _duplicated_inputs(seed: int) -> Federation:
+    """benchmarks/ill_conditioned.py's clients with every input twice: K is singular but for σ²."""
+    rng = np.random.default_rng(seed)
+    clients = []
+    for i, n in enumerate((20, 15, 12)):
+        X = np.concatenate([rng.uniform(size=((n + 1) // 2, 2))] * 2)[:n]
+        clients.append(ClientData(X, np.sin(6 * X[:, 0]) + X[:, 1] + 0.1 * rng.normal(size=n), id=f"c{i}"))
+    return Federation(clients)
+
+
+def _parting(floor: float, strategy: FGPR, rounds: int, seeds=range(5)) -> dict[str, float]:
+    """Per engine path, the largest relative difference of its final state from sequential's over
+    ``seeds``, on duplicated inputs under a ``GreaterThan(floor)`` noise constraint."""
+    spec = fedgp.GPSpec(
+        gpytorch.kernels.ScaleKernel(gpytorch.kernels.RBFKernel()),
+        likelihood=gpytorch.likelihoods.GaussianLikelihood(
+            noise_constraint=gpytorch.constraints.GreaterThan(floor)
+        ),
+        initial_values={"likelihood.noise_covar.noise": max(1e-8, 10 * floor)},
+    )
+    worst: dict[str, float] = {}
+    for seed in seeds:
+        fed = _duplicated_inputs(seed)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # a client-round that fails on one path is the point
+            reference, *others = (
+                fedgp.fit(
+                    spec,
+                    fed,
+                    strategy,
+                    rounds=rounds,
+                    engine=engine,
+                    seed=1,
+                    transforms=None,
+                    callbacks=[fedgp.run.Progress(False)],
+                ).state  # fmt: skip
+                for engine in PATHS
+            )
+        for engine, state in zip(PATHS[1:], others):
+            name = f"compiled={engine.compiled}"
+            gap = max(float(((state[k] - reference[k]).abs() / reference[k].abs()).max()) for k in reference)
+            worst[name] = max(worst.get(name, 0.0), gap)
+    return worst
+
+
+SMALL = FGPR(local_steps=4, batch_size=8)
+
+
+def test_duplicated_inputs_at_the_default_noise_floor_agree_to_1e_8():
+    """docs/guarantees.md, 'How far the engines agree': the 1e-8 holds for duplicated inputs at the
+    default noise floor (measured 4e-12)."""
+    for strategy, rounds in ((SMALL, 3), (FGPR(), 5)):
+        assert max(_parting(1e-4, strategy, rounds).values()) < 1e-8
+
+
+def test_duplicated_inputs_under_a_tiny_noise_floor_part_within_the_documented_bounds():
+    """docs/guarantees.md: under a 1e-12 floor FGPR() parts by under 1e-3 (measured 9.1e-5); with
+    4 steps of 8 points the plain SGD step throws the lengthscale to 1e-35 and the paths part by
+    under 1 (measured 0.65 tensor, 0.011 compiled). Issue 51 measured 1.6e-6 to 4.5e-6."""
+    assert max(_parting(1e-12, FGPR(), 5).values()) < 1e-3
+    for floor in (1e-6, 1e-8, 1e-12):
+        assert max(_parting(floor, SMALL, 3).values()) < 1
