@@ -6,9 +6,10 @@ sum over the round's clients (*summed*: moment matrices, sufficient statistics �
 a client's rows could be rebuilt). Engines check each reply against the declaration before it
 reaches the server: a missing or extra field, a wrong shape or dtype, a NaN or an infinite value,
 an integer out of its declared range, or a float outside its declared domain (a state's
-hyper-parameter beyond its GPyTorch constraint or ±1e150) makes that client a failure with the
-reason, never part of an average. Summed fields reach ``aggregate`` only as sums: in process over the round's
-clients, from a Ray actor or a Flower node as the sum over the clients it hosts (Flower 1.41's
+hyper-parameter beyond its GPyTorch constraint or ±1e150, a positive one below 1e-150) makes that
+client a failure with the reason, never part of an average. Files check the states they hold the
+same way (:mod:`fedgp.run.stored`). Summed fields reach ``aggregate`` only as sums: in process over
+the round's clients, from a Ray actor or a Flower node as the sum over the clients it hosts (Flower 1.41's
 SecAgg+ cannot carry them exactly: README, "Beyond one machine").
 """
 
@@ -124,11 +125,15 @@ STATE_MAGNITUDE = 1e150
 
 def param_domain(param) -> tuple[float, float]:
     """The values a hyper-parameter can take: its GPyTorch constraint's bounds, within
-    ±:data:`STATE_MAGNITUDE` (a raw, unconstrained one: the magnitude bound only)."""
+    ±:data:`STATE_MAGNITUDE` (a raw, unconstrained one: the magnitude bound only); one constrained
+    positive (a lower bound of 0) at least ``1 / STATE_MAGNITUDE``: no model fedgp fits has a smaller
+    lengthscale or scale, and a reply's 0 would divide its inputs by zero."""
     low, high = -STATE_MAGNITUDE, STATE_MAGNITUDE
     if param.constraint is not None:
         low = max(low, float(torch.as_tensor(param.constraint.lower_bound).min()))
         high = min(high, float(torch.as_tensor(param.constraint.upper_bound).max()))
+    if low == 0.0:  # Positive: its reciprocal within the same bound (a lengthscale divides the
+        low = 1 / STATE_MAGNITUDE  # inputs; 0 or 1e-300 makes a posterior of NaN, not a model)
     # an Interval's transform can round a value to a few ulps beyond its bound: not a lie
     return low - 1e-9 * abs(low), high + 1e-9 * abs(high)
 

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Protocol
 
+import pandas as pd
 import torch
 
 from fedgp.engines.base import Engine
@@ -40,6 +41,7 @@ from fedgp.run.checkpoint import Checkpoint, fingerprint_mismatches, load_checkp
 from fedgp.run.evaluation import evaluate_clients, mean_metrics
 from fedgp.run.progress import end_early, progress_bar
 from fedgp.run.stopping import StopRule, state_rows
+from fedgp.run.stored import history_problems, server_problems
 from fedgp.run.units import RoundStates, state_columns
 from fedgp.strategies.base import Strategy
 from fedgp.transforms import DataTransform
@@ -359,6 +361,16 @@ class Checkpointing(Callback):
                 f"checkpoint {self.path}: server_state is a {type(ckpt.server_state).__name__}, but this "
                 f"run's strategy keeps a {type(run.server).__name__}"
             )
+        # Checked as a saved result is (fedgp.run.stored): against the state this run starts from.
+        problems = server_problems(ckpt.server_state, run.server, run.spec)
+        problems += history_problems(pd.DataFrame(ckpt.history), None)
+        last = ckpt.history[-1].get("round") if ckpt.history else 0
+        if last != ckpt.completed_rounds:
+            problems.append(
+                f"completed_rounds is {ckpt.completed_rounds}, but its history's last round is {last!r}"
+            )
+        if problems:
+            raise CheckpointError(f"checkpoint {self.path}: {'; '.join(problems[:3])}")
         run.resume_from(ckpt.completed_rounds, ckpt.server_state, ckpt.history, ckpt.failures)
         for callback in run.callbacks:
             if callback.checkpoint_key in ckpt.callbacks:

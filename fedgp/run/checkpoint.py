@@ -9,7 +9,8 @@ The RNG "state" is only the master seed, because every random draw is a function
 The file is fedgp's one container (:mod:`fedgp.messages.container`, format ``"checkpoint"``)
 sealed with the SHA-256 of its payload (with ``key=``, its HMAC-SHA256 under that key: without a key
 the seal detects damage, not forgery), which is checked before anything is parsed; every field is
-checked against :mod:`fedgp.models.limits`; the server
+checked against :mod:`fedgp.models.limits` (and on resume, the server state and history against the
+resuming run's, :mod:`fedgp.run.stored`); the server
 state is rebuilt by :mod:`fedgp.messages.codec` (plain values, tensors, registered or fedgp's own
 dataclasses; nothing imported). Files are written to a temporary file, fsync'ed, then renamed
 over the destination (:mod:`fedgp.files`), so a killed process leaves the old checkpoint or the

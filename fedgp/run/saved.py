@@ -14,7 +14,9 @@ naming it, rather than coming back as something else).
 It is fedgp's one container (:mod:`fedgp.messages.container`, format ``"fit-result"``) sealed
 with the SHA-256 of its payload (with ``key=``, its HMAC-SHA256 under that key), which is checked
 before anything is parsed; every field is then checked against :mod:`fedgp.models.limits` before
-anything is built from it. Loading reads JSON
+anything is built from it, and what is built against its schema (:mod:`fedgp.run.stored`: every state
+as a reply's is, the server state against the strategy's structure, the history's rounds, every
+header field of the version and no tensor that nothing refers to). Loading reads JSON
 and tensors only; the spec and strategy are rebuilt from allow-lists and the server state by
 :mod:`fedgp.messages.codec` (registered or fedgp's own dataclasses, nothing imported), so a
 crafted file cannot run code.
@@ -49,11 +51,12 @@ from safetensors import safe_open
 from fedgp.data.names import check_names
 from fedgp.errors import FallbackWarning, FileFormatError, InputError, InputTypeError, MissingFileError
 from fedgp.files import write_atomically
-from fedgp.messages import Roster, decode, encode, from_config
+from fedgp.messages import Roster, ServerContext, decode, encode, from_config
 from fedgp.messages.container import pack, seal, unpack, unseal
 from fedgp.models import limits
 from fedgp.models.spec_io import build_spec, check_round_trip
 from fedgp.models.state import HyperState
+from fedgp.run.stored import history_problems, server_problems, state_problem
 from fedgp.run.units import RoundStates
 from fedgp.strategies.base import Strategy
 from fedgp.transforms import DataTransform
@@ -216,6 +219,9 @@ def _read_states(
         )
     if "round" in history.columns and not set(rounds) <= set(history["round"].tolist()):
         raise FileFormatError("history_states.rounds names rounds the history does not hold")
+    problem = state_problem(states, spec, "history_states")
+    if problem:
+        raise FileFormatError(problem)
     return RoundStates(rounds, states)
 
 
@@ -303,6 +309,10 @@ def write_result(result, path: str | os.PathLike, key: bytes | str | None = None
     """Write ``result`` (a :class:`~fedgp.run.FitResult`) to ``path`` atomically; returns the path.
     With ``key``, the file is sealed with an HMAC-SHA256 under it (:func:`~fedgp.messages.container.seal`)."""
     spec, roster = result.spec, result.roster
+    kept = result.history.attrs.get("states")
+    problems = history_problems(result.history, kept.rounds if isinstance(kept, RoundStates) else None)
+    if problems:  # load would refuse it
+        raise InputError(f"cannot save this result: {'; '.join(problems)}")
     desc = check_round_trip(spec)
     tensors = {f"spec/initial/{k}": v for k, v in spec.initial_state().items()}
     header = {
@@ -365,8 +375,62 @@ def read_result(path: str | os.PathLike, key: bytes | str | None = None) -> dict
     return parts
 
 
+#: What the header of a saved result holds, by format version (``history_states`` is optional: files
+#: written before fedgp kept them lack it).
+_HEADER = {
+    3: ("spec", "strategy", "server_state", "roster", "seed", "history", "failures", "attackers",
+        "transforms"),
+    4: ("spec", "strategy", "server_state", "roster", "seed", "history", "history_attrs", "failures",
+        "attackers", "feature_names", "transforms"),
+}  # fmt: skip
+#: The tensors a saved result holds by name (the numbered rest are the header's ``__tensor__`` entries).
+_NAMED = {
+    "roster/": ("sizes", "n_test", "dims"),
+    "transform/": ("x_offset", "x_scale", "y_offset", "y_scale"),
+}
+
+
+def _check_header(header: dict[str, Any]) -> None:
+    """Every field the header's version writes is there."""
+    missing = [k for k in _HEADER[header["version"]] if k not in header]
+    if missing:
+        raise FileFormatError(
+            f"the header lacks {missing}, which a saved result of version {header['version']} holds"
+        )
+
+
+def _unused(header: dict[str, Any], tensors: dict[str, torch.Tensor]) -> list[str]:
+    """The tensors the file holds for nothing: neither one fedgp writes by name nor one the header
+    refers to."""
+    used, out = set(_references(header)), []
+    for name in tensors:
+        prefix = next((p for p in (*_NAMED, "spec/initial/") if name.startswith(p)), None)
+        known = (
+            name in used
+            if prefix is None
+            else prefix == "spec/initial/" or name[len(prefix) :] in _NAMED[prefix]
+        )
+        if not known:
+            out.append(f"tensor {name!r} is not one a saved result holds (nothing in the file refers to it)")
+    return out
+
+
+def _references(value: Any):
+    """The names of the tensors a header refers to (``{"__tensor__": name}`` entries, any depth)."""
+    stack = [value]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            if isinstance(node.get("__tensor__"), str):
+                yield node["__tensor__"]
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)
+
+
 def _read_parts(header: dict[str, Any], tensors: dict[str, torch.Tensor]) -> dict[str, Any]:
     limits.check_tensors(tensors)
+    _check_header(header)
     initial = {
         k.removeprefix("spec/initial/"): v for k, v in tensors.items() if k.startswith("spec/initial/")
     }
@@ -390,6 +454,13 @@ def _read_parts(header: dict[str, Any], tensors: dict[str, torch.Tensor]) -> dic
     if not isinstance(attackers, list) or not all(isinstance(a, (int, str)) for a in attackers):
         raise FileFormatError("attackers must be a list of client ids")
     names = _read_names(header.get("feature_names"), roster, transform)
+    problems = _unused(header, tensors) + history_problems(history, None if states is None else states.rounds)
+    problem = state_problem(spec.initial_state(), spec, "spec.initial")
+    problems += [problem] if problem else []
+    reference = strategy.initialize(ServerContext.from_roster(spec, roster, seed), np.random.default_rng(0))
+    problems += server_problems(server, reference, spec)
+    if problems:
+        raise FileFormatError("; ".join(problems[:3]))
     return dict(
         spec=spec, strategy=strategy, federation=None, server_state=server, history=history, seed=seed,
         engine=None, roster=roster, failures=failures, attackers=list(attackers), transform=transform,

@@ -35,6 +35,15 @@ def test_a_state_declares_its_constraints_as_domains():
     assert raw_constant == pytest.approx((-STATE_MAGNITUDE, STATE_MAGNITUDE))
 
 
+def test_a_positive_hyper_parameter_is_at_least_1e_minus_150():
+    """A lengthscale or scale of 0 (or 1e-300) divides the inputs by zero: a posterior of NaN."""
+    field = state_fields(SPEC, "state/")["state/covar_module.outputscale"]
+    values = torch.tensor([0.0, 1e-300, 1e-150, 1.0], dtype=torch.float64)
+    reasons = check_reply(Record({"v": values}), {"v": field}, 4)
+    assert [r is None for r in reasons] == [False, False, True, True]
+    assert reasons[0] == "field 'v' is 0, outside its domain [1e-150, 1e+150]"
+
+
 @settings(max_examples=200, deadline=None)
 @given(
     st.lists(
