@@ -21,9 +21,8 @@ from hypothesis import strategies as st
 import fedgp
 from fedgp.data import Federation
 from fedgp.errors import InputError, InputTypeError, RoundFailedError
-from fedgp.messages import Field, Outcome
+from fedgp.messages import Field, Outcome, withhold_small_sums
 from fedgp.run import Faults, Progress
-from fedgp.run.exchange import withhold_small_sums
 from fedgp.transforms import Standardize, Transforms, client_summaries
 
 

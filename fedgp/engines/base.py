@@ -6,7 +6,9 @@ reply fields; the engine delivers the messages wherever the data live, runs the 
 (:func:`fedgp.engines.client.handle`), checks every reply against the declaration, and returns an
 :class:`Outcome`: the individual fields of the clients that replied, the summed fields *only as
 sums*, the failures with their reasons, and the bytes that crossed. A client that raises, or whose
-reply is malformed or not finite, is a failure of that round, never an exception of the run.
+reply is malformed or not finite, is a failure of that round, never an exception of the run. A sum
+of fewer replies than ``task.min_contributors`` never leaves the engine: it withholds the summed
+fields (:func:`~fedgp.messages.withhold_small_sums`) and fails their contributors with the reason.
 
 :class:`InProcessEngine` implements this for engines that host the clients in this process
 (``sequential``, ``batched``): chunks of clients, failure isolation within a chunk, and an optional
@@ -53,6 +55,7 @@ from fedgp.messages import (
     task_from_bytes,
     task_size,
     task_to_bytes,
+    withhold_small_sums,
 )
 from fedgp.models.spec import GPSpec
 from fedgp.rng import client_uniform
@@ -78,7 +81,8 @@ class Engine(ABC):
     @abstractmethod
     def run(self, task: Task, clients: torch.Tensor, fields: Mapping[str, Field]) -> Outcome:
         """Deliver ``task`` to ``clients`` (ascending positions; personal rows aligned with them) and
-        collect their replies, checked against ``fields``."""
+        collect their replies, checked against ``fields``; withhold sums of fewer replies than
+        ``task.min_contributors``."""
 
     def thread_setting(self) -> contextlib.AbstractContextManager:
         """The thread setting this engine's tasks run under, and ``fit`` its whole loop
@@ -263,7 +267,7 @@ class InProcessEngine(Engine):
             out.clients = torch.cat(replied)[order]
             out.individual = {k: torch.cat(v)[order] for k, v in rows.items()}
             out.sums = sums
-        return out
+        return withhold_small_sums(out, fields, task.min_contributors)  # formed here, withheld here
 
     def _hold_transform(self, task: Task, clients: torch.Tensor, fields: Mapping[str, Field]) -> Outcome:
         """A ``transform`` task: this host's clients hold their data in its units from now on. One

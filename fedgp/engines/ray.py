@@ -55,6 +55,7 @@ from fedgp.messages import (
     record_to_bytes,
     task_from_bytes,
     task_to_bytes,
+    withhold_small_sums,
 )
 from fedgp.messages.remote import (
     client_from_record,
@@ -368,7 +369,7 @@ class RayEngine(Engine):
             rows = torch.nonzero(self._shard_of[clients] == i).flatten()
             if not len(rows):
                 continue
-            message = task_to_bytes(task.rows(rows))
+            message = task_to_bytes(task.rows(rows).as_part())  # a shard's sum is a part of ours
             local = self._row_of[clients[rows]].tolist()
             sent.append((i, clients[rows], self._host(i).run.remote(self.key, message, local, text)))
         parts = []
@@ -379,7 +380,7 @@ class RayEngine(Engine):
                 reason = f"worker {i} lost: {type(err).__name__}: {str(err).splitlines()[0][:200]}"
                 parts.append(Outcome.empty(fields, dict.fromkeys(members.tolist(), reason)))
                 self.restart(i)
-        return merge_outcomes(parts, fields)
+        return withhold_small_sums(merge_outcomes(parts, fields), fields, task.min_contributors)
 
     def close(self) -> None:
         """Free this engine's shards on the actors (also done when the engine is garbage collected)

@@ -32,7 +32,7 @@ from fedgp.errors import EngineError, FedGPWarning
 from fedgp.flower.capture import message_bytes
 from fedgp.flower.records import message_type, outcome_from_content, task_to_content
 from fedgp.flower.secagg import MESSAGE_TYPE, RECORD, SecAggRound, SecureAggregation
-from fedgp.messages import Field, Outcome, Roster, Task, config_json, merge_outcomes
+from fedgp.messages import Field, Outcome, Roster, Task, config_json, merge_outcomes, withhold_small_sums
 from fedgp.messages.remote import fields_to_json
 from fedgp.models.spec import GPSpec
 from fedgp.strategies.base import Strategy
@@ -259,7 +259,7 @@ class GridEngine(Engine):
             if secure is not None and node not in carry:
                 continue
             head = {"fields": text, "first_key": self._first[node], "clients": clients[rows].tolist()}
-            message = self._message(task.rows(rows), node, head)
+            message = self._message(task.rows(rows).as_part(), node, head)  # a node's sum is a part
             if secure is not None:
                 message.content[RECORD] = carry[node]
             messages.append(message)
@@ -286,4 +286,4 @@ class GridEngine(Engine):
             # The protocol's own messages (keys, shares, unmask), as Flower serialises them.
             out.bytes_down += spent[0]
             out.bytes_up += spent[1]
-        return out
+        return withhold_small_sums(out, fields, task.min_contributors)

@@ -15,11 +15,11 @@ without writing them); a remote host's pieces as records
 from fedgp.messages.codec import decode, encode, register_type
 from fedgp.messages.config import Configurable, config_json, from_config
 from fedgp.messages.fields import Field, check_reply, read_state, reply_structure, state_fields, state_tensors
-from fedgp.messages.outcome import Outcome, merge_outcomes
+from fedgp.messages.outcome import Outcome, merge_outcomes, withhold_small_sums
 from fedgp.messages.records import TENSOR_DTYPES, Record, Setting
 from fedgp.messages.roster import Roster
 from fedgp.messages.round import Replies, RoundPlan, ServerContext
-from fedgp.messages.task import KINDS, Task
+from fedgp.messages.task import KINDS, MIN_CONTRIBUTORS, Task
 from fedgp.messages.wire import (
     record_from_bytes,
     record_size,
@@ -50,6 +50,8 @@ __all__ = [
     "state_fields",
     "state_tensors",
     "merge_outcomes",
+    "withhold_small_sums",
+    "MIN_CONTRIBUTORS",
     "config_json",
     "from_config",
     "encode",

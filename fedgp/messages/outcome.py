@@ -9,7 +9,7 @@ import torch
 
 from fedgp.messages.fields import Field
 
-__all__ = ["Outcome", "merge_outcomes"]
+__all__ = ["Outcome", "merge_outcomes", "withhold_small_sums"]
 
 
 @dataclass
@@ -54,3 +54,24 @@ def merge_outcomes(parts: list[Outcome], fields: Mapping[str, Field]) -> Outcome
             k: torch.cat([p.individual[k] for p in replied])[order] for k in replied[0].individual
         }
     return out
+
+
+def withhold_small_sums(outcome: Outcome, fields: Mapping[str, Field], min_contributors: int) -> Outcome:
+    """``outcome``, or, when its summed fields add up fewer than ``min_contributors`` replies, no
+    reply at all: each would-be contributor fails with the reason, and the sums are dropped.
+
+    An engine applies this where it forms the sums it returns (``Task.min_contributors``), so no
+    object outside the engine holds a sum of too few clients: a one-client "sum" is that client's
+    value, and anything reading the engine's outcome would have it."""
+    summed = sorted(k for k, f in fields.items() if f.summed)
+    if not summed or not 0 < len(outcome.clients) < min_contributors:
+        return outcome
+    reason = (
+        f"summed fields {summed} not released: {len(outcome.clients)} contributor(s), fewer than "
+        f"the {min_contributors} a sum needs (Faults(min_contributors=...))"
+    )
+    failures = {**outcome.failures, **dict.fromkeys(outcome.clients.tolist(), reason)}
+    withheld = Outcome.empty(fields, failures)
+    withheld.bytes_down, withheld.bytes_up = outcome.bytes_down, outcome.bytes_up  # spent all the same
+    withheld.withheld = reason
+    return withheld

@@ -7,6 +7,12 @@ personal state; ``predict``: the posterior at given inputs; ``personal``: which 
 condition on), the round, the part every recipient shares, the part each recipient gets alone (one
 row per client), and protocol options such as a simulated failure rate. A single participant's
 message is the task with one row.
+
+One option binds the engine rather than the clients: ``min_contributors``, the fewest replies a
+summed field may add up before the engine releases the sum (:attr:`Task.min_contributors`). It
+travels in the task, as every option does, so an engine in another process (Ray, Flower) sees it;
+the engine enforces it where the sum is formed (:func:`fedgp.messages.withhold_small_sums`), and a
+shard whose sum is only a part of the engine's gets the task :meth:`Task.as_part`.
 """
 
 from __future__ import annotations
@@ -21,10 +27,12 @@ import torch
 from fedgp.errors import InputError, InputTypeError, UnknownNameError
 from fedgp.messages.records import Record, Setting, _check_setting
 
-__all__ = ["Task", "KINDS"]
+__all__ = ["Task", "KINDS", "MIN_CONTRIBUTORS"]
 
 #: The task kinds a client answers: the round's exchanges from ``hello`` to ``personal``.
 KINDS = ("hello", "summarise", "transform", "train", "evaluate", "predict", "personal")
+#: The task option naming the fewest contributors a released sum may have (absent: 1, every sum).
+MIN_CONTRIBUTORS = "min_contributors"
 
 
 @dataclass(frozen=True)
@@ -47,12 +55,31 @@ class Task:
             raise InputError(f"names {sorted(clash)} are both shared and personal")
         for name, value in self.options.items():
             _check_setting(name, value)
+        minimum = self.options.get(MIN_CONTRIBUTORS, 1)
+        if isinstance(minimum, bool) or not isinstance(minimum, int) or minimum < 1:
+            raise InputError(f"task option {MIN_CONTRIBUTORS!r} must be an int >= 1, got {minimum!r}")
         object.__setattr__(self, "round", int(self.round))
         object.__setattr__(self, "options", MappingProxyType(dict(self.options)))
 
     def rows(self, index: torch.Tensor | slice) -> Task:
         """The same task for a sub-batch of its clients."""
         return Task(self.kind, self.round, self.shared, self.personal.rows(index), self.options)
+
+    @property
+    def min_contributors(self) -> int:
+        """The fewest replies a summed field may add up before the engine releases the sum; below
+        it the engine withholds the sums and fails their contributors (a one-client "sum" is that
+        client's value). 1 unless the task's options say otherwise."""
+        return int(self.options.get(MIN_CONTRIBUTORS, 1))
+
+    def as_part(self) -> Task:
+        """The task for a shard whose sums the engine adds to other shards' before releasing them
+        (a Ray actor's, a Flower node's): without ``min_contributors``, which binds the whole sum, not
+        a part of it — a shard of one client still contributes to a sum of many."""
+        if MIN_CONTRIBUTORS not in self.options:
+            return self
+        options = {k: v for k, v in self.options.items() if k != MIN_CONTRIBUTORS}
+        return Task(self.kind, self.round, self.shared, self.personal, options)
 
     def tensor(self, name: str) -> torch.Tensor:
         """A shared or personal tensor by name."""

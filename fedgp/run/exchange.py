@@ -23,8 +23,9 @@ import torch
 
 from fedgp.engines.base import Engine
 from fedgp.engines.tasks import KINDS
-from fedgp.errors import InputError, InputTypeError, RoundFailedError
+from fedgp.errors import EngineError, InputError, InputTypeError, RoundFailedError
 from fedgp.messages import (
+    MIN_CONTRIBUTORS,
     Field,
     Outcome,
     Record,
@@ -44,7 +45,7 @@ __all__ = [
     "distinct_participants",
     "Exchange",
     "required_replies",
-    "withhold_small_sums",
+    "check_withheld",
 ]
 
 
@@ -97,17 +98,21 @@ def exchange(
     """Send ``plan`` as a ``kind`` task of round ``rnd``; the replies as ``aggregate`` sees them.
 
     ``tamper`` (an attack's hook, :mod:`fedgp.attacks`) rewrites the engine's outcome before it
-    becomes the replies: one place, whatever the engine. Summed fields added up over fewer than
-    ``min_contributors`` clients are not released: their clients fail with the reason (a
-    one-client "sum" is that client's value). The clients already hold their data
-    in the run's units (the ``transform`` task, once per run: :func:`fedgp.run.exchange.send_transform`)."""
+    becomes the replies: one place, whatever the engine. ``min_contributors`` travels in the task
+    (:attr:`~fedgp.messages.Task.min_contributors`): the engine releases no sum of fewer clients —
+    it fails them with the reason (a one-client "sum" is that client's value) — and an outcome that
+    holds one is refused (:func:`check_withheld`). The clients already hold their data in the run's
+    units (the ``transform`` task, once per run: :func:`fedgp.run.exchange.send_transform`)."""
     participants = torch.as_tensor(plan.participants, dtype=torch.long)
     unique, first = distinct_participants(plan)
-    task = Task(kind, rnd, plan.shared, plan.personal.rows(first), options or {})
+    options = dict(options or {})
+    if min_contributors != 1:  # absent at its default: the messages of a run without it are as before
+        options[MIN_CONTRIBUTORS] = int(min_contributors)
+    task = Task(kind, rnd, plan.shared, plan.personal.rows(first), options)
     outcome = engine.run(task, unique, plan.replies)
+    check_withheld(engine, outcome, task)
     if tamper is not None:
         outcome = tamper(outcome)
-    outcome = withhold_small_sums(outcome, plan.replies, min_contributors)
     replied = len(outcome.clients)
     needed = required_replies(min_replies, len(unique))
     if replied < needed:
@@ -138,21 +143,18 @@ def send_transform(engine: Engine, roster: Roster, transform: DataTransform) -> 
     engine.transform_sent = transform
 
 
-def withhold_small_sums(outcome: Outcome, fields: Mapping[str, Field], min_contributors: int) -> Outcome:
-    """``outcome``, or, when its summed fields add up fewer than ``min_contributors`` replies, no
-    reply at all: each would-be contributor fails with the reason, and the sums are dropped."""
-    summed = sorted(k for k, f in fields.items() if f.summed)
-    if not summed or not 0 < len(outcome.clients) < min_contributors:
-        return outcome
-    reason = (
-        f"summed fields {summed} not released: {len(outcome.clients)} contributor(s), fewer than "
-        f"the {min_contributors} a sum needs (Faults(min_contributors=...))"
-    )
-    failures = {**outcome.failures, **dict.fromkeys(outcome.clients.tolist(), reason)}
-    withheld = Outcome.empty(fields, failures)
-    withheld.bytes_down, withheld.bytes_up = outcome.bytes_down, outcome.bytes_up  # spent all the same
-    withheld.withheld = reason
-    return withheld
+def check_withheld(engine: Engine, outcome: Outcome, task: Task) -> None:
+    """Refuse an outcome whose sums add up fewer replies than ``task.min_contributors``: the engine
+    should have withheld them (:func:`~fedgp.messages.withhold_small_sums`) before they left it, and
+    an engine that does not honour the setting is not used as if it had (an
+    :class:`~fedgp.errors.EngineError`, never a silent repair after the sum is out)."""
+    if outcome.sums and len(outcome.clients) < task.min_contributors:
+        raise EngineError(
+            f"{type(engine).__name__} returned summed fields {sorted(outcome.sums)} of "
+            f"{len(outcome.clients)} client(s), fewer than the task's min_contributors="
+            f"{task.min_contributors}: an engine withholds such sums before it returns "
+            "(fedgp.messages.withhold_small_sums)"
+        )
 
 
 def _replies(plan: RoundPlan, participants: torch.Tensor, outcome: Outcome) -> Replies:

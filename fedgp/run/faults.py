@@ -29,9 +29,11 @@ class Faults:
             next round.
         min_contributors: the fewest replies a summed field may add up before the server sees the
             sum (the transforms' summary, Su-Xu-Yang's moments, clustered gradient sums, DP-FGPR's
-            clipped updates). Below it the sum is not released: its contributors fail the round
-            with the reason, and ``min_replies`` decides whether the run goes on. 1 (default):
-            every sum is released; the Flower app's default is 2.
+            clipped updates). Below it the sum is not released: the minimum travels in the task
+            (``Task.min_contributors``) and the engine withholds the sum where it forms it, so
+            nothing it returns holds it; its contributors fail the round with the reason, and
+            ``min_replies`` decides whether the run goes on. 1 (default): every sum is released;
+            the Flower app's default is 2.
         simulate: each participating client fails its local update with this probability per round
             (drawn from (seed, round, client), so the same clients fail on every engine).
         attack: a :class:`fedgp.attacks.Attack`; its clients (drawn from the seed or given by id,

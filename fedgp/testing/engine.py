@@ -13,7 +13,8 @@ every test here then runs against it and against the sequential engine, the refe
 
 It checks: the same replies and final states as the reference (float64, 1e-8 relative); failures
 reported, never raised; summed fields reaching the server only as sums; only records crossing the
-boundary; the same seed giving the same result; and the bytes-per-round figure. Needs pytest.
+boundary; no sum of fewer replies than the task's ``min_contributors`` leaving the engine; the same
+seed giving the same result; and the bytes-per-round figure. Needs pytest.
 """
 
 from __future__ import annotations
@@ -34,7 +35,9 @@ from fedgp.engines.base import Engine
 from fedgp.engines.config import EngineConfig, Sequential
 from fedgp.errors import RoundFailedError
 from fedgp.messages import (
+    MIN_CONTRIBUTORS,
     Field,
+    Outcome,
     Record,
     RoundPlan,
     ServerContext,
@@ -51,7 +54,7 @@ from fedgp.strategies.fgpr import STATE
 from fedgp.synthetic import gp_federation
 from fedgp.testing.zoo import strategy_zoo
 
-__all__ = ["EngineContract", "Saboteur", "SummingSpy"]
+__all__ = ["EngineContract", "Saboteur", "SummingSpy", "recording"]
 
 RTOL = 1e-8
 
@@ -110,6 +113,21 @@ class SummingSpy(FGPR):
             seen["error"] = str(err)
         SEEN_SUMS.append(seen)
         return super().aggregate(rnd, server, plan, replies, ctx)
+
+
+def recording(engine: Engine) -> list[tuple[Task, Outcome]]:
+    """Every task ``engine.run`` is given from now on and the outcome it returns, in a list that
+    grows as the engine runs: all that leaves the engine (its instance's ``run`` is wrapped)."""
+    seen: list[tuple[Task, Outcome]] = []
+    run = engine.run
+
+    def recorded(task: Task, clients, fields) -> Outcome:
+        outcome = run(task, clients, fields)
+        seen.append((task, outcome))
+        return outcome
+
+    engine.run = recorded
+    return seen
 
 
 # -- the contract -----------------------------------------------------------------------------------
@@ -283,6 +301,53 @@ class EngineContract:
         plan = strategy.configure(0, strategy.initialize(ctx, generator(0, "init")), ctx, generator(0, "c"))
         outcome = engine.run(Task("train", 0, plan.shared, plan.personal), plan.participants, plan.replies)
         assert "secret" not in outcome.individual and "secret" in outcome.sums
+
+    def test_a_sum_of_too_few_clients_never_leaves_the_engine(self, gp) -> None:
+        """Below the task's ``min_contributors`` the engine returns no sum and no reply: each would-be
+        contributor fails with the reason. At the threshold the sum is released, also when its
+        clients sit on different hosts (each host's part has fewer)."""
+        engine = self.make_engine(gp.spec, gp.federation)
+        strategy = SummingSpy(local_steps=1, batch_size=8)
+        roster = engine.start(strategy, 0)
+        ctx = ServerContext.from_roster(gp.spec, roster, 0)
+        plan = strategy.configure(0, strategy.initialize(ctx, generator(0, "init")), ctx, generator(0, "c"))
+        last = len(gp.federation) - 1
+        for clients, minimum in (([last], 2), ([0, last], 3), ([0, last], 2)):
+            rows = torch.tensor(clients)
+            task = Task("train", 0, plan.shared, plan.personal.rows(rows), {MIN_CONTRIBUTORS: minimum})
+            outcome = engine.run(task, rows, plan.replies)
+            if len(clients) < minimum:
+                assert not outcome.sums and not len(outcome.clients) and outcome.withheld
+                assert not len(outcome.individual["loss"])
+                for c in clients:
+                    assert f"not released: {len(clients)} contributor(s)" in outcome.failures[c]
+            else:
+                n = float(sum(gp.federation[c].n for c in clients))
+                torch.testing.assert_close(
+                    outcome.sums["secret"], torch.tensor([n, 2.0], dtype=torch.float64)
+                )
+
+    def test_a_run_never_sees_a_sum_of_too_few_clients(self, gp) -> None:
+        """``Faults(min_contributors=2)``: of everything the engine returns in a run that samples one
+        client a round, nothing holds a sum (the round fails, saying why); two a round are a sum."""
+        for per_round, minimum in ((1, 2), (2, 2)):
+            engine = self.make_engine(gp.spec, gp.federation)
+            seen = recording(engine)
+            strategy = SummingSpy(
+                local_steps=1, batch_size=8, clients_per_round=per_round, sampling="uniform"
+            )
+            faults = Faults(min_contributors=minimum)
+            if per_round < minimum:
+                with pytest.raises(RoundFailedError, match=r"summed fields \['secret'\] not released"):
+                    self.fit(gp, strategy, engine, rounds=2, faults=faults)
+            else:
+                assert len(self.fit(gp, strategy, engine, rounds=2, faults=faults).history) == 2
+            trained = [(task, out) for task, out in seen if task.kind == "train"]
+            assert trained
+            for task, outcome in trained:  # the lone client's (n_i, 1) is nowhere
+                assert not outcome.sums or len(outcome.clients) >= minimum
+                assert bool(outcome.sums) == (per_round >= minimum)
+                assert task.min_contributors == minimum  # the setting travelled with the task
 
     def test_only_records_cross_the_boundary(self, gp) -> None:
         """Through bytes and back gives the same run bit for bit (everything the clients and the

@@ -4,7 +4,8 @@
 the in-process base), rebuilds the clients' strategy from its JSON config, posts every message to
 each client as bytes (:func:`fedgp.messages.task_to_bytes`), runs the client there with
 :func:`fedgp.engines.tasks.handle` on :class:`fedgp.engines.SequentialOps`, and posts the reply
-back as bytes, checked against the declared fields before it counts.
+back as bytes, checked against the declared fields before it counts; it releases no sum of fewer
+replies than the task's ``min_contributors`` (:func:`fedgp.messages.withhold_small_sums`).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from fedgp.messages import (
     record_to_bytes,
     task_from_bytes,
     task_to_bytes,
+    withhold_small_sums,
 )
 from fedgp.testing import EngineContract
 from fedgp.transforms import DataTransform
@@ -94,7 +96,7 @@ class PostalEngine(Engine):
             out.clients = torch.tensor(replied, dtype=torch.long)  # ascending, as the clients came
             out.individual = {k: torch.cat(v) for k, v in rows.items()}
             out.sums = sums
-        return out
+        return withhold_small_sums(out, fields, task.min_contributors)
 
 
 class TestPostalEngineContract(EngineContract):
