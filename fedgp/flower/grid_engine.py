@@ -269,10 +269,14 @@ class GridEngine(Engine):
             who, reply = clients[rows], replies.get(node)
             reason = secure.dropped.get(node) if secure is not None else None
             reason = reason or self._failure(node, reply)
+            if reason is None and secure is not None:  # a node whose masked input is malformed leaves
+                value = secure.masked_input(node, reply.content, fields)
+                if value is None:
+                    reason = f"Flower node {node}: {secure.dropped[node]}"
+                else:
+                    masked[node] = value
             if reason is None:
                 parts.append(outcome_from_content(reply.content))
-                if secure is not None:
-                    masked[node] = bytes(reply.content.config_records[RECORD]["masked"])
                 continue
             parts.append(Outcome.empty(fields, dict.fromkeys(who.tolist(), reason)))
         out = merge_outcomes(parts, fields)
