@@ -30,6 +30,8 @@ from flwr.common.secure_aggregation.crypto.shamir import create_shares
 from flwr.common.secure_aggregation.crypto.symmetric_encryption import encrypt, generate_shared_key
 from flwr.common.secure_aggregation.secaggplus_utils import share_keys_plaintext_concat
 from flwr.supercore.primitives.asymmetric import bytes_to_private_key, bytes_to_public_key
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import fedgp
 from fedgp.errors import EngineError, RoundFailedError
@@ -255,7 +257,7 @@ def garble_all(shares: dict) -> None:
 
 def add_words(reply: RecordDict, word: int, amount: int) -> RecordDict:
     words = np.frombuffer(bytes(record(reply)["masked"]), dtype="<u8").copy()
-    words[word] += np.uint64(amount % 2**64)
+    words[word] = np.uint64((int(words[word]) + amount) % 2**64)  # mod 2^64, as the protocol adds
     return copy(reply, masked=words.astype("<u8").tobytes())
 
 
@@ -465,6 +467,36 @@ def test_a_hostile_node_never_gets_a_wrong_sum_released_nor_crashes_the_server(c
         assert result.survivors == list(NODES)
     if stage in ("consistency", "unmask") and case != "unmask-claims-bad":
         assert HOSTILE in result.secure.dropped  # named, with the step
+
+
+def change_one_value(reply: RecordDict, pick: int, at: int, delta: int) -> RecordDict:
+    """One byte or character of one value of a reply's record changed."""
+    name = sorted(record(reply))[pick % len(record(reply))]
+    value = record(reply)[name]
+    if isinstance(value, bytes):
+        i = at % len(value)
+        return copy(reply, **{name: value[:i] + bytes([value[i] ^ delta]) + value[i + 1 :]})
+    i = at % len(value)
+    return copy(reply, **{name: value[:i] + chr((ord(value[i]) - 32 + delta) % 95 + 32) + value[i + 1 :]})
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    stage=st.sampled_from(["keys", "shares", "consistency", "unmask"]),
+    pick=st.integers(0, 10),
+    at=st.integers(0, 10**6),
+    delta=st.integers(1, 94),
+)
+def test_any_changed_byte_of_a_protocol_reply_gives_the_exact_sum_or_a_refusal(stage, pick, at, delta):
+    """Outside the masked input (whose value words a node may bias within range, as a lie about its
+    data), no change to one byte of a node's reply gets a wrong sum released or crashes the server."""
+    fed = Federation()
+    fed.node_hook = lambda s, n, r: change_one_value(r, pick, at, delta) if (s, n) == (stage, HOSTILE) else r
+    result = fed.round()
+    if result.sums is None:
+        assert "the round's sums are not released" in result.reason
+    else:
+        assert_exact(result)
 
 
 def test_a_node_can_still_bias_its_own_contribution_within_the_range():
