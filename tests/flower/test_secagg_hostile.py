@@ -783,9 +783,12 @@ class Mutate:
         return reply
 
 
-def fit4(federation, mods):
+SECURE = SecureAggregation()
+
+
+def fit4(federation, mods, secure=SECURE):
     spec = fedgp.GPSpec(kernel=gpytorch.kernels.ScaleKernel(gpytorch.kernels.RBFKernel(ard_num_dims=2)))
-    engine = Flower(num_nodes=4, secure=SecureAggregation(), mods=tuple(mods))
+    engine = Flower(num_nodes=4, secure=secure, mods=tuple(mods))
     return fedgp.fit(spec, federation, fedgp.strategies.FGPR(), rounds=1, seed=0, engine=engine)
 
 
@@ -830,3 +833,30 @@ def test_finish_checks_the_masked_inputs_it_is_given():
     result = Result(secure.finish(masked, FIELDS), None, secure, [11, 12, 14])
     assert_exact(result)
     assert "'masked' is str, not bytes" in secure.dropped[HOSTILE]
+
+
+class Strip:
+    """A Flower mod on partition 3 dropping the outcome of its ``summarise`` replies (keeping only
+    a masked input, under secure aggregation)."""
+
+    def __call__(self, message, context, call_next):
+        reply = call_next(message, context)
+        if (
+            int(context.node_config["partition-id"]) == 3
+            and message.metadata.message_type == "query.summarise"
+        ):
+            content = RecordDict()
+            if RECORD in reply.content.config_records:
+                content[RECORD] = reply.content.config_records[RECORD]
+            reply.content = content
+        return reply
+
+
+@pytest.mark.parametrize("secure", [SecureAggregation(), None])
+def test_end_to_end_a_task_reply_without_its_outcome_drops_the_node(federation, secure):
+    result = fit4(federation, [Strip()], secure)
+    failures = result.failures
+    assert sorted(failures["client"]) == [6, 7]
+    assert failures["reason"].str.contains("Flower node 1003: malformed reply: KeyError").all()
+    y = torch.cat([c.y for c in federation[:6]])
+    assert abs(float(result.transform.y_offset) - float(y.mean())) < 1e-9
