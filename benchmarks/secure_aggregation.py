@@ -11,7 +11,7 @@
    small owner each, with and without secure aggregation: seconds per round, median of 3 fits of
    3 rounds (after one warm-up), both measured side by side in one run. In process the messages
    cost nothing, so the difference is the protocol's own computation (keys, Shamir shares,
-   encryption, masks); a deployment adds three exchanges per such round.
+   encryption, masks); a deployment adds four exchanges per such round.
 
 Writes results/benchmarks/secure_aggregation.csv (one row per measurement).
 """

@@ -9,7 +9,10 @@ lists every run-config key with its default (:data:`RUN_CONFIG`). What each side
   or a folder of ``*.npz`` files (:func:`~fedgp.flower.client.save_npz_clients`); optionally
   ``capture-dir`` (every message in and out kept there, :func:`~fedgp.flower.capture.capture_mod`)
   and ``allow-predict=true`` (answer predictions at points the server chooses; off by default,
-  since a posterior at chosen points gives a small owner's rows back).
+  since a posterior at chosen points gives a small owner's rows back), and under secure
+  aggregation ``secagg-min-threshold``, ``secagg-min-peers``, ``secagg-identity-key`` and
+  ``secagg-roster`` (what the node accepts whatever the server announces:
+  :class:`~fedgp.flower.secagg.NodePolicy`).
   The node builds the model from the run config and the width of its own data.
 * **the run** (``--run-config``): the columns (``target``, ``group``, ``features``), the model
   (``kernel``/``mean``/``ard`` by name, or ``model``: a spec description as JSON, the format a saved

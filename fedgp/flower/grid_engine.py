@@ -6,7 +6,8 @@ strategy's JSON config and the seed; each node replies with its clients' ids, si
 ``partition-id`` (if it has one), and the server orders the nodes by partition id, then node id,
 giving each node a contiguous range of client keys. ``run`` sends each node one message with the
 task rows of its participating clients and merges the replies. An error reply fails that node's
-clients with Flower's reason; a node that does not reply within ``timeout`` (dead, disconnected)
+clients with Flower's reason, and so does a reply that no fedgp node makes (a record missing or
+unreadable: "malformed reply"); a node that does not reply within ``timeout`` (dead, disconnected)
 fails them with "no reply".
 
 With ``secure`` (:class:`~fedgp.flower.secagg.SecureAggregation`), a task whose reply declares a
@@ -64,6 +65,9 @@ def by_reason(failures: Mapping[int, str]) -> str:
         for reason, nodes in grouped.items()
     )
 
+
+#: What reading a reply that no fedgp node makes may raise (a missing record, a bad layout).
+_MALFORMED = (KeyError, ValueError, TypeError, AttributeError, IndexError, RuntimeError)
 
 #: Seconds before the first pull for a round's replies (Flower's own grid waits 3 s); later pulls
 #: come at intervals growing by :data:`POLL_GROWTH` up to :data:`POLL_CAP`. Every pull is a request
@@ -270,9 +274,18 @@ class GridEngine(Engine):
             reason = secure.dropped.get(node) if secure is not None else None
             reason = reason or self._failure(node, reply)
             if reason is None:
-                parts.append(outcome_from_content(reply.content))
-                if secure is not None:
-                    masked[node] = bytes(reply.content.config_records[RECORD]["masked"])
+                try:
+                    outcome = outcome_from_content(reply.content)
+                except _MALFORMED as err:  # a reply no fedgp node makes: that node's failure
+                    reason = f"Flower node {node}: malformed reply: {type(err).__name__}: {err}"
+            if reason is None and secure is not None:  # a node whose masked input is malformed leaves
+                value = secure.masked_input(node, reply.content, fields)
+                if value is None:
+                    reason = f"Flower node {node}: {secure.dropped[node]}"
+                else:
+                    masked[node] = value
+            if reason is None:
+                parts.append(outcome)
                 continue
             parts.append(Outcome.empty(fields, dict.fromkeys(who.tolist(), reason)))
         out = merge_outcomes(parts, fields)

@@ -9,6 +9,7 @@ nodes than the threshold; a node that reveals both shares of one peer.
 
 from __future__ import annotations
 
+import base64
 import json
 
 import gpytorch
@@ -244,8 +245,10 @@ def test_one_node_alone_is_never_a_secure_sum(federation):
 def test_a_node_never_reveals_both_shares_of_a_peer_nor_twice():
     from flwr.app import ConfigRecord, Context, Message, RecordDict
 
-    from fedgp.flower.secagg import SecAggRound, handle_stage
+    from fedgp.flower.local import LocalGrid
+    from fedgp.flower.secagg import SecAggRound, handle_stage, mask_reply
 
+    LocalGrid({})  # a Flower task identity for the messages, when this test runs alone
     contexts = {
         n: Context(run_id=0, node_id=n, node_config={}, state=RecordDict(), run_config={}) for n in (5, 6, 7)
     }
@@ -261,25 +264,32 @@ def test_a_node_never_reveals_both_shares_of_a_peer_nor_twice():
     carry = secure.setup()
     assert secure.t == 2 and sorted(carry) == [5, 6, 7]
 
-    def unmask(node, survivors, dropped):
-        ask = {"survivors": json.dumps(survivors), "dropped": json.dumps(dropped)}
-        record = ConfigRecord({"stage": "unmask", "session": secure.session, **ask})
+    def ask(node, stage, **values):
+        record = ConfigRecord({"stage": stage, "session": secure.session, **values})
         content = RecordDict()
         content[RECORD] = record
-        return handle_stage(Message(content, dst_node_id=node, message_type="query.secagg"), contexts[node])
-
-    from fedgp.flower.secagg import mask_reply
+        reply = handle_stage(Message(content, dst_node_id=node, message_type="query.secagg"), contexts[node])
+        return reply.content.config_records[RECORD]
 
     fields = {"s": Field((), summed=True)}
     for node in (5, 6, 7):
         mask_reply(contexts[node], carry[node], {"s": torch.tensor(1.0)}, fields)
-    with pytest.raises(EngineError, match="do not split"):
-        unmask(5, [5, 6], [6, 7])  # 6 both survivor and dropped: its b and its key would both come back
-    with pytest.raises(EngineError, match="fewer than the threshold"):
-        unmask(5, [5], [6, 7])
-    unmask(5, [5, 6], [7])
-    with pytest.raises(EngineError, match="already answered"):
-        unmask(5, [5, 6, 7], [])
+    with pytest.raises(EngineError, match="signs only a survivor set .* at least 2 nodes"):
+        ask(5, "consistency", survivors=json.dumps([5]))
+    sigs = {n: bytes(ask(n, "consistency", survivors=json.dumps([5, 6]))["sig"]) for n in (5, 6)}
+    with pytest.raises(EngineError, match="already answered the consistency step"):
+        ask(5, "consistency", survivors=json.dumps([5, 6, 7]))  # a second set: its shares would differ
+    every = json.dumps({str(n): base64.b64encode(s).decode() for n, s in sigs.items()})
+    with pytest.raises(EngineError, match="signed survivors \\[5, 6\\], not \\[5, 6, 7\\]"):
+        ask(5, "unmask", survivors=json.dumps([5, 6, 7]), signatures=every)
+    alone = json.dumps({"5": base64.b64encode(sigs[5]).decode()})
+    with pytest.raises(EngineError, match="1 valid signature\\(s\\) .* fewer than the threshold 2"):
+        ask(5, "unmask", survivors=json.dumps([5, 6]), signatures=alone)
+    shares = json.loads(str(ask(5, "unmask", survivors=json.dumps([5, 6]), signatures=every)["shares"]))
+    # 5 and 6 survived: shares of their seeds (52 bytes); 7 dropped: a share of its mask key (68).
+    assert {k: len(base64.b64decode(v)) for k, v in shares.items()} == {"5": 52, "6": 52, "7": 68}
+    with pytest.raises(EngineError, match="already answered the unmask step"):
+        ask(5, "unmask", survivors=json.dumps([5, 6]), signatures=every)
 
 
 def test_under_client_dp_a_round_whose_sum_is_withheld_is_skipped_not_the_end_of_the_run(federation):
