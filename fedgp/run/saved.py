@@ -54,6 +54,7 @@ from fedgp.files import write_atomically
 from fedgp.messages import Roster, ServerContext, decode, encode, from_config
 from fedgp.messages.container import pack, seal, unpack, unseal
 from fedgp.models import limits
+from fedgp.models.spec import GPSpec
 from fedgp.models.spec_io import build_spec, check_round_trip
 from fedgp.models.state import HyperState
 from fedgp.run.stored import history_problems, server_problems, state_problem
@@ -428,13 +429,27 @@ def _references(value: Any):
             stack.extend(node)
 
 
+def _checked_initial(template: GPSpec, initial: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The spec's stored initial values, checked as a reply's state is before GPyTorch sets them
+    (GPyTorch would refuse a value outside its constraint with its own advice, not the field)."""
+    like = template.initial_state()
+    if set(initial) != set(like):
+        raise FileFormatError(
+            f"spec.initial holds {sorted(initial)}; the spec's hyper-parameters are {sorted(like)}"
+        )
+    problem = state_problem(HyperState(initial, like.event_shapes), template, "spec.initial")
+    if problem:
+        raise FileFormatError(problem)
+    return initial
+
+
 def _read_parts(header: dict[str, Any], tensors: dict[str, torch.Tensor]) -> dict[str, Any]:
     limits.check_tensors(tensors)
     _check_header(header)
     initial = {
         k.removeprefix("spec/initial/"): v for k, v in tensors.items() if k.startswith("spec/initial/")
     }
-    spec = build_spec(header["spec"], initial)
+    spec = build_spec(header["spec"], _checked_initial(build_spec(header["spec"]), initial))
     strategy = from_config(header["strategy"])
     if not isinstance(strategy, Strategy):
         raise FileFormatError(f"the strategy config describes a {type(strategy).__name__}, not a strategy")
@@ -455,8 +470,6 @@ def _read_parts(header: dict[str, Any], tensors: dict[str, torch.Tensor]) -> dic
         raise FileFormatError("attackers must be a list of client ids")
     names = _read_names(header.get("feature_names"), roster, transform)
     problems = _unused(header, tensors) + history_problems(history, None if states is None else states.rounds)
-    problem = state_problem(spec.initial_state(), spec, "spec.initial")
-    problems += [problem] if problem else []
     reference = strategy.initialize(ServerContext.from_roster(spec, roster, seed), np.random.default_rng(0))
     problems += server_problems(server, reference, spec)
     if problems:

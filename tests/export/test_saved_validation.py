@@ -134,6 +134,11 @@ THETA, KEPT = "field 'server_state.theta.", "field 'history_states."
 #: name: (which saved file, the edit, what load says). Each of these loaded on 47441d7.
 CRAFTED = {
     "noise -1": ("fgpr", _set(theta(NOISE), _f64(-1.0)), f"{THETA}{NOISE}' is -1, outside its domain"),
+    "initial noise -1": (
+        "fgpr",
+        _set(lambda h: f"spec/initial/{NOISE}", _f64(-1.0)),
+        f"field 'spec.initial.{NOISE}' is -1, outside its domain",
+    ),
     "noise 0": ("fgpr", _set(theta(NOISE), _f64(0.0)), f"{THETA}{NOISE}' is 0, outside its domain"),
     "lengthscale 0": ("fgpr", _set(theta(LENGTH), _f64(0.0, 1.0)), f"{THETA}{LENGTH}' is 0, outside"),
     "lengthscale NaN": ("fgpr", _set(theta(LENGTH), _f64(math.nan, 1.0)), f"{THETA}{LENGTH}' is not finite"),
