@@ -181,7 +181,7 @@ def record(reply: RecordDict) -> ConfigRecord:
 
 def resigned(fed: Federation, node: int, values: dict, session: str) -> dict:
     """An advert with changed keys, signed again with the node's own identity (a well-formed lie)."""
-    from fedgp.flower.secagg import _Advert
+    from fedgp.flower.secagg_parts import _Advert
 
     identity = Ed25519PrivateKey.from_private_bytes(
         bytes(fed.contexts[node].state.config_records[IDENTITY]["sk"])
@@ -200,7 +200,7 @@ def other_b_shares(fed: Federation, reply: RecordDict, fraction: float) -> Recor
     state = fed.contexts[HOSTILE].state.config_records[RECORD]
     keys, t = json.loads(str(state["keys"])), int(state["t"])
     peers = sorted(int(n) for n in keys)
-    from fedgp.flower.secagg import _scalar
+    from fedgp.flower.secagg_parts import _scalar
 
     honest = create_shares(bytes(state["b"]), t, len(peers))
     other = create_shares(secrets.token_bytes(32), t, len(peers))
@@ -554,7 +554,7 @@ def forged_keys(node_of_interest: int, resign: bool):
     def hook(stage, node, request):
         if stage != "shares":
             return request
-        from fedgp.flower.secagg import _Advert, _b64
+        from fedgp.flower.secagg_parts import _Advert, _b64
 
         values = dict(request.config_records[RECORD])
         keys = json.loads(str(values["keys"]))
