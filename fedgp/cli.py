@@ -11,7 +11,8 @@ file they would write (unless ``--force``) and write each file atomically; ``dem
 ``reproduce`` refresh their own files in place (``--out results`` updates the committed tables).
 A mistake in the input (a missing column, a cell that
 is not a number, an unknown owner, ...), and any other error fedgp raises, is printed as one line
-naming the file, column, line or owner, with exit status 2; progress goes to stderr (a bar on a
+naming the file, column, line or owner, with exit status 2; running out of memory is one line too,
+naming the address-space limit, with exit status 3; progress goes to stderr (a bar on a
 terminal, a line every tenth of the rounds otherwise) and ``--quiet`` turns it off.
 """
 
@@ -26,6 +27,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING
 
 from fedgp._cli_flower import add_flower
+from fedgp._cli_memory import OUT_OF_MEMORY, libraries_under_limit, memory_advice, out_of_memory
 from fedgp._cli_training import add_model_options, add_training_options, not_converged
 from fedgp.errors import CommandError, ConvergenceWarning, FedGPError
 from fedgp.layout import COLUMNS_FILE, HISTORY_FILE, MODEL_FILE, TRANSFORMS_FILE
@@ -104,6 +106,8 @@ def _fit_into(out: Path, args: argparse.Namespace) -> int:
         args.data, group=args.group, target=args.target, features=args.features, roles=CLI_ROLES
     )
     federation = table.federation(args.test_fraction, args.seed)
+    group, target, features = table.group, table.target, table.features
+    del table  # the table as read, its rows now copied into the clients: freed before training
     try:
         strategy = make_strategy(
             args.strategy,
@@ -114,7 +118,7 @@ def _fit_into(out: Path, args: argparse.Namespace) -> int:
         )
     except ValueError as err:
         raise CommandError(str(err)) from None
-    spec = make_spec(args.kernel, args.mean, d=len(table.features), ard=args.ard)
+    spec = make_spec(args.kernel, args.mean, d=len(features), ard=args.ard)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         result = fit(
@@ -134,7 +138,7 @@ def _fit_into(out: Path, args: argparse.Namespace) -> int:
         elif issubclass(warning.category, UserWarning):
             print(f"fedgp fit: warning: {warning.message}", file=sys.stderr)
     metrics = fit_metrics(result, federation, bool(args.test_fraction), _progress(args))
-    columns = dict(group=table.group, target=table.target, features=table.features, owners=federation.ids,
+    columns = dict(group=group, target=target, features=features, owners=federation.ids,
                    data=str(args.data), test_fraction=args.test_fraction, seed=args.seed)  # fmt: skip
     written = write_model_folder(out, result, columns, metrics=metrics, key=_key(args))
     n_train = int(federation.sizes.sum())
@@ -142,7 +146,7 @@ def _fit_into(out: Path, args: argparse.Namespace) -> int:
     print(
         f"fedgp fit: {len(federation)} owners, {n_train} rows to train on"
         + (f", {n_test} held out" if n_test else "")
-        + f"; {len(table.features)} features ({', '.join(table.features)}), target {table.target!r}"
+        + f"; {len(features)} features ({', '.join(features)}), target {target!r}"
     )
     how = result.history.attrs.get("stop_reason", f"{len(result.history)} rounds")
     transforms = "; ".join(f"{k} {v}" for k, v in result.transforms.items())
@@ -538,6 +542,10 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:2] == ["flower", "supernode"]:  # flower-supernode's own options pass through as they are
         argv = ["flower", "supernode", "--", *argv[2:]]
+    refused = libraries_under_limit(argv[0] if argv else "")  # before the parser imports them
+    if refused:
+        print(f"fedgp {argv[0]}: {refused}", file=sys.stderr)
+        return OUT_OF_MEMORY
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
@@ -547,6 +555,11 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as err:  # a folder or file the command cannot write (permissions, a full disk...)
         print(f"fedgp {args.command}: {_one_line(err)}", file=sys.stderr)
         return INPUT_ERROR
+    except (MemoryError, RuntimeError) as err:  # Python's, or torch's std::bad_alloc, as one line
+        if not out_of_memory(err):
+            raise
+        print(f"fedgp {args.command}: {memory_advice(err)}", file=sys.stderr)
+        return OUT_OF_MEMORY
 
 
 def _one_line(err: BaseException) -> str:

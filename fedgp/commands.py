@@ -234,30 +234,38 @@ def fit_metrics(result: Any, federation: Any, held_out: bool, progress: bool | N
 def _batched_in_sample(result: Any, federation: Any, progress: bool | None) -> pd.DataFrame:
     """Every owner's posterior at its training rows, by a batched engine holding each owner's
     training rows as its test split: the ``evaluate`` task of ``result.evaluate()``, in steps of
-    :data:`OWNERS_PER_STEP` owners."""
+    :data:`OWNERS_PER_STEP` owners, each step on an engine of its own owners only (10⁶ owners: one
+    step's copies in memory at a time, not a second federation)."""
     import pandas as pd
 
     from fedgp.engines import Batched
-    from fedgp.run.exchange import ask
+    from fedgp.messages import Roster
+    from fedgp.run.exchange import ask, send_transform
 
-    clients = [_in_sample(client) for client in federation]
-    engine = Batched(check=False).build(result.spec, clients, 0)
-    nan = torch.full((len(clients),), math.nan, dtype=torch.float64)
+    K = len(federation)
+    nan = torch.full((K,), math.nan, dtype=torch.float64)
     columns = {name: nan.clone() for name in ("rmse", "nll", "coverage95")}
     failures: dict[Any, str] = {}
-    try:
-        engine.prepare(result.strategy, 0)
-        bar = progress_bar(progress=progress, desc="in-sample metrics", total=len(clients), unit="owner")
-        with bar:
-            for start in range(0, len(clients), OWNERS_PER_STEP):
-                positions = torch.arange(start, min(start + OWNERS_PER_STEP, len(clients)))
-                replies = ask(result, "evaluate", positions, engine=engine)
-                for name, column in columns.items():
-                    column[replies.clients] = replies.individual[name].to(torch.float64)
-                failures.update({federation.ids[p]: reason for p, reason in replies.failures.items()})
-                bar.update(len(positions))
-    finally:
-        engine.close()
+    bar = progress_bar(progress=progress, desc="in-sample metrics", total=K, unit="owner")
+    with bar:
+        for start in range(0, K, OWNERS_PER_STEP):
+            known = torch.arange(start, min(start + OWNERS_PER_STEP, K))
+            clients = [_in_sample(federation[p]) for p in known.tolist()]
+            engine = Batched(check=False).build(result.spec, clients, 0, keys=known)
+            try:
+                engine.prepare(result.strategy, 0)
+                sizes = torch.tensor([c.n for c in clients])
+                roster = Roster(
+                    [c.id for c in clients], sizes, sizes, torch.full_like(sizes, clients[0].n_features)
+                )
+                send_transform(engine, roster, result.transform)
+                replies = ask(result, "evaluate", torch.arange(len(clients)), known=known, engine=engine)
+            finally:
+                engine.close()
+            for name, column in columns.items():
+                column[known[replies.clients]] = replies.individual[name].to(torch.float64)
+            failures.update({federation[int(known[p])].id: reason for p, reason in replies.failures.items()})
+            bar.update(len(known))
     frame = pd.DataFrame(
         {"owner": list(federation.ids), "n_train": federation.sizes.tolist(), "n_test": 0,
          **{name: column.numpy() for name, column in columns.items()}}

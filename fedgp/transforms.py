@@ -181,8 +181,8 @@ class DataTransform:
         """Every client's data in transformed units, with the outcome offsets and scales ``(K,)``.
 
         Each field of a block of clients is transformed by one elementwise operation over their
-        rows (so each value has the bits the client alone would compute) and checked once; the
-        results are views into it, not re-validated per client (:meth:`ClientData.derived`)."""
+        rows (so each value has the bits the client alone would compute) and checked once; each
+        client gets a copy of its piece, not re-validated per client (:meth:`ClientData.derived`)."""
         if self.y_local:
             offsets, scales = own_outcome_maps([c.y for c in clients])
         else:
@@ -221,8 +221,8 @@ class DataTransform:
             if not within_limits(out):
                 for i, piece in zip(holders, pieces):
                     self._check_made(clients[i], name, piece, float(scales[i]))
-            for i, piece in zip(holders, pieces):
-                fields[i][name] = piece
+            for i, piece in zip(holders, pieces):  # a copy: a view would hold (and pickle) the block
+                fields[i][name] = piece.clone()
         return [client.derived(**changed) for client, changed in zip(clients, fields)]
 
     def _check_made(self, client: ClientData, name: str, values: torch.Tensor, scale: float) -> None:

@@ -59,7 +59,14 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("experiments", ("fedgp.experiments",)),
     (
         "front doors",
-        ("fedgp.sklearn", "fedgp.commands", "fedgp._cli_flower", "fedgp._cli_training", "fedgp.cli"),
+        (
+            "fedgp.sklearn",
+            "fedgp.commands",
+            "fedgp._cli_flower",
+            "fedgp._cli_training",
+            "fedgp._cli_memory",
+            "fedgp.cli",
+        ),
     ),
     # The top-level face: nothing inside the package imports it.
     ("face", ("fedgp",)),

@@ -33,6 +33,7 @@ __all__ = [
     "OwnerTable",
     "read_owner_table",
     "rows_by_owner",
+    "owner_codes",
     "PYTHON_ROLES",
     "CLI_ROLES",
     "RUN_CONFIG_ROLES",
@@ -51,29 +52,41 @@ RUN_CONFIG_ROLES = {
 }
 
 
+def owner_codes(labels: Any) -> tuple[np.ndarray, list]:
+    """Each row's owner as a code ``0..K-1``, owners numbered in order of first appearance, and the
+    ``K`` labels as Python scalars (``numpy.int64(3)`` becomes ``3``).
+
+    A pandas ``Series`` is coded as it is, without a Python object per row (10⁶ owners' text labels
+    stay in pyarrow's buffers). A missing label (``None``/NaN) raises ``InputError`` with the first such
+    row (0-based)."""
+    if not isinstance(labels, pd.Series):
+        labels = np.asarray(labels, dtype=object)
+        if labels.ndim != 1:
+            raise InputError(f"owner labels must be one per row (1-D), got shape {labels.shape}")
+    codes, uniques = pd.factorize(labels, use_na_sentinel=True)
+    if (codes < 0).any():
+        raise InputError(f"row {int(np.flatnonzero(codes < 0)[0])} has no owner label (None/NaN)")
+    return codes, [u.item() if hasattr(u, "item") else u for u in uniques]
+
+
 def rows_by_owner(labels: Any) -> dict[Any, np.ndarray]:
-    """Row indices of each owner label, owners in order of first appearance.
+    """Row indices of each owner label, owners in order of first appearance (:func:`owner_codes`).
 
     Labels are returned as Python scalars (``numpy.int64(3)`` becomes ``3``). A missing label
     (``None``/NaN) raises ``ValueError`` with the first such row (0-based).
     """
-    labels = np.asarray(labels, dtype=object) if not isinstance(labels, pd.Series) else labels.to_numpy()
-    if labels.ndim != 1:
-        raise InputError(f"owner labels must be one per row (1-D), got shape {labels.shape}")
-    codes, uniques = pd.factorize(labels, use_na_sentinel=True)
-    if (codes < 0).any():
-        raise InputError(f"row {int(np.flatnonzero(codes < 0)[0])} has no owner label (None/NaN)")
+    codes, names = owner_codes(labels)
     order = np.argsort(codes, kind="stable")
     bounds = np.flatnonzero(np.diff(codes[order])) + 1
     groups = np.split(order, bounds)
-    names = [u.item() if hasattr(u, "item") else u for u in uniques]
     return dict(zip(names, groups))
 
 
 @dataclass(frozen=True)
 class OwnerTable:
     """Checked rows of a table: inputs ``X``, target ``y`` (``None`` when no target was asked for),
-    the owner of each row, the file's line of each row, and the table as read (``frame``)."""
+    the owner of each row (the ``Series`` as read: no Python object per row), the file's line of each
+    row, and the table as read (``frame``)."""
 
     source: str
     group: str
@@ -81,7 +94,7 @@ class OwnerTable:
     target: str | None
     X: np.ndarray
     y: np.ndarray | None
-    owners: np.ndarray
+    owners: pd.Series
     lines: np.ndarray
     frame: pd.DataFrame
 
@@ -109,19 +122,23 @@ class OwnerTable:
         if test_fraction is not None and not 0.0 < test_fraction < 1.0:
             raise TableError(f"the test fraction must be in (0, 1), got {test_fraction}")
         need = MIN_TRAINING_POINTS + (1 if test_fraction else 0)
-        groups = self.rows()
-        for owner, rows in groups.items():
-            if len(rows) < need:
-                where = ", ".join(f"line {int(line)}" for line in self.lines[rows])
-                held = " with a test split (2 to train on, 1 held out)" if test_fraction else ""
-                raise TableError(
-                    f"{self.source}: owner {owner!r} has {len(rows)} row(s) ({where}); training needs at "
-                    f"least {need} per owner{held}. Leave its rows out of the training table: the "
-                    "fitted model can still predict for it as a new owner (fedgp predict --data)"
-                )
-        try:  # the rows are checked once for all owners, not owner by owner (10⁶ owners in seconds)
-            fed = Federation.from_partition(
-                self.X, self._targets(), list(groups.values()), ids=list(groups), feature_names=self.features
+        codes, ids = owner_codes(self.owners)
+        sizes = np.bincount(codes, minlength=len(ids))
+        if (sizes < need).any():
+            first = int(np.flatnonzero(sizes < need)[0])  # in order of first appearance
+            where = ", ".join(f"line {int(line)}" for line in self.lines[codes == first])
+            held = " with a test split (2 to train on, 1 held out)" if test_fraction else ""
+            raise TableError(
+                f"{self.source}: owner {ids[first]!r} has {int(sizes[first])} row(s) ({where}); training "
+                f"needs at least {need} per owner{held}. Leave its rows out of the training table: the "
+                "fitted model can still predict for it as a new owner (fedgp predict --data)"
+            )
+        # each owner's rows end to end, in the file's order: one copy of the table, one slice per owner
+        # (10⁶ owners: no index array or tensor per owner, and the rows are checked once for all)
+        order = np.argsort(codes, kind="stable")
+        try:
+            fed = Federation.from_runs(
+                self.X[order], self._targets()[order], sizes, ids=ids, feature_names=self.features
             )
         except ValueError as err:
             raise TableError(f"{self.source}: {err}") from None
@@ -207,7 +224,7 @@ def read_owner_table(
         text = f"every feature ({names['features']}) must be a number"
     X = np.column_stack([_numbers(frame, c, source, lines, owners, group, text) for c in wanted])
     y = None if target is None else _numbers(frame, target, source, lines, owners, group)
-    return OwnerTable(source, group, tuple(wanted), target, X, y, owners.to_numpy(dtype=object), lines, frame)
+    return OwnerTable(source, group, tuple(wanted), target, X, y, owners, lines, frame)
 
 
 #: File suffixes read as Parquet; every other file is read as CSV.

@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
 
 import torch
 
@@ -143,11 +144,11 @@ class InProcessEngine(Engine):
         self.outcome_offset = torch.zeros(len(clients), dtype=torch.float64)
         self.outcome_scale = torch.ones(len(clients), dtype=torch.float64)
         self.ids = [c.id for c in clients]
-        self._positions = {cid: i for i, cid in enumerate(self.ids)}
+        self._by_id: dict[Any, int] | None = None  # id -> position, built when first asked (10⁶ clients)
         self.keys = torch.arange(len(clients)) if keys is None else torch.as_tensor(keys, dtype=torch.long)
         if self.keys.shape != (len(clients),):
             raise InputError(f"{len(self.keys)} keys for {len(clients)} clients")
-        self._position_of_key = {int(k): i for i, k in enumerate(self.keys.tolist())}
+        self._by_key: dict[int, int] | None = None  # key -> position, built when first asked
         self.loopback, self.timeout = loopback, timeout
         for width in {c.n_features for c in clients}:
             first = next(c for c in clients if c.n_features == width)
@@ -156,6 +157,20 @@ class InProcessEngine(Engine):
             for client in clients:
                 spec.client_noise(client)
         self.client_strategy: Strategy | None = None
+
+    @property
+    def _positions(self) -> dict[Any, int]:
+        """Each client's position by id: built on first use, not for every engine of 10⁶ clients."""
+        if self._by_id is None:
+            self._by_id = {cid: i for i, cid in enumerate(self.ids)}
+        return self._by_id
+
+    @property
+    def _position_of_key(self) -> dict[int, int]:
+        """Each client's position by key (built on first use)."""
+        if self._by_key is None:
+            self._by_key = {int(k): i for i, k in enumerate(self.keys.tolist())}
+        return self._by_key
 
     def positions(self, keys) -> torch.Tensor:
         """This engine's positions of the clients with the given keys."""
