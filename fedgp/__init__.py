@@ -87,6 +87,7 @@ _SUBMODULES = (
     "run",
     "sklearn",
     "strategies",
+    "summaries",
     "synthetic",
     "testing",
     "transforms",

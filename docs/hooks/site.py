@@ -51,6 +51,7 @@ PAGES = (
     "run",
     "flower",
     "transforms",
+    "summaries",
     "defaults",
     "export",
     "baselines",
