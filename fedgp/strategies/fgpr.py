@@ -46,7 +46,7 @@ from fedgp.rng import generator
 from fedgp.strategies.base import ClientOps, Strategy, sample_participants
 from fedgp.strategies.local import SGD, STRATEGY_LOCAL_SETTINGS, Adam, LocalTraining, make_optimizer
 from fedgp.strategies.memory import memory_of
-from fedgp.strategies.personal import check_names, keep, personal_names, with_kept
+from fedgp.strategies.personal import as_names, keep, personal_names, with_kept
 from fedgp.strategies.schedules import LRSchedule
 from fedgp.strategies.server import FedAdam, ServerOptimizer, ServerState
 from fedgp.strategies.surface import AttackSurface
@@ -112,7 +112,7 @@ class FGPR(Strategy):
 
     def __post_init__(self) -> None:
         check_settings(self, **STRATEGY_LOCAL_SETTINGS, prox_mu="nonnegative")
-        object.__setattr__(self, "personal", check_names(self.personal, "FGPR"))
+        object.__setattr__(self, "personal", as_names(self.personal, "FGPR"))
         steps = None if self.local_epochs is not None else self.local_steps
         object.__setattr__(
             self,

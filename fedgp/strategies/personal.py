@@ -19,7 +19,7 @@ from fedgp.models.spec import GPSpec
 from fedgp.models.state import HyperState
 from fedgp.strategies.memory import ClientMemory
 
-__all__ = ["ALIASES", "check_names", "personal_names", "with_kept"]
+__all__ = ["ALIASES", "as_names", "keep", "personal_names", "with_kept"]
 
 #: The aliases a ``personal`` setting may use, and what each names.
 ALIASES = {
@@ -30,7 +30,7 @@ ALIASES = {
 }
 
 
-def check_names(names, who: str) -> tuple[str, ...]:
+def as_names(names, who: str) -> tuple[str, ...]:
     """``names`` as a tuple of strings (the setting as given; resolved against a spec later)."""
     if isinstance(names, str):
         raise InputTypeError(f"{who}: personal must be a tuple of names, e.g. ({names!r},), not a string")
