@@ -61,6 +61,7 @@ from fedgp.messages import (
 from fedgp.models.spec import GPSpec
 from fedgp.rng import client_uniform
 from fedgp.strategies.base import ClientOps, Strategy
+from fedgp.strategies.memory import ClientMemory
 from fedgp.transforms import DataTransform
 
 __all__ = ["Engine", "InProcessEngine", "faulted_ops"]
@@ -70,6 +71,10 @@ class Engine(ABC):
     """Who runs the clients' side of the rounds. See the module docstring for the contract."""
 
     name: str = "engine"
+    #: Whether the engine keeps each client's :class:`~fedgp.strategies.memory.ClientMemory`
+    #: between tasks, as personal hyper-parameters need (``fit`` refuses them on an engine that
+    #: does not).
+    keeps_client_memory: bool = False
     #: The transform this engine's clients last received (a ``transform`` task), as the server
     #: recorded it (:func:`fedgp.run.exchange.send_transform`); registration resets the clients.
     transform_sent = None
@@ -122,6 +127,7 @@ class InProcessEngine(Engine):
     """
 
     chunk_size: int = 1
+    keeps_client_memory = True
 
     def __init__(
         self,
@@ -157,6 +163,9 @@ class InProcessEngine(Engine):
             for client in clients:
                 spec.client_noise(client)
         self.client_strategy: Strategy | None = None
+        # What each client keeps between tasks, by its key (fedgp.strategies.memory): one process
+        # plays every owner here, so one dict holds every owner's own values.
+        self.memory: dict[int, dict[str, torch.Tensor]] = {}
 
     @property
     def _positions(self) -> dict[Any, int]:
@@ -200,8 +209,11 @@ class InProcessEngine(Engine):
     def client_ops(self, clients: torch.Tensor, task: Task) -> ClientOps:
         """The operations ``task`` runs on: :meth:`ops`, and for training the faults a run injects —
         a simulated failure raises, a label flip's clients see −y (:mod:`fedgp.attacks.labels`) — so
-        the task kinds answer as honest clients do."""
-        return faulted_ops(self.ops(clients, task.round), task)
+        the task kinds answer as honest clients do. The clients' own :attr:`memory` comes with
+        them (``ops.memory``), staged until their replies are accepted."""
+        ops = faulted_ops(self.ops(clients, task.round), task)
+        ops.memory = ClientMemory(self.memory, ops.indices)
+        return ops
 
     def chunks(self, clients: torch.Tensor, rnd: int) -> Iterator[ClientOps]:
         """The round's clients as :class:`~fedgp.strategies.ClientOps`, ``chunk_size`` at a time."""
@@ -215,6 +227,7 @@ class InProcessEngine(Engine):
         self.seed = seed
         self.client_strategy = from_config(strategy.client_view().to_config())
         self.use_transform(DataTransform())  # a new run starts from the data as they are
+        self.memory.clear()  # and from nothing kept by its clients
 
     def start(self, strategy: Strategy, seed: int) -> Roster:
         self.prepare(strategy, seed)
@@ -252,12 +265,13 @@ class InProcessEngine(Engine):
                 out.bytes_down += sent
             else:
                 out.bytes_down += down * len(chunk)
-            for ok, reply in self._isolated(part, chunk, out.failures, fields):
+            for ok, reply, memory in self._isolated(part, chunk, out.failures, fields):
                 if self.loopback:
                     reply, received = _reply_through_bytes(reply, len(ok))
                     out.bytes_up += received
                 reasons = check_reply(reply, fields, len(ok))
                 good = torch.tensor([r is None for r in reasons], dtype=torch.bool)
+                memory.commit(good.tolist())  # a client keeps what it trained when its reply counts
                 for pos, reason in zip(ok.tolist(), reasons):
                     if reason is not None:
                         out.failures[pos] = f"invalid reply: {reason}"
@@ -296,11 +310,12 @@ class InProcessEngine(Engine):
 
     # -- running a chunk, isolating the clients that fail ----------------------------------------------
     def _isolated(self, task: Task, clients: torch.Tensor, failures: dict[int, str], fields):
-        """Run ``task`` on ``clients``; yield ``(clients that replied, their reply)`` pieces and record
+        """Run ``task`` on ``clients``; yield ``(clients that replied, their reply, their staged
+        memory)`` pieces and record
         the others in ``failures``. A failure that names its clients drops just them; one that does
         not (or a malformed reply of the whole batch) is narrowed down by halving the chunk."""
         try:
-            reply = self._reply(task, clients)
+            reply, memory = self._reply(task, clients)
             if len(clients) > 1 and reply_structure(reply, fields, len(clients)) is not None:
                 raise _Malformed()
         except Abandoned:
@@ -324,7 +339,7 @@ class InProcessEngine(Engine):
                 return
             yield from self._halves(task, clients, failures, fields)
             return
-        yield clients, reply
+        yield clients, reply, memory
 
     def _halves(self, task: Task, clients: torch.Tensor, failures: dict[int, str], fields):
         """:meth:`_isolated` on each half of ``clients``: a client's update is a pure function of
@@ -333,14 +348,15 @@ class InProcessEngine(Engine):
         for piece in (torch.arange(half), torch.arange(half, len(clients))):
             yield from self._isolated(task.rows(piece), clients[piece], failures, fields)
 
-    def _reply(self, task: Task, clients: torch.Tensor) -> Record:
-        """The clients' reply; with a timeout, computed on a worker thread that is cut off (and the
-        engine's shared state rebuilt) once the timeout passes (:mod:`fedgp.engines.deadline`)."""
+    def _reply(self, task: Task, clients: torch.Tensor) -> tuple[Record, ClientMemory]:
+        """The clients' reply and what they staged to keep; with a timeout, computed on a worker
+        thread that is cut off (and the engine's shared state rebuilt) once the timeout passes
+        (:mod:`fedgp.engines.deadline`): what the cut-off work stages is never kept."""
         units = (self.outcome_offset[clients], self.outcome_scale[clients])
 
-        def work() -> Record:
+        def work() -> tuple[Record, ClientMemory]:
             ops = self.client_ops(clients, task)
-            return Record(handle(self.client_strategy, ops, task, units, self.transform))
+            return Record(handle(self.client_strategy, ops, task, units, self.transform)), ops.memory
 
         if self.timeout is None:
             return work()

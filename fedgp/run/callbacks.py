@@ -348,6 +348,12 @@ class Checkpointing(Callback):
     def restore(self, run) -> None:
         if not self.resume:
             return
+        if run.strategy.keeps_client_memory:
+            raise CheckpointError(
+                "Checkpointing(resume=True): the clients keep values of their own between rounds "
+                "(personal hyper-parameters), which a checkpoint does not hold; a resumed run would "
+                "restart them from their initial values"
+            )
         if not Path(self.path).exists():
             raise MissingFileError(f"Checkpointing(resume=True): no checkpoint at {self.path}")
         ckpt = load_checkpoint(self.path, self.key)

@@ -132,6 +132,13 @@ class Run:
         self.callbacks = self._callbacks(callbacks)
         self.engine = build_engine(engine, spec, None if federation is None else list(federation), seed)
         self._owns_engine = not isinstance(engine, Engine)  # built here: closed by close()
+        if strategy.keeps_client_memory and not self.engine.keeps_client_memory:
+            self.close()
+            raise InputError(
+                f"{type(strategy).__name__}: its clients keep values of their own between rounds "
+                f"(personal hyper-parameters), which the {self.engine.name!r} engine does not keep yet; "
+                "use engine='sequential' or 'batched'"
+            )
         if federation is None and getattr(self.engine, "clients", None):
             federation = Federation(list(self.engine.clients))
         self.federation = federation

@@ -97,7 +97,8 @@ def refusal(strategy: Strategy, ctx: ServerContext) -> str | None:
     3. it overrides FGPR's ``configure``, ``aggregate`` or ``local_update``, which DPFGPR replaces by
        its own (its plan: Poisson sampling, the same fixed weight for everyone): what it does there
        would be silently dropped;
-    4. its ``aggregator`` is given: a robust rule looks at each client's reply.
+    4. its ``aggregator`` is given: a robust rule looks at each client's reply;
+    5. it has ``personal`` hyper-parameters, which DPFGPR would clip and share as the others.
 
     DPFGPR's own checks follow (the mean in raw space, no ``clients_per_round``)."""
     name = type(strategy).__name__
@@ -127,6 +128,12 @@ def refusal(strategy: Strategy, ctx: ServerContext) -> str | None:
         why = (
             "a robust rule looks at each client's reply (a median, Krum), which the noise on the sum does "
             "not cover; the clipping already bounds any one client's influence"
+        )
+    elif strategy.personal:
+        name = f"{name}(personal={strategy.personal!r})"
+        why = (
+            "DPFGPR clips and noises the update of every trainable hyper-parameter; it does not yet "
+            "leave personal ones with their owners"
         )
     else:
         return None

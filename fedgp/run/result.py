@@ -378,7 +378,17 @@ class FitResult:
         """Write spec, strategy, server state, transforms and history (no client data) to one file;
         :func:`fedgp.load` reads it back without pickle. See :mod:`fedgp.run.saved`. ``key`` (bytes or
         a string) seals the file with an HMAC-SHA256 under it, so that only a holder of the key can
-        write a file that loads: without one, the file's SHA-256 detects damage, not forgery."""
+        write a file that loads: without one, the file's SHA-256 detects damage, not forgery.
+
+        A strategy whose owners keep values of their own (personal hyper-parameters) is refused: the
+        file would hold only the shared values, and predict every owner under the initial ones."""
+        if self.strategy.keeps_client_memory:
+            raise InputError(
+                f"save: the owners keep their personal hyper-parameters ({type(self.strategy).__name__}"
+                f"(personal={getattr(self.strategy, 'personal', ())!r})), which a saved file cannot hold; "
+                "a loaded model would predict every owner under the initial values. Saving such a model "
+                "is not supported yet"
+            )
         return write_result(self, path, key)
 
     @classmethod

@@ -11,6 +11,7 @@ from fedgp.strategies.fgpr import FGPR
 from fedgp.strategies.gradient_clustering import FederatedClustering, MomentumClustering, MyopicClustering
 from fedgp.strategies.ifca import IFCA, IFCAState
 from fedgp.strategies.local import SGD, Adam, LocalTraining
+from fedgp.strategies.memory import ClientMemory
 from fedgp.strategies.private import DPFGPR
 from fedgp.strategies.schedules import CosineDecay, InverseRound, LRSchedule, StepDecay
 from fedgp.strategies.server import FedAdam, FedAvgM, FedYogi, ServerOptimizer, ServerState
@@ -28,6 +29,7 @@ __all__ = [
     "Strategy",
     "ClientOps",
     "TrainResult",
+    "ClientMemory",
     "LocalTraining",
     "Adam",
     "SGD",

@@ -35,6 +35,7 @@ from fedgp.models.posterior import Prediction
 from fedgp.models.spec import GPSpec
 from fedgp.models.state import HyperState
 from fedgp.strategies.local import LocalTraining
+from fedgp.strategies.memory import ClientMemory
 from fedgp.strategies.surface import AttackSurface
 
 __all__ = [
@@ -70,6 +71,9 @@ class ClientOps(Protocol):
     # The clients' own data, for local computations other than the GP likelihood (e.g. the
     # moment statistics of Su–Xu–Yang's Phase 1). Only what a strategy replies ever leaves.
     clients: Sequence[ClientData]
+    # What these clients keep between tasks, never sent (fedgp.strategies.memory): set by an engine
+    # that keeps it; read it with memory_of(ops), which gives an empty one where none is kept.
+    memory: ClientMemory
 
     def nll(self, states: HyperState) -> torch.Tensor:
         """Per-point exact NLL of each client's full local data under each state: ``(B, *extra)``."""
@@ -138,6 +142,18 @@ class Strategy(Configurable, ABC):
         self, rnd: int, server: Any, plan: RoundPlan, replies: Replies, ctx: ServerContext
     ) -> tuple[Any, dict[str, Any]]:
         """The next server state, and round metrics for the history."""
+
+    @property
+    def keeps_client_memory(self) -> bool:
+        """Whether its clients keep values of their own between rounds
+        (:mod:`fedgp.strategies.memory`, e.g. personal hyper-parameters): then only an engine that
+        keeps them (:attr:`fedgp.engines.Engine.keeps_client_memory`) can run it."""
+        return False
+
+    def personal_names(self, spec: GPSpec) -> frozenset[str]:
+        """The hyper-parameters (state names of ``spec``) each owner keeps and trains for itself,
+        never in a reply (none by default; :mod:`fedgp.strategies.personal`)."""
+        return frozenset()
 
     def reply_fields(self, ctx: ServerContext) -> Mapping[str, Field]:
         """The fields a participant's reply to a training round declares (what ``configure``'s plan

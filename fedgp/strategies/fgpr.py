@@ -40,10 +40,13 @@ from fedgp.messages import (
     state_fields,
     state_tensors,
 )
+from fedgp.models.spec import GPSpec
 from fedgp.models.state import HyperState
 from fedgp.rng import generator
 from fedgp.strategies.base import ClientOps, Strategy, sample_participants
 from fedgp.strategies.local import SGD, STRATEGY_LOCAL_SETTINGS, Adam, LocalTraining, make_optimizer
+from fedgp.strategies.memory import memory_of
+from fedgp.strategies.personal import as_names, keep, personal_names, with_kept
 from fedgp.strategies.schedules import LRSchedule
 from fedgp.strategies.server import FedAdam, ServerOptimizer, ServerState
 from fedgp.strategies.surface import AttackSurface
@@ -82,6 +85,13 @@ class FGPR(Strategy):
             style, or ``None``: the server takes the aggregate (FedAvg).
         lr_schedule: ``None`` (a constant local step) or a :mod:`fedgp.strategies.schedules`
             rule: round ``r``'s local learning rate is ``lr * lr_schedule(r)``.
+        personal: hyper-parameters each owner keeps and trains for itself
+            (:mod:`fedgp.strategies.personal`: state or raw names, or the aliases ``"noise"``,
+            ``"outputscale"``, ``"lengthscale"``, ``"mean"``). They are in no reply: only the shared
+            ones are averaged. An owner starts from the spec's initial values, conditions on its own
+            values (``result.predict(X, client=k)``), and a new client on the initial ones, which
+            the global state (``result.state``) keeps for them. Needs an engine that keeps its
+            clients' memory (``sequential``, ``batched``).
     """
 
     local_steps: int | None = 1
@@ -97,10 +107,12 @@ class FGPR(Strategy):
     aggregator: StateAggregator | None = None
     server_optimizer: ServerOptimizer | None = FedAdam()
     lr_schedule: LRSchedule | None = None
+    personal: tuple[str, ...] = ()
     local: LocalTraining = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         check_settings(self, **STRATEGY_LOCAL_SETTINGS, prox_mu="nonnegative")
+        object.__setattr__(self, "personal", as_names(self.personal, "FGPR"))
         steps = None if self.local_epochs is not None else self.local_steps
         object.__setattr__(
             self,
@@ -149,8 +161,18 @@ class FGPR(Strategy):
             return self.aggregator
         return WeightedMean(self.average_space or "raw")
 
+    @property
+    def keeps_client_memory(self) -> bool:
+        """Owners keep their personal hyper-parameters between rounds."""
+        return bool(self.personal)
+
+    def personal_names(self, spec: GPSpec) -> frozenset[str]:
+        """The state names of ``spec`` each owner keeps for itself (``personal``, resolved)."""
+        return personal_names(spec, self.personal, "FGPR")
+
     # -- server -----------------------------------------------------------------------------------
     def initialize(self, ctx: ServerContext, rng: np.random.Generator) -> HyperState | ServerState:
+        self.personal_names(ctx.spec)  # an unknown name is refused before any round
         start = ctx.spec.initial_state()
         return start if self.server_optimizer is None else self.server_optimizer.start(start)
 
@@ -162,8 +184,11 @@ class FGPR(Strategy):
         return RoundPlan(participants, weights, shared=shared, replies=self.reply_fields(ctx))
 
     def reply_fields(self, ctx: ServerContext) -> dict[str, Field]:
-        """Each participant's trained state and its mean minibatch loss, both individual."""
-        return {**state_fields(ctx.spec, STATE), "loss": Field()}
+        """Each participant's trained shared hyper-parameters and its mean minibatch loss, both
+        individual; its personal ones are not replied."""
+        personal = {STATE + name for name in self.personal_names(ctx.spec)}
+        fields = {k: f for k, f in state_fields(ctx.spec, STATE).items() if k not in personal}
+        return {**fields, "loss": Field()}
 
     def aggregate(
         self,
@@ -175,16 +200,24 @@ class FGPR(Strategy):
     ) -> tuple[HyperState | ServerState, dict[str, float]]:
         rng = generator(ctx.seed, "aggregate", rnd)
         theta = self.global_state(server)
-        new = self.state_aggregator(ctx.spec, replies.state(ctx.spec, STATE), replies.weights, theta, rng)
+        personal = self.personal_names(ctx.spec)
+        # The personal hyper-parameters are in no reply: each participant's row holds the server's
+        # own value (what a new client starts from), which therefore stays as it is.
+        n = len(replies["loss"])
+        given = {STATE + k: theta[k].expand(n, *theta[k].shape) for k in personal}
+        states = read_state({**replies.individual, **given}, ctx.spec, STATE)
+        new = _keep(self.state_aggregator(ctx.spec, states, replies.weights, theta, rng), theta, personal)
         if self.server_optimizer is not None:
             new = self.server_optimizer.step(ctx.spec, server, new)
+            if personal:
+                new = replace(new, theta=_keep(new.theta, theta, personal))
         return new, {"train_nll": float(replies["loss"].mean())}
 
     def attack_surface(self, plan, personal, replies, spec) -> AttackSurface:
-        """The trained states; a client that did nothing would send back the broadcast state."""
+        """The trained shared states; a client that did nothing would send back the broadcast state."""
         n = len(replies["loss"])
         start = read_state(plan.shared.tensors, spec, STATE)
-        return AttackSurface.of_states(spec, STATE, start.expand(n))
+        return AttackSurface.of_states(spec, STATE, start.expand(n), exclude=self.personal_names(spec))
 
     def configure_personal(
         self, server: HyperState | ServerState, ctx: ServerContext, positions: torch.Tensor
@@ -203,10 +236,27 @@ class FGPR(Strategy):
         return replace(self.local, optimizer=replace(optimizer, lr=optimizer.lr * self.lr_schedule(rnd)))
 
     def local_update(self, ops: ClientOps, task: Task) -> dict[str, torch.Tensor]:
-        start = read_state(task.shared.tensors, ops.spec, STATE)
-        result = ops.train(start.expand(len(ops.indices)), self.local_training(task.round))
-        return {**state_tensors(result.states, STATE), "loss": result.loss}
+        """Train from the broadcast state (with each owner's own personal values, which it keeps);
+        reply the shared hyper-parameters only."""
+        personal = self.personal_names(ops.spec)
+        start = read_state(task.shared.tensors, ops.spec, STATE).expand(len(ops.indices))
+        memory = memory_of(ops)
+        result = ops.train(with_kept(start, personal, memory), self.local_training(task.round))
+        keep(result.states, personal, memory)
+        shared = {
+            k: v for k, v in state_tensors(result.states, STATE).items() if k[len(STATE) :] not in personal
+        }
+        return {**shared, "loss": result.loss}
 
     def personal_state(self, ops: ClientOps, task: Task) -> tuple[HyperState, torch.Tensor]:
-        state = read_state(task.shared.tensors, ops.spec, STATE)
-        return state.expand(len(ops.indices)), torch.zeros(len(ops.indices), dtype=torch.long)
+        """The global state, with each owner's own personal values where it keeps them."""
+        state = read_state(task.shared.tensors, ops.spec, STATE).expand(len(ops.indices))
+        state = with_kept(state, self.personal_names(ops.spec), memory_of(ops))
+        return state, torch.zeros(len(ops.indices), dtype=torch.long)
+
+
+def _keep(state: HyperState, theta: HyperState, personal: frozenset[str]) -> HyperState:
+    """``state`` with ``theta``'s values of the ``personal`` hyper-parameters, exactly."""
+    if not personal:
+        return state
+    return HyperState({k: theta[k] if k in personal else v for k, v in state.items()}, state.event_shapes)

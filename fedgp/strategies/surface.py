@@ -10,7 +10,7 @@ knows this, so it says it with :meth:`~fedgp.strategies.base.Strategy.attack_sur
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
 import torch
@@ -49,11 +49,14 @@ class AttackSurface:
         slot_dims: int = 0,
         owners: torch.Tensor | None = None,
         groups: torch.Tensor | None = None,
+        exclude: Collection[str] = (),
     ) -> AttackSurface:
         """The trained hyper-parameters of states sent back as ``prefix + name``, each client's
-        no-op being ``reference`` (a :class:`~fedgp.models.HyperState` of batch ``(n, *slots)``)."""
-        refs = {prefix + p.name: reference[p.name] for p in spec.params if p.trainable}
-        params = {prefix + p.name: p for p in spec.params if p.trainable}
+        no-op being ``reference`` (a :class:`~fedgp.models.HyperState` of batch ``(n, *slots)``);
+        those in ``exclude`` (personal ones, never sent) are not."""
+        sent = [p for p in spec.params if p.trainable and p.name not in exclude]
+        refs = {prefix + p.name: reference[p.name] for p in sent}
+        params = {prefix + p.name: p for p in sent}
         return cls._build(refs, params, slot_dims, owners, groups)
 
     @classmethod

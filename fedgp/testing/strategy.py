@@ -25,6 +25,8 @@ It checks, each a property that fails if broken:
   ``expected_replies``, with the stated kind, and every pattern is used; each client's reply
   passes :func:`~fedgp.messages.check_reply` against the declaration, and the engine delivers the
   individual fields as rows and the summed ones only as sums;
+* **personal hyper-parameters stay home** — no training round declares or returns a field of a
+  hyper-parameter the strategy keeps personal;
 * **determinism** — two fits with the same seed give identical states and histories;
 * **a client never sees another's rows** — on the batched engine, with every participant in one
   chunk, changing one other client's targets leaves every other reply row bit for bit the same,
@@ -214,6 +216,23 @@ class StrategyContract:
                 )
         stale = set(self.expected_replies) - used
         assert not stale, f"no round of {len(steps)} declared a field matching {sorted(stale)}"
+
+    def test_personal_hyperparameters_never_leave(self, trace, problem) -> None:
+        """No training round declares, and no reply carries, a field of a hyper-parameter the
+        strategy keeps personal (:meth:`~fedgp.strategies.Strategy.personal_names`): each owner keeps
+        those for itself."""
+        spec, _ = problem
+        steps, _, _ = trace
+        personal = self.strategy.personal_names(spec)
+
+        def leaks(names) -> list[str]:
+            return sorted(n for n in names if n in personal or n.rsplit("/", 1)[-1] in personal)
+
+        for step in steps:
+            declared = leaks(step.plan.replies)
+            assert not declared, f"round {step.round} declares personal hyper-parameters {declared}"
+            sent = leaks([*step.replies.individual, *step.replies.sums])
+            assert not sent, f"round {step.round}: replies carry personal hyper-parameters {sent}"
 
     def test_every_reply_passes_its_declaration(self, trace, problem) -> None:
         """Each client's reply, computed on its own, passes ``check_reply``; through the sequential

@@ -39,6 +39,13 @@ class TestFGPRRobustPartialContract(StrategyContract):
     expected_replies = TRAINED
 
 
+class TestFGPRPersonalContract(StrategyContract):
+    """Personal noise and outputscale: kept by the owners, in no reply."""
+
+    strategy = FGPR(local_steps=2, batch_size=8, personal=("noise", "covar_module.raw_outputscale"))
+    expected_replies = TRAINED
+
+
 class TestIFCAModelAveragingContract(StrategyContract):
     strategy = IFCA(num_clusters=2, restarts=2, local_steps=2, batch_size=8)
     expected_replies = {**CLUSTERED, **TRAINED}
