@@ -85,10 +85,10 @@ class Checking:
         return super().run(task, clients, fields)
 
     def _reply(self, task, clients):
-        reply = super()._reply(task, clients)
+        reply, memory = super()._reply(task, clients)  # and what the clients staged to keep
         check_reply(reply, len(clients), self._fields)
         self.replies += 1
-        return reply
+        return reply, memory
 
 
 class CheckingSequential(Checking, SequentialEngine):
