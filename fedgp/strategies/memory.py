@@ -25,8 +25,17 @@ class ClientMemory:
 
     def __init__(self, store: Store, keys: Sequence[int] | torch.Tensor):
         self._store = store
-        self.keys = [int(k) for k in (keys.tolist() if isinstance(keys, torch.Tensor) else keys)]
+        self._given = keys  # read into Python ints only when a task uses the memory (most never do)
+        self._keys: list[int] | None = None
         self._staged: dict[int, dict[str, torch.Tensor]] = {}
+
+    @property
+    def keys(self) -> list[int]:
+        """The clients' keys, in the order of their ``ClientOps`` rows."""
+        if self._keys is None:
+            given = self._given
+            self._keys = [int(k) for k in (given.tolist() if isinstance(given, torch.Tensor) else given)]
+        return self._keys
 
     @classmethod
     def empty(cls, keys: Sequence[int] | torch.Tensor) -> ClientMemory:
@@ -58,6 +67,8 @@ class ClientMemory:
 
     def commit(self, kept: Sequence[bool] | None = None) -> None:
         """Keep what was staged for the clients whose ``kept`` is true (all by default)."""
+        if not self._staged:
+            return
         for i, key in enumerate(self.keys):
             if key in self._staged and (kept is None or kept[i]):
                 self._store.setdefault(key, {}).update(self._staged[key])
