@@ -34,6 +34,7 @@ __all__ = [
     "stream_id",
     "uniform_minibatches",
     "nearest_neighbour_minibatches",
+    "draw_minibatches",
     "client_keys",
     "GOLDEN",
     "MIX1",
@@ -161,3 +162,36 @@ def nearest_neighbour_minibatches(
     dist = dist.masked_fill(arange.view(1, 1, -1) >= sizes.view(-1, 1, 1), float("inf"))
     order = torch.sort(dist, dim=-1, stable=True).indices
     return order[..., :batch_size]
+
+
+def draw_minibatches(
+    seed: int,
+    rnd: int,
+    indices: torch.Tensor,
+    sizes: torch.Tensor,
+    steps: int,
+    batch_size: int,
+    kind: str = "uniform",
+    X: torch.Tensor | None = None,
+    stream: str = "minibatch",
+) -> torch.Tensor:
+    """Indices of shape ``(B, steps, batch_size)`` into each client's training data: what every
+    engine's local training draws, a function of ``(seed, round, client index)`` only, so the
+    sequential and batched engines train on the same minibatches.
+
+    All B clients share ``batch_size`` (engines group clients by their M_k). ``X`` (padded to
+    ``(B, N_max, d)``) is needed for ``kind="nearest"``.
+    """
+    b = len(indices)
+    if kind == "uniform":
+        u = client_uniform(seed, stream, rnd, indices, (steps, batch_size))
+        flat = uniform_minibatches(
+            u.reshape(b * steps, batch_size), sizes.repeat_interleave(steps), batch_size
+        )
+        return flat.reshape(b, steps, batch_size)
+    if kind == "nearest":
+        if X is None:
+            raise InputError("nearest-neighbour minibatches need the clients' inputs")
+        u = client_uniform(seed, stream, rnd, indices, (steps,))
+        return nearest_neighbour_minibatches(u, X, sizes, batch_size)
+    raise InputError(f"unknown minibatch kind {kind!r}")

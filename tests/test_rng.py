@@ -2,8 +2,13 @@ import numpy as np
 import pytest
 import torch
 
-from fedgp.engines.minibatch import draw_minibatches
-from fedgp.rng import client_uniform, generator, nearest_neighbour_minibatches, uniform_minibatches
+from fedgp.rng import (
+    client_uniform,
+    draw_minibatches,
+    generator,
+    nearest_neighbour_minibatches,
+    uniform_minibatches,
+)
 
 
 def test_client_draws_do_not_depend_on_who_else_is_drawn():

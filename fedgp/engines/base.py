@@ -210,9 +210,11 @@ class InProcessEngine(Engine):
         """The operations ``task`` runs on: :meth:`ops`, and for training the faults a run injects —
         a simulated failure raises, a label flip's clients see −y (:mod:`fedgp.attacks.labels`) — so
         the task kinds answer as honest clients do. The clients' own :attr:`memory` comes with
-        them (``ops.memory``), staged until their replies are accepted."""
+        them (``ops.memory``, staged until their replies are accepted) where the strategy keeps
+        one; a strategy that keeps nothing gets ``None``, and its tasks never touch the memory."""
         ops = faulted_ops(self.ops(clients, task.round), task)
-        ops.memory = ClientMemory(self.memory, ops.indices)
+        keeps = self.client_strategy is not None and self.client_strategy.keeps_client_memory
+        ops.memory = ClientMemory(self.memory, ops.indices) if keeps else None
         return ops
 
     def chunks(self, clients: torch.Tensor, rnd: int) -> Iterator[ClientOps]:
@@ -271,7 +273,8 @@ class InProcessEngine(Engine):
                     out.bytes_up += received
                 reasons = check_reply(reply, fields, len(ok))
                 good = torch.tensor([r is None for r in reasons], dtype=torch.bool)
-                memory.commit(good.tolist())  # a client keeps what it trained when its reply counts
+                if memory is not None:  # a client keeps what it trained when its reply counts
+                    memory.commit(good.tolist())
                 for pos, reason in zip(ok.tolist(), reasons):
                     if reason is not None:
                         out.failures[pos] = f"invalid reply: {reason}"
@@ -348,13 +351,13 @@ class InProcessEngine(Engine):
         for piece in (torch.arange(half), torch.arange(half, len(clients))):
             yield from self._isolated(task.rows(piece), clients[piece], failures, fields)
 
-    def _reply(self, task: Task, clients: torch.Tensor) -> tuple[Record, ClientMemory]:
+    def _reply(self, task: Task, clients: torch.Tensor) -> tuple[Record, ClientMemory | None]:
         """The clients' reply and what they staged to keep; with a timeout, computed on a worker
         thread that is cut off (and the engine's shared state rebuilt) once the timeout passes
         (:mod:`fedgp.engines.deadline`): what the cut-off work stages is never kept."""
         units = (self.outcome_offset[clients], self.outcome_scale[clients])
 
-        def work() -> tuple[Record, ClientMemory]:
+        def work() -> tuple[Record, ClientMemory | None]:
             ops = self.client_ops(clients, task)
             return Record(handle(self.client_strategy, ops, task, units, self.transform)), ops.memory
 

@@ -44,7 +44,6 @@ from fedgp.data.client import ClientData
 from fedgp.engines import cpus, rounds
 from fedgp.engines import fused as fused_round
 from fedgp.engines.base import InProcessEngine
-from fedgp.engines.minibatch import draw_minibatches
 from fedgp.engines.per_client import PerClientOps, predict_alone
 from fedgp.engines.sequential import SequentialOps
 from fedgp.engines.tensor_gp import NOISE, BatchedGP, cholesky
@@ -53,6 +52,7 @@ from fedgp.models import large
 from fedgp.models.posterior import Prediction
 from fedgp.models.spec import GPSpec
 from fedgp.models.state import HyperState
+from fedgp.rng import draw_minibatches
 from fedgp.strategies.base import TrainResult
 from fedgp.strategies.local import LocalTraining
 

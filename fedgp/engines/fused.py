@@ -416,5 +416,5 @@ def local_round(
 
 def minibatch_keys(seed: int, rnd: int, keys: torch.Tensor) -> np.ndarray:
     """The clients' minibatch-stream keys for round ``rnd`` (those of
-    :func:`fedgp.engines.minibatch.draw_minibatches`)."""
+    :func:`fedgp.rng.draw_minibatches`)."""
     return client_keys(seed, "minibatch", rnd, keys)

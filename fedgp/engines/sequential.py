@@ -7,38 +7,41 @@ into a GPyTorch model, swaps in the minibatch with ``set_train_data``, and asks 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import torch
 
 from fedgp.data.client import ClientData
 from fedgp.engines.base import InProcessEngine
-from fedgp.engines.minibatch import draw_minibatches
 from fedgp.errors import InputError
 from fedgp.models.objective import factorization_guard, minibatch_nll
 from fedgp.models.posterior import Prediction, predict_with_model
 from fedgp.models.spec import ExactGPModel, GPSpec
 from fedgp.models.state import HyperState
+from fedgp.rng import draw_minibatches
 from fedgp.strategies.base import TrainResult
 from fedgp.strategies.local import LocalTraining
 
 __all__ = ["SequentialEngine", "SequentialOps"]
 
 
-def _flatten(states: HyperState) -> tuple[HyperState, torch.Size]:
-    """(1, *extra) -> (n_extra,), remembering ``extra``."""
-    batch = states.batch_shape
+def _each(states: Mapping[str, torch.Tensor], events: Mapping[str, torch.Size]):
+    """The states of a batch ``(1, *extra)`` one by one, as plain ``name -> value`` mappings (a
+    model loads a mapping: no state is built per local step), and ``extra``."""
+    name = next(iter(states))
+    batch = states[name].shape[: states[name].dim() - len(events[name])]
     if len(batch) < 1 or batch[0] != 1:
         raise InputError(f"sequential ops expect a batch of one client, got batch {tuple(batch)}")
-    extra, lead = batch[1:], len(batch)
+    extra = batch[1:]
+    flat = {k: v.reshape(extra.numel(), *events[k]) for k, v in states.items()}
+    return [{k: v[e] for k, v in flat.items()} for e in range(extra.numel())], extra
+
+
+def _batch(values: Sequence[Mapping[str, torch.Tensor]], extra: torch.Size, events) -> HyperState:
+    """The inverse of :func:`_each`: one state of batch ``(1, *extra)``."""
     return HyperState(
-        {k: v.reshape(-1, *v.shape[lead:]) for k, v in states.items()}, states.event_shapes
-    ), extra
-
-
-def _unflatten(states: HyperState, extra: torch.Size) -> HyperState:
-    """(n_extra,) -> (1, *extra): the inverse of :func:`_flatten`."""
-    return HyperState({k: v.reshape(1, *extra, *v.shape[1:]) for k, v in states.items()}, states.event_shapes)
+        {k: torch.stack([v[k] for v in values]).reshape(1, *extra, *events[k]) for k in events}, events
+    )
 
 
 class SequentialOps:
@@ -52,6 +55,7 @@ class SequentialOps:
         self.X, self.y = client.X.to(spec.dtype), client.y.to(spec.dtype)
         self.noise = spec.client_noise(client)
         self.variational = spec.variational  # read in every local step
+        self.events = spec.event_shapes
         self.clients = (client,)
         self.indices = torch.tensor([index])
         self.sizes = torch.tensor([len(client.y)])
@@ -83,6 +87,10 @@ class SequentialOps:
             with factorization_guard(self.client.id, what):
                 self.spec.fit_personal(self.model, self.X, self.y)
 
+    def _raw(self) -> dict[str, torch.Tensor]:
+        """The trainable parameters' raw values as the model holds them (detached copies)."""
+        return {p.name: q.detach().clone() for p, q in zip(self._trainable, self._params)}
+
     def _points(self, idx: torch.Tensor):
         return self.X[idx], self.y[idx], None if self.noise is None else self.noise[idx]
 
@@ -96,11 +104,11 @@ class SequentialOps:
     def nll(self, states: HyperState) -> torch.Tensor:
         """Per-point exact NLL of the client's full data under each state (see
         :class:`~fedgp.strategies.ClientOps`)."""
-        flat, extra = _flatten(states)
-        out = torch.empty(flat.batch_shape[0], dtype=torch.float64)
+        each, extra = _each(states, self.events)
+        out = torch.empty(len(each), dtype=torch.float64)
         with torch.no_grad():
-            for e in range(len(out)):
-                self.spec.load(self.model, flat.index(e))
+            for e, values in enumerate(each):
+                self.spec.load(self.model, values)
                 with torch.enable_grad():
                     self._personalise("local NLL")
                 with factorization_guard(self.client.id, "local NLL"):
@@ -110,36 +118,32 @@ class SequentialOps:
     def gradient(self, states: HyperState, batch_size: int | None = None) -> tuple[torch.Tensor, HyperState]:
         """Per-point NLL and its gradient with respect to the raw trainable parameters (see
         :class:`~fedgp.strategies.ClientOps`)."""
-        flat, extra = _flatten(states)
+        each, extra = _each(states, self.events)
         idx = None
         if batch_size is not None and batch_size < self.client.n:
             idx = self._minibatches(1, batch_size, "uniform", "gradient")[0]
         losses, grads = [], []
-        for e in range(flat.batch_shape[0]):
-            raw = self.spec.to_raw(flat.index(e))
-            self.spec.load_raw(self.model, raw)
+        for values in each:
+            self.spec.load(self.model, values)
             self._personalise("gradient")
-            loss, g = self._loss_and_grad(dict(raw), idx, "gradient")
+            loss, g = self._loss_and_grad(self._raw(), idx, "gradient")
             losses.append(loss)
-            grads.append(
-                HyperState({k: g.get(k, torch.zeros_like(v)) for k, v in raw.items()}, raw.event_shapes)
-            )
-        stacked = HyperState.stack(grads)
-        return torch.stack(losses).reshape(1, *extra).to(torch.float64), _unflatten(stacked, extra)
+            grads.append({k: g.get(k, torch.zeros_like(v)) for k, v in values.items()})
+        stacked = _batch(grads, extra, self.events)
+        return torch.stack(losses).reshape(1, *extra).to(torch.float64), stacked
 
     def train(self, states: HyperState, local: LocalTraining) -> TrainResult:
         """Run the local optimiser from each state on the client's minibatches (see
         :class:`~fedgp.strategies.ClientOps`)."""
-        flat, extra = _flatten(states)
+        each, extra = _each(states, self.events)
         steps = int(local.num_steps(self.sizes)[0])
         batch = int(local.batch_sizes(self.sizes)[0])
         idx = self._minibatches(steps, batch, local.minibatch, "minibatch")
         trained, losses = [], []
-        for e in range(flat.batch_shape[0]):
-            raw_all = dict(self.spec.to_raw(flat.index(e)))
-            start = {p.name: raw_all[p.name] for p in self._trainable}
+        for values in each:
+            self.spec.load(self.model, values)  # fixed parameters stay as loaded
+            start = self._raw()
             raw, opt_state, total = dict(start), local.optimizer.init(start), 0.0
-            self.spec.load_raw(self.model, raw_all)  # fixed parameters stay as loaded
             self._personalise("local q(u)")  # held during the steps (see fedgp.models.variational)
             for s in range(steps):
                 loss, grads = self._loss_and_grad(raw, idx[s], f"local step {s}")
@@ -148,12 +152,11 @@ class SequentialOps:
                 t = torch.tensor(self.round * steps + s)
                 raw = local.optimizer.step(raw, grads, opt_state, t, None)
                 total += float(loss)
-            raw_all.update(raw)
-            trained.append(self.spec.from_raw(HyperState(raw_all, self.spec.event_shapes)))
+            self.spec.load_raw(self.model, raw)
+            trained.append(self.spec.read(self.model))
             losses.append(total / steps)
-        states_out = _unflatten(HyperState.stack(trained), extra)
         loss = torch.tensor(losses, dtype=torch.float64).reshape(1, *extra)
-        return TrainResult(states_out, loss, torch.tensor([steps]))
+        return TrainResult(_batch(trained, extra, self.events), loss, torch.tensor([steps]))
 
     def predict(
         self, states: HyperState, X_new: torch.Tensor | None = None, full_cov: bool = False
@@ -163,7 +166,7 @@ class SequentialOps:
         X_new = self.client.X_test if X_new is None else X_new
         if X_new is None:
             raise InputError(f"client {self.client.id!r} has no test split and no inputs were given")
-        self.spec.load(self.model, states.index(0))
+        self.spec.load(self.model, {k: v[0] for k, v in states.items()})
         X_new = torch.as_tensor(X_new).to(self.spec.dtype)
         if self.variational:
             with torch.enable_grad():

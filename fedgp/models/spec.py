@@ -441,9 +441,13 @@ class GPSpec:
                 if p.name in raw:
                     model.get_parameter(p.raw_name).copy_(raw[p.name])
 
-    def load(self, model: ExactGPModel, state: HyperState) -> None:
-        """Set ``model``'s parameters to ``state`` (constrained values)."""
-        self.load_raw(model, self.to_raw(state))
+    def load(self, model: ExactGPModel, state: Mapping[str, torch.Tensor]) -> None:
+        """Set ``model``'s parameters to ``state`` (constrained values, a :class:`HyperState` or a
+        plain mapping of the same names). Each value goes through its constraint's inverse straight
+        into the model: no raw state is built on the way (every local step and predict loads one)."""
+        with torch.no_grad():
+            for p in self.params:
+                model.get_parameter(p.raw_name).copy_(p.inverse_transform(state[p.name]))
 
     def __repr__(self) -> str:
         fixed = [p.name for p in self.params if not p.trainable]

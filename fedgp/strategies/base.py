@@ -72,8 +72,9 @@ class ClientOps(Protocol):
     # moment statistics of Su–Xu–Yang's Phase 1). Only what a strategy replies ever leaves.
     clients: Sequence[ClientData]
     # What these clients keep between tasks, never sent (fedgp.strategies.memory): set by an engine
-    # that keeps it; read it with memory_of(ops), which gives an empty one where none is kept.
-    memory: ClientMemory
+    # that keeps it for a strategy that keeps anything (else None); read it with memory_of(ops),
+    # which gives an empty one where none is kept.
+    memory: ClientMemory | None
 
     def nll(self, states: HyperState) -> torch.Tensor:
         """Per-point exact NLL of each client's full local data under each state: ``(B, *extra)``."""

@@ -168,7 +168,7 @@ class FGPR(Strategy):
 
     def personal_names(self, spec: GPSpec) -> frozenset[str]:
         """The state names of ``spec`` each owner keeps for itself (``personal``, resolved)."""
-        return personal_names(spec, self.personal, "FGPR")
+        return personal_names(spec, self.personal, "FGPR") if self.personal else frozenset()
 
     # -- server -----------------------------------------------------------------------------------
     def initialize(self, ctx: ServerContext, rng: np.random.Generator) -> HyperState | ServerState:
@@ -238,9 +238,11 @@ class FGPR(Strategy):
     def local_update(self, ops: ClientOps, task: Task) -> dict[str, torch.Tensor]:
         """Train from the broadcast state (with each owner's own personal values, which it keeps);
         reply the shared hyper-parameters only."""
-        personal = self.personal_names(ops.spec)
         start = read_state(task.shared.tensors, ops.spec, STATE).expand(len(ops.indices))
-        memory = memory_of(ops)
+        if not self.personal:  # nothing kept: every hyper-parameter is shared and replied
+            result = ops.train(start, self.local_training(task.round))
+            return {**state_tensors(result.states, STATE), "loss": result.loss}
+        personal, memory = self.personal_names(ops.spec), memory_of(ops)
         result = ops.train(with_kept(start, personal, memory), self.local_training(task.round))
         keep(result.states, personal, memory)
         shared = {
@@ -251,7 +253,8 @@ class FGPR(Strategy):
     def personal_state(self, ops: ClientOps, task: Task) -> tuple[HyperState, torch.Tensor]:
         """The global state, with each owner's own personal values where it keeps them."""
         state = read_state(task.shared.tensors, ops.spec, STATE).expand(len(ops.indices))
-        state = with_kept(state, self.personal_names(ops.spec), memory_of(ops))
+        if self.personal:
+            state = with_kept(state, self.personal_names(ops.spec), memory_of(ops))
         return state, torch.zeros(len(ops.indices), dtype=torch.long)
 
 
