@@ -163,6 +163,7 @@ class InProcessEngine(Engine):
             for client in clients:
                 spec.client_noise(client)
         self.client_strategy: Strategy | None = None
+        self._keeps_memory = False
         # What each client keeps between tasks, by its key (fedgp.strategies.memory): one process
         # plays every owner here, so one dict holds every owner's own values.
         self.memory: dict[int, dict[str, torch.Tensor]] = {}
@@ -213,8 +214,7 @@ class InProcessEngine(Engine):
         them (``ops.memory``, staged until their replies are accepted) where the strategy keeps
         one; a strategy that keeps nothing gets ``None``, and its tasks never touch the memory."""
         ops = faulted_ops(self.ops(clients, task.round), task)
-        keeps = self.client_strategy is not None and self.client_strategy.keeps_client_memory
-        ops.memory = ClientMemory(self.memory, ops.indices) if keeps else None
+        ops.memory = ClientMemory(self.memory, ops.indices) if self._keeps_memory else None
         return ops
 
     def chunks(self, clients: torch.Tensor, rnd: int) -> Iterator[ClientOps]:
@@ -228,6 +228,7 @@ class InProcessEngine(Engine):
         client would (a host that already registered its clients needs no second ``hello``)."""
         self.seed = seed
         self.client_strategy = from_config(strategy.client_view().to_config())
+        self._keeps_memory = self.client_strategy.keeps_client_memory  # asked once, not per task
         self.use_transform(DataTransform())  # a new run starts from the data as they are
         self.memory.clear()  # and from nothing kept by its clients
 
@@ -258,10 +259,9 @@ class InProcessEngine(Engine):
         down = None if self.loopback else task_size(task, rows=1)  # every participant's is this size
         up = None  # a valid reply's size, from the declared fields (asked once)
         for start in range(0, len(clients), self.chunk_size):
-            chunk, part = (
-                clients[start : start + self.chunk_size],
-                task.rows(slice(start, start + self.chunk_size)),
-            )
+            chunk = clients[start : start + self.chunk_size]
+            # a task with no personal rows is the same message for every chunk: nothing to slice
+            part = task.rows(slice(start, start + self.chunk_size)) if task.personal.tensors else task
             if self.loopback:
                 part, sent = _through_bytes(part, len(chunk))
                 out.bytes_down += sent

@@ -48,14 +48,24 @@ class SequentialOps:
     """:class:`~fedgp.strategies.base.ClientOps` for a single client."""
 
     def __init__(
-        self, spec: GPSpec, model: ExactGPModel, client: ClientData, index: int, rnd: int, seed: int
+        self,
+        spec: GPSpec,
+        model: ExactGPModel,
+        client: ClientData,
+        index: int,
+        rnd: int,
+        seed: int,
+        *,
+        known: tuple[torch.Tensor | None, bool, dict[str, torch.Size]] | None = None,
     ):
         self.spec, self.model, self.client = spec, model, client
         # ClientData stores float64; the model computes in the spec's precision.
         self.X, self.y = client.X.to(spec.dtype), client.y.to(spec.dtype)
-        self.noise = spec.client_noise(client)
-        self.variational = spec.variational  # read in every local step
-        self.events = spec.event_shapes
+        # The client's known noise, whether the spec is variational and its event shapes: read here,
+        # or ``known`` by an engine that read them once (SequentialEngine.known).
+        if known is None:
+            known = (spec.client_noise(client), spec.variational, spec.event_shapes)
+        self.noise, self.variational, self.events = known
         self.clients = (client,)
         self.indices = torch.tensor([index])
         self.sizes = torch.tensor([len(client.y)])
@@ -191,6 +201,19 @@ class SequentialEngine(InProcessEngine):
     def __init__(self, spec: GPSpec, clients: Sequence[ClientData], seed: int = 0, **options):
         super().__init__(spec, clients, seed, **options)
         self.model = spec.build()
+        self._known: dict[int, tuple] = {}  # by position: what SequentialOps reads of spec and client
+
+    def data_changed(self) -> None:
+        """The clients' data (their known noise among them) are in new units: read them again."""
+        self._known.clear()
+
+    def known(self, i: int) -> tuple[torch.Tensor | None, bool, dict[str, torch.Size]]:
+        """What the ops of client ``i`` read of the spec and of the client, read once per engine (and
+        again after the data change units), not once per task."""
+        if i not in self._known:
+            spec = self.spec
+            self._known[i] = (spec.client_noise(self.clients[i]), spec.variational, spec.event_shapes)
+        return self._known[i]
 
     def abandoned(self) -> None:
         """The cut-off task may still write into the shared model: the next clients get a new one."""
@@ -200,4 +223,5 @@ class SequentialEngine(InProcessEngine):
         if len(clients) != 1:
             raise InputError(f"the sequential engine runs one client at a time, got {len(clients)}")
         i = int(clients[0])
-        return SequentialOps(self.spec, self.model, self.clients[i], int(self.keys[i]), rnd, self.seed)
+        client, key = self.clients[i], int(self.keys[i])
+        return SequentialOps(self.spec, self.model, client, key, rnd, self.seed, known=self.known(i))

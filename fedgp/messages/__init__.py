@@ -14,12 +14,22 @@ without writing them); a remote host's pieces as records
 
 from fedgp.messages.codec import decode, encode, register_type
 from fedgp.messages.config import Configurable, config_json, from_config
-from fedgp.messages.fields import Field, check_reply, read_state, reply_structure, state_fields, state_tensors
-from fedgp.messages.outcome import Outcome, merge_outcomes, withhold_small_sums
-from fedgp.messages.records import TENSOR_DTYPES, Record, Setting
+from fedgp.messages.records import KINDS, MIN_CONTRIBUTORS, TENSOR_DTYPES, Record, Setting, Task
 from fedgp.messages.roster import Roster
-from fedgp.messages.round import Replies, RoundPlan, ServerContext
-from fedgp.messages.task import KINDS, MIN_CONTRIBUTORS, Task
+from fedgp.messages.round import (
+    Field,
+    Outcome,
+    Replies,
+    RoundPlan,
+    ServerContext,
+    check_reply,
+    merge_outcomes,
+    read_state,
+    reply_structure,
+    state_fields,
+    state_tensors,
+    withhold_small_sums,
+)
 from fedgp.messages.wire import (
     record_from_bytes,
     record_size,

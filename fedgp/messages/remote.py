@@ -17,10 +17,9 @@ import torch
 
 from fedgp.data.client import ClientData
 from fedgp.errors import InputTypeError
-from fedgp.messages.fields import Field
-from fedgp.messages.outcome import Outcome
 from fedgp.messages.records import Record
 from fedgp.messages.roster import Roster
+from fedgp.messages.round import Field, Outcome
 
 __all__ = [
     "fields_to_json",

@@ -19,8 +19,7 @@ import torch
 
 from fedgp.errors import FileFormatError
 from fedgp.messages.container import pack, packed_size, unpack
-from fedgp.messages.records import Record
-from fedgp.messages.task import Task
+from fedgp.messages.records import Record, Task
 
 __all__ = [
     "record_to_bytes",

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 import fedgp
 from fedgp.messages import Record
-from fedgp.messages.fields import STATE_MAGNITUDE, Field, check_reply, param_domain, state_fields
+from fedgp.messages.round import STATE_MAGNITUDE, Field, check_reply, param_domain, state_fields
 from fedgp.strategies import fgpr
 
 SPEC = fedgp.GPSpec(
