@@ -420,3 +420,68 @@ def test_sds_measured_in_a_unit_keep_every_bit_and_survive_tiny_targets(scale, s
         plain = math.sqrt(sum(float(((y - center) ** 2).sum()) for y in ys) / (sum(sizes) - 1))
         assert float(sd) == pytest.approx(plain, rel=1e-12)
         assert float(federated_sd([y * factor for y in ys])) == pytest.approx(float(sd) * factor, rel=1e-12)
+
+
+def _mixed_clients(seed: int, count: int = 6) -> list[ClientData]:
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for i in range(count):
+        n = 3 + i % 4
+        test = {}
+        if i % 2:
+            test = {"X_test": 50 * torch.rand(2, 2, generator=g, dtype=torch.float64)}
+            test["y_test"] = torch.randn(2, generator=g, dtype=torch.float64)
+        X = 50 * torch.rand(n, 2, generator=g, dtype=torch.float64) - 7
+        y = 3 + (i + 1) * torch.randn(n, generator=g, dtype=torch.float64)
+        out.append(ClientData(X, y, id=f"c{i}", **test))
+    return out
+
+
+@pytest.mark.parametrize("outcome", [Standardize(), Standardize(local=True)])
+def test_the_batched_engine_holds_the_bits_every_client_would_make_without_making_them(outcome, monkeypatch):
+    """Issue 50: a batched engine stacks its clients' rows in the run's units from their own data (no
+    client made at the start of a run: a fit's fixed cost at 10⁴ clients); a client read later is made
+    then, with the bits apply_all gives it."""
+    from fedgp.engines.batched import BatchedEngine
+
+    clients = _mixed_clients(3)
+    sums = client_summaries(clients, "mean", bounds=True)
+    sums = {k: v.sum(0) if k in ("count", "y_sum") else v for k, v in sums.items()}
+    boxes = {k: sums.pop(k) for k in ("x_min", "x_max")}
+    sums["y_sumsq"] = client_summaries(clients, "spread", center=float(sums["y_sum"] / sums["count"]))[
+        "y_sumsq"
+    ].sum(0)
+    transform = learn(outcome, Normalize(), sums, boxes, 2)
+    made, offsets, scales = transform.apply_all(clients)
+    engine = BatchedEngine(fedgp.GPSpec(), clients)
+    counted = []
+    real = ClientData.derived
+    monkeypatch.setattr(ClientData, "derived", lambda self, **f: counted.append(1) or real(self, **f))
+    engine.use_transform(transform)
+    assert not counted  # nothing made yet
+    assert torch.equal(engine.X, torch.cat([c.X for c in made]))
+    assert torch.equal(engine.y, torch.cat([c.y for c in made]))
+    assert torch.equal(engine.outcome_offset, offsets) and torch.equal(engine.outcome_scale, scales)
+    assert len(engine.clients) == len(clients)
+    for i in (-1, 0, 3):
+        for name in ("X", "y", "X_test", "y_test"):
+            got, want = getattr(engine.clients[i], name), getattr(made[i], name)
+            assert (got is None and want is None) or torch.equal(got, want), (i, name)
+    assert [c.id for c in engine.clients[1:4]] == ["c1", "c2", "c3"]
+    assert len(counted) == 5  # the clients read (5, 0, 3, then 1 and 2), each made once
+    with pytest.raises(IndexError):
+        engine.clients[len(clients)]
+
+
+def test_the_batched_engine_refuses_a_test_split_the_transform_sends_out_of_range_at_the_start():
+    """The stacked path checks every field apply_all checks, naming the client, before any round."""
+    from fedgp.engines.batched import BatchedEngine
+
+    near = ClientData([[0.0], [1e-300]], [0.0, 1.0], id="near")
+    far = ClientData([[0.0], [1e-300]], [0.0, 1.0], id="far", X_test=[[1.0]], y_test=[0.0])
+    engine = BatchedEngine(fedgp.GPSpec(), [near, far])
+    t = DataTransform(
+        x_offset=torch.zeros(1, dtype=torch.float64), x_scale=torch.full((1,), 1e-300, dtype=torch.float64)
+    )
+    with pytest.raises(fedgp.errors.InputError, match=r"client 'far'.*X_test.*the data themselves passed"):
+        engine.use_transform(t)

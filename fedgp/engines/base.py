@@ -203,9 +203,17 @@ class InProcessEngine(Engine):
         key = transform.key()
         if key == self._transform_key:
             return
-        self.clients, self.outcome_offset, self.outcome_scale = transform.apply_all(self.raw_clients)
+        self.clients, self.outcome_offset, self.outcome_scale = self.transformed(transform)
         self.transform, self._transform_key = transform, key
         self.data_changed()
+
+    def transformed(
+        self, transform: DataTransform
+    ) -> tuple[Sequence[ClientData], torch.Tensor, torch.Tensor]:
+        """The clients' own data in the units of ``transform``, with their outcome offsets and scales
+        (every client's made now: :meth:`DataTransform.apply_all`, which refuses a value the data
+        checks would, naming the client)."""
+        return transform.apply_all(self.raw_clients)
 
     def client_ops(self, clients: torch.Tensor, task: Task) -> ClientOps:
         """The operations ``task`` runs on: :meth:`ops`, and for training the faults a run injects —

@@ -142,15 +142,22 @@ class BatchedEngine(InProcessEngine):
             self.data_changed()
 
     def data_changed(self) -> None:
-        """Stack every client's training data end to end (and once more in the minibatch precision).
-
-        ClientData keeps float64 on the CPU as storage; the engine's copy is in the spec's precision
-        on ``device``, moved once per transform (N·(d+1) numbers); states are moved per chunk and task."""
+        """Stack every client's training rows end to end in the run's units, in the spec's precision on
+        ``device`` (and in the minibatch precision): once per transform, N·(d+1) numbers."""
         dtype = self.spec.dtype
-        self.X = torch.cat([c.X for c in self.clients]).to(self.device, dtype)
-        self.y = torch.cat([c.y for c in self.clients]).to(self.device, dtype)
+        X = torch.cat([c.X for c in self.raw_clients])
+        y = torch.cat([c.y for c in self.raw_clients])
+        if not self.transform.is_identity:  # the clients' own rows, stacked, in the run's units
+            maps = (self.sizes, self.outcome_offset, self.outcome_scale)
+            X, y = self.transform.stacked(self.raw_clients, X, y, *maps)
+        self.X = X.to(self.device, dtype)
+        self.y = y.to(self.device, dtype)
         # a copy in the minibatch precision (gathered every step) where it differs
         self.X_mb, self.y_mb = self.X.to(self.minibatch_dtype), self.y.to(self.minibatch_dtype)
+
+    def transformed(self, transform):
+        """Each client's data made when first read: the rounds read the rows stacked above."""
+        return transform.lazy_all(self.raw_clients)
 
     def thread_setting(self) -> contextlib.AbstractContextManager:
         """With the compiled step, torch on one thread and the tiles on the threads
@@ -210,8 +217,12 @@ class BatchedOps:
         self.rows = rows  # positions of the clients' data in this engine
         self.indices = engine.keys[rows]  # their keys: what their random streams are keyed by
         self.sizes = engine.sizes[rows]
-        self.clients = [engine.clients[i] for i in rows.tolist()]
         self.spec, self.gp = engine.spec, engine.gp
+
+    @property
+    def clients(self) -> list[ClientData]:
+        """The chunk's clients' own data (made in the run's units when a task first reads them)."""
+        return [self.engine.clients[i] for i in self.rows.tolist()]
 
     # -- helpers --------------------------------------------------------------------------------
     def _rows(self, states: HyperState):
