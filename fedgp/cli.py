@@ -179,7 +179,7 @@ def _predict_into(out: Path, args: argparse.Namespace) -> int:
     import numpy as np
 
     from fedgp.commands import predict_owners, read_columns, read_new_table
-    from fedgp.data.table import CLI_ROLES, read_owner_table
+    from fedgp.data.table import CLI_ROLES, join_tables, read_owner_table
     from fedgp.layout import write_table
     from fedgp.run import load
 
@@ -194,9 +194,12 @@ def _predict_into(out: Path, args: argparse.Namespace) -> int:
     roles = {**CLI_ROLES, "target": "the model's target", "features": "the model's features"}
     new = read_new_table(args.new, model, columns, folder, group, roles)  # by the model's feature names
     data = None
-    if args.data is not None:
-        data = read_owner_table(
-            args.data, group=group, target=columns["target"], features=features, roles=roles
+    if args.data is not None:  # one table, or the owners' rows spread over several (rows added since)
+        data = join_tables(
+            [
+                read_owner_table(path, group=group, target=columns["target"], features=features, roles=roles)
+                for path in args.data
+            ]
         )
     held = {} if data is None else data.rows()
     asked = new.rows()
@@ -206,7 +209,9 @@ def _predict_into(out: Path, args: argparse.Namespace) -> int:
         more = f" and {len(missing) - 10} more" if len(missing) > 10 else ""
         verb = "has" if len(missing) == 1 else "have"
         where = (
-            f"{verb} no rows in {args.data}" if data is not None else f"{verb} no data: no --data was given"
+            f"{verb} no rows in {', '.join(args.data)}"
+            if data is not None
+            else f"{verb} no data: no --data was given"
         )
         raise CommandError(
             f"{args.new}: {'owner' if len(missing) == 1 else 'owners'} {lines}{more} {where}. "
@@ -421,7 +426,15 @@ def _add_predict(sub) -> None:
     pred.add_argument(
         "--group", default=None, help="the owner column (default: the one the model was fitted with)"
     )
-    pred.add_argument("--data", default=None, metavar="DATA.csv", help="the owners' rows to condition on")
+    pred.add_argument(
+        "--data",
+        default=None,
+        action="append",
+        metavar="DATA.csv",
+        help="the owners' rows to condition on; repeat it for rows in several tables (the training "
+        "table and the rows an owner added since: each owner is conditioned on all its rows, with the "
+        "model's hyper-parameters and transforms, as FitResult.update does)",
+    )
     pred.add_argument(
         "--unknown",
         default="error",
