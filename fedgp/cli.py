@@ -95,16 +95,19 @@ def _fit(args: argparse.Namespace) -> int:
 
 
 def _fit_into(out: Path, args: argparse.Namespace) -> int:
-    from fedgp.commands import fit_metrics
-    from fedgp.data.table import CLI_ROLES, read_owner_table
+    from fedgp.commands import fit_metrics, warm_start
+    from fedgp.data.table import CLI_ROLES, join_tables, read_owner_table
     from fedgp.layout import write_model_folder
     from fedgp.presets import make_spec, make_strategy
     from fedgp.run import Progress, fit
     from fedgp.transforms import Transforms
 
-    table = read_owner_table(
-        args.data, group=args.group, target=args.target, features=args.features, roles=CLI_ROLES
-    )
+    tables = [
+        read_owner_table(path, group=args.group, target=args.target, features=args.features, roles=CLI_ROLES)
+        for path in args.data
+    ]
+    table = join_tables(tables)  # an owner's rows may be in several tables (rows added since a fit)
+    del tables
     federation = table.federation(args.test_fraction, args.seed)
     group, target, features = table.group, table.target, table.features
     del table  # the table as read, its rows now copied into the clients: freed before training
@@ -118,7 +121,10 @@ def _fit_into(out: Path, args: argparse.Namespace) -> int:
         )
     except ValueError as err:
         raise CommandError(str(err)) from None
-    spec = make_spec(args.kernel, args.mean, d=len(features), ard=args.ard)
+    if args.warm_start is None:
+        spec = make_spec(args.kernel, args.mean, d=len(features), ard=args.ard)
+    else:  # the model folder's kernel and mean, from its learned hyper-parameters
+        spec = warm_start(Path(args.warm_start), args, target, features, _key(args))
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         result = fit(
@@ -139,7 +145,8 @@ def _fit_into(out: Path, args: argparse.Namespace) -> int:
             print(f"fedgp fit: warning: {warning.message}", file=sys.stderr)
     metrics = fit_metrics(result, federation, bool(args.test_fraction), _progress(args))
     columns = dict(group=group, target=target, features=features, owners=federation.ids,
-                   data=str(args.data), test_fraction=args.test_fraction, seed=args.seed)  # fmt: skip
+                   data=", ".join(map(str, args.data)), test_fraction=args.test_fraction,
+                   seed=args.seed)  # fmt: skip
     written = write_model_folder(out, result, columns, metrics=metrics, key=_key(args))
     n_train = int(federation.sizes.sum())
     n_test = int(metrics["n_test"].sum())
@@ -389,7 +396,13 @@ def _add_fit(sub) -> None:
         "and failures.csv (each client failure of the run: round, owner, reason). "
         "By default the run stops when training has converged (--stop auto), within --rounds.",
     )
-    fit.add_argument("data", metavar="DATA.csv", help="the table: features, target and owner columns")
+    fit.add_argument(
+        "data",
+        metavar="DATA.csv",
+        nargs="+",
+        help="the table: features, target and owner columns; several tables are read as one (an "
+        "owner's rows added since in another file)",
+    )
     fit.add_argument("--target", required=True, help="the column to predict")
     fit.add_argument("--group", required=True, help="the owner column: rows with one label are one client")
     fit.add_argument("--features", nargs="+", default=None, help="input columns (default: all the others)")
@@ -400,6 +413,14 @@ def _add_fit(sub) -> None:
         type=float,
         default=None,
         help="hold out this share of each owner's rows for metrics",
+    )
+    fit.add_argument(
+        "--warm-start",
+        default=None,
+        metavar="MODEL",
+        help="start from the hyper-parameters fedgp fit wrote to the folder MODEL (its kernel and mean: "
+        "--kernel, --mean and --ard are then refused), to continue training after owners added rows; "
+        "the same features and target, and --key-file's key if MODEL was sealed",
     )
     fit.add_argument("--out", default=None, help=OUT_HELP.format(command="fit"))
     _force_option(fit, FIT_FILES)

@@ -106,9 +106,15 @@ def test_the_update_equals_a_refit_of_the_posterior_in_the_models_units():
     _close(result.posterior(AT, 2), ref)
 
 
-def test_a_clustered_owner_keeps_its_cluster_and_conditions_on_all_its_rows():
+@pytest.mark.parametrize(
+    "strategy",
+    [IFCA(num_clusters=2, local_steps=2), FGPR(local_steps=2, personal=("noise",))],
+    ids=["ifca", "personal"],
+)
+def test_an_owner_keeps_its_own_state_and_conditions_on_all_its_rows(strategy):
+    """A clustered owner keeps its cluster's state, an owner with personal values its own."""
     fed = _federation()
-    result = _fit(IFCA(num_clusters=2, local_steps=2), federation=fed)
+    result = _fit(strategy, federation=fed)
     state = result.client_state("owner-0")
     X_new, y_new = _new(4, 5)
     result.update("owner-0", X_new, y_new)
