@@ -43,7 +43,7 @@ from fedgp.run.combined import check_experts, combined_posterior
 from fedgp.run.evaluation import evaluate_clients
 from fedgp.run.exchange import ask, personal_task, send_transform
 from fedgp.run.saved import read_result, write_result
-from fedgp.run.streaming import current_owner, grow, grown_federation, warm_spec
+from fedgp.run.streaming import current_owner, grow, warm_spec
 from fedgp.strategies.base import Strategy
 from fedgp.transforms import DataTransform
 
@@ -283,7 +283,7 @@ class FitResult:
         wrong in width, names or values (:mod:`fedgp.run.streaming`)."""
         position, owner = grow(self, client, X_new, y_new)
         self._grown[position] = owner
-        self.federation = grown_federation(self.federation, position, owner.data)
+        self.federation = self.federation.with_client(position, owner.data)
 
     def warm_spec(self) -> GPSpec:
         """The spec with the learned state as its initial values, to continue training from it

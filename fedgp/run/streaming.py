@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from fedgp.data.client import ClientData, Federation, _as_float_tensor, _check_pair
+from fedgp.data.client import ClientData, _as_float_tensor, _check_pair
 from fedgp.data.names import align
 from fedgp.engines.base import InProcessEngine
 from fedgp.errors import InputError
@@ -40,7 +40,7 @@ from fedgp.models.state import HyperState
 from fedgp.models.streaming import GrowingPosterior
 from fedgp.transforms import DataTransform
 
-__all__ = ["GrownOwner", "GrownOps", "grow", "grown_federation", "with_grown", "warm_spec"]
+__all__ = ["GrownOwner", "GrownOps", "grow", "with_grown", "warm_spec"]
 
 
 @dataclass
@@ -188,13 +188,6 @@ def current_owner(result: Any, position: int) -> GrownOwner:
         result.spec, states.index(0), transform.inputs(data.X), (data.y - offset) / scale, data.id
     )
     return GrownOwner(data, posterior, offset, scale, states, reply["cluster"].reshape(1), key)
-
-
-def grown_federation(federation: Federation, position: int, data: ClientData) -> Federation:
-    """``federation`` with the client at ``position`` replaced by its grown ``data``."""
-    clients = list(federation)
-    clients[position] = data
-    return Federation(clients, federation.feature_names)
 
 
 def with_grown(
