@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 
 from fedgp._cli_flower import add_flower
 from fedgp._cli_memory import OUT_OF_MEMORY, libraries_under_limit, memory_advice, out_of_memory
-from fedgp._cli_training import add_model_options, add_training_options, not_converged
+from fedgp._cli_training import add_model_options, add_training_options, add_warm_start_option, not_converged
 from fedgp.errors import CommandError, ConvergenceWarning, FedGPError
 from fedgp.layout import COLUMNS_FILE, HISTORY_FILE, MODEL_FILE, TRANSFORMS_FILE
 from fedgp.version import __version__
@@ -95,19 +95,13 @@ def _fit(args: argparse.Namespace) -> int:
 
 
 def _fit_into(out: Path, args: argparse.Namespace) -> int:
-    from fedgp.commands import fit_metrics, warm_start
-    from fedgp.data.table import CLI_ROLES, join_tables, read_owner_table
+    from fedgp.commands import fit_metrics, read_tables, warm_start
     from fedgp.layout import write_model_folder
     from fedgp.presets import make_spec, make_strategy
     from fedgp.run import Progress, fit
     from fedgp.transforms import Transforms
 
-    tables = [
-        read_owner_table(path, group=args.group, target=args.target, features=args.features, roles=CLI_ROLES)
-        for path in args.data
-    ]
-    table = join_tables(tables)  # an owner's rows may be in several tables (rows added since a fit)
-    del tables
+    table = read_tables(args.data, group=args.group, target=args.target, features=args.features)
     federation = table.federation(args.test_fraction, args.seed)
     group, target, features = table.group, table.target, table.features
     del table  # the table as read, its rows now copied into the clients: freed before training
@@ -185,8 +179,8 @@ def _predict(args: argparse.Namespace) -> int:
 def _predict_into(out: Path, args: argparse.Namespace) -> int:
     import numpy as np
 
-    from fedgp.commands import predict_owners, read_columns, read_new_table
-    from fedgp.data.table import CLI_ROLES, join_tables, read_owner_table
+    from fedgp.commands import predict_owners, read_columns, read_new_table, read_tables
+    from fedgp.data.table import CLI_ROLES
     from fedgp.layout import write_table
     from fedgp.run import load
 
@@ -202,12 +196,7 @@ def _predict_into(out: Path, args: argparse.Namespace) -> int:
     new = read_new_table(args.new, model, columns, folder, group, roles)  # by the model's feature names
     data = None
     if args.data is not None:  # one table, or the owners' rows spread over several (rows added since)
-        data = join_tables(
-            [
-                read_owner_table(path, group=group, target=columns["target"], features=features, roles=roles)
-                for path in args.data
-            ]
-        )
+        data = read_tables(args.data, group=group, target=columns["target"], features=features, roles=roles)
     held = {} if data is None else data.rows()
     asked = new.rows()
     missing = [o for o in asked if o not in held]
@@ -414,14 +403,7 @@ def _add_fit(sub) -> None:
         default=None,
         help="hold out this share of each owner's rows for metrics",
     )
-    fit.add_argument(
-        "--warm-start",
-        default=None,
-        metavar="MODEL",
-        help="start from the hyper-parameters fedgp fit wrote to the folder MODEL (its kernel and mean: "
-        "--kernel, --mean and --ard are then refused), to continue training after owners added rows; "
-        "the same features and target, and --key-file's key if MODEL was sealed",
-    )
+    add_warm_start_option(fit)
     fit.add_argument("--out", default=None, help=OUT_HELP.format(command="fit"))
     _force_option(fit, FIT_FILES)
     _key_option(fit, f"seal {MODEL_FILE}")

@@ -316,6 +316,16 @@ def _in_sample(client: Any) -> Any:
     return client.derived(X_test=client.X, y_test=client.y)
 
 
+def read_tables(paths: Sequence[str], **options: Any) -> Any:
+    """The owner tables at ``paths`` (:func:`~fedgp.data.table.read_owner_table` with ``options``,
+    the CLI's roles by default) read as one: an owner's rows may be in several (rows added since a
+    fit)."""
+    from fedgp.data.table import CLI_ROLES, join_tables, read_owner_table
+
+    options.setdefault("roles", CLI_ROLES)
+    return join_tables([read_owner_table(path, **options) for path in paths])
+
+
 def warm_start(folder: Path, args: Any, target: str, features: Sequence[str], key: bytes | None) -> Any:
     """``fedgp fit --warm-start MODEL``'s spec: the model folder's kernel and mean, its learned state
     as their initial values (:meth:`fedgp.run.FitResult.warm_spec`). The folder's target and features
