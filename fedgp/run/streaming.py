@@ -1,4 +1,4 @@
-"""Owners whose data grow after ``fit``: :meth:`FitResult.update <fedgp.run.FitResult.update>`.
+"""Owners whose data grow after ``fit``: what ``FitResult.update`` does, and where the rows live.
 
 An owner that adds rows keeps the shared hyper-parameters and its own choice of state (a cluster,
 its personal values) as they were, and conditions on all its rows: its posterior's Cholesky factor
