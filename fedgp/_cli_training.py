@@ -113,3 +113,15 @@ def not_converged(result, args: argparse.Namespace, out: Path) -> str:
         f"training did not converge within --rounds {args.rounds} ({reason}). Raise --rounds, or --lr or "
         f"--local-steps; {where}"
     )
+
+
+def add_warm_start_option(parser: argparse.ArgumentParser) -> None:
+    """``--warm-start MODEL``: continue from a model folder's learned hyper-parameters."""
+    parser.add_argument(
+        "--warm-start",
+        default=None,
+        metavar="MODEL",
+        help="start from the hyper-parameters fedgp fit wrote to the folder MODEL (its kernel and mean: "
+        "--kernel, --mean and --ard are then refused), to continue training after owners added rows; "
+        "the same features and target, and --key-file's key if MODEL was sealed",
+    )

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 
 from fedgp._cli_flower import add_flower
 from fedgp._cli_memory import OUT_OF_MEMORY, libraries_under_limit, memory_advice, out_of_memory
-from fedgp._cli_training import add_model_options, add_training_options, not_converged
+from fedgp._cli_training import add_model_options, add_training_options, add_warm_start_option, not_converged
 from fedgp.errors import CommandError, ConvergenceWarning, FedGPError
 from fedgp.layout import COLUMNS_FILE, HISTORY_FILE, MODEL_FILE, TRANSFORMS_FILE
 from fedgp.version import __version__
@@ -95,16 +95,13 @@ def _fit(args: argparse.Namespace) -> int:
 
 
 def _fit_into(out: Path, args: argparse.Namespace) -> int:
-    from fedgp.commands import fit_metrics
-    from fedgp.data.table import CLI_ROLES, read_owner_table
+    from fedgp.commands import fit_metrics, read_tables, warm_start
     from fedgp.layout import write_model_folder
     from fedgp.presets import make_spec, make_strategy
     from fedgp.run import Progress, fit
     from fedgp.transforms import Transforms
 
-    table = read_owner_table(
-        args.data, group=args.group, target=args.target, features=args.features, roles=CLI_ROLES
-    )
+    table = read_tables(args.data, group=args.group, target=args.target, features=args.features)
     federation = table.federation(args.test_fraction, args.seed)
     group, target, features = table.group, table.target, table.features
     del table  # the table as read, its rows now copied into the clients: freed before training
@@ -118,7 +115,10 @@ def _fit_into(out: Path, args: argparse.Namespace) -> int:
         )
     except ValueError as err:
         raise CommandError(str(err)) from None
-    spec = make_spec(args.kernel, args.mean, d=len(features), ard=args.ard)
+    if args.warm_start is None:
+        spec = make_spec(args.kernel, args.mean, d=len(features), ard=args.ard)
+    else:  # the model folder's kernel and mean, from its learned hyper-parameters
+        spec = warm_start(Path(args.warm_start), args, target, features, _key(args))
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         result = fit(
@@ -139,7 +139,8 @@ def _fit_into(out: Path, args: argparse.Namespace) -> int:
             print(f"fedgp fit: warning: {warning.message}", file=sys.stderr)
     metrics = fit_metrics(result, federation, bool(args.test_fraction), _progress(args))
     columns = dict(group=group, target=target, features=features, owners=federation.ids,
-                   data=str(args.data), test_fraction=args.test_fraction, seed=args.seed)  # fmt: skip
+                   data=", ".join(map(str, args.data)), test_fraction=args.test_fraction,
+                   seed=args.seed)  # fmt: skip
     written = write_model_folder(out, result, columns, metrics=metrics, key=_key(args))
     n_train = int(federation.sizes.sum())
     n_test = int(metrics["n_test"].sum())
@@ -178,8 +179,8 @@ def _predict(args: argparse.Namespace) -> int:
 def _predict_into(out: Path, args: argparse.Namespace) -> int:
     import numpy as np
 
-    from fedgp.commands import predict_owners, read_columns, read_new_table
-    from fedgp.data.table import CLI_ROLES, read_owner_table
+    from fedgp.commands import predict_owners, read_columns, read_new_table, read_tables
+    from fedgp.data.table import CLI_ROLES
     from fedgp.layout import write_table
     from fedgp.run import load
 
@@ -194,10 +195,8 @@ def _predict_into(out: Path, args: argparse.Namespace) -> int:
     roles = {**CLI_ROLES, "target": "the model's target", "features": "the model's features"}
     new = read_new_table(args.new, model, columns, folder, group, roles)  # by the model's feature names
     data = None
-    if args.data is not None:
-        data = read_owner_table(
-            args.data, group=group, target=columns["target"], features=features, roles=roles
-        )
+    if args.data is not None:  # one table, or the owners' rows spread over several (rows added since)
+        data = read_tables(args.data, group=group, target=columns["target"], features=features, roles=roles)
     held = {} if data is None else data.rows()
     asked = new.rows()
     missing = [o for o in asked if o not in held]
@@ -206,7 +205,9 @@ def _predict_into(out: Path, args: argparse.Namespace) -> int:
         more = f" and {len(missing) - 10} more" if len(missing) > 10 else ""
         verb = "has" if len(missing) == 1 else "have"
         where = (
-            f"{verb} no rows in {args.data}" if data is not None else f"{verb} no data: no --data was given"
+            f"{verb} no rows in {', '.join(args.data)}"
+            if data is not None
+            else f"{verb} no data: no --data was given"
         )
         raise CommandError(
             f"{args.new}: {'owner' if len(missing) == 1 else 'owners'} {lines}{more} {where}. "
@@ -384,7 +385,13 @@ def _add_fit(sub) -> None:
         "and failures.csv (each client failure of the run: round, owner, reason). "
         "By default the run stops when training has converged (--stop auto), within --rounds.",
     )
-    fit.add_argument("data", metavar="DATA.csv", help="the table: features, target and owner columns")
+    fit.add_argument(
+        "data",
+        metavar="DATA.csv",
+        nargs="+",
+        help="the table: features, target and owner columns; several tables are read as one (an "
+        "owner's rows added since in another file)",
+    )
     fit.add_argument("--target", required=True, help="the column to predict")
     fit.add_argument("--group", required=True, help="the owner column: rows with one label are one client")
     fit.add_argument("--features", nargs="+", default=None, help="input columns (default: all the others)")
@@ -396,6 +403,7 @@ def _add_fit(sub) -> None:
         default=None,
         help="hold out this share of each owner's rows for metrics",
     )
+    add_warm_start_option(fit)
     fit.add_argument("--out", default=None, help=OUT_HELP.format(command="fit"))
     _force_option(fit, FIT_FILES)
     _key_option(fit, f"seal {MODEL_FILE}")
@@ -421,7 +429,15 @@ def _add_predict(sub) -> None:
     pred.add_argument(
         "--group", default=None, help="the owner column (default: the one the model was fitted with)"
     )
-    pred.add_argument("--data", default=None, metavar="DATA.csv", help="the owners' rows to condition on")
+    pred.add_argument(
+        "--data",
+        default=None,
+        action="append",
+        metavar="DATA.csv",
+        help="the owners' rows to condition on; repeat it for rows in several tables (the training "
+        "table and the rows an owner added since: each owner is conditioned on all its rows, with the "
+        "model's hyper-parameters and transforms, as FitResult.update does)",
+    )
     pred.add_argument(
         "--unknown",
         default="error",

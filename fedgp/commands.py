@@ -314,3 +314,48 @@ def _in_sample(client: Any) -> Any:
     """A copy of ``client`` whose test split is its training data. ``ClientData.with_test`` would check
     the same, already checked, tensors again (about half a millisecond a client: minutes for 10^6)."""
     return client.derived(X_test=client.X, y_test=client.y)
+
+
+def read_tables(paths: Sequence[str], **options: Any) -> Any:
+    """The owner tables at ``paths`` (:func:`~fedgp.data.table.read_owner_table` with ``options``,
+    the CLI's roles by default) read as one: an owner's rows may be in several (rows added since a
+    fit)."""
+    from fedgp.data.table import CLI_ROLES, join_tables, read_owner_table
+
+    options.setdefault("roles", CLI_ROLES)
+    return join_tables([read_owner_table(path, **options) for path in paths])
+
+
+def warm_start(folder: Path, args: Any, target: str, features: Sequence[str], key: bytes | None) -> Any:
+    """``fedgp fit --warm-start MODEL``'s spec: the model folder's kernel and mean, its learned state
+    as their initial values (:meth:`fedgp.run.FitResult.warm_spec`). The folder's target and features
+    must be this table's, and ``--kernel``, ``--mean`` and ``--ard`` are refused (the model's are used).
+    The state is in the earlier run's units; this run learns its transforms again from its rows."""
+    from fedgp import defaults
+    from fedgp.run import load
+
+    given = [
+        flag
+        for flag, value, default in [
+            ("--kernel", args.kernel, defaults.KERNEL),
+            ("--mean", args.mean, defaults.MEAN),
+            ("--ard/--no-ard", args.ard, defaults.ARD),
+        ]
+        if value != default
+    ]
+    if given:
+        raise CommandError(
+            f"--warm-start {folder}: {', '.join(given)} cannot be given with it: the run continues the "
+            "model's own kernel and mean"
+        )
+    columns = read_columns(folder)
+    if columns["target"] != target or list(columns["features"]) != list(features):
+        raise CommandError(
+            f"--warm-start {folder}: the model was fitted to target {columns['target']!r} from features "
+            f"{columns['features']}, this table's are {target!r} from {list(features)}: continue with "
+            "the same columns (--target, --features)"
+        )
+    try:
+        return load(folder / MODEL_FILE, key=key).warm_spec()
+    except ValueError as err:  # a sealed file without its key, a clustered model's states
+        raise CommandError(f"--warm-start {folder}: {err}") from None

@@ -32,6 +32,7 @@ from fedgp.errors import InputError, TableError, import_extra, missing_extra
 __all__ = [
     "OwnerTable",
     "read_owner_table",
+    "join_tables",
     "rows_by_owner",
     "owner_codes",
     "PYTHON_ROLES",
@@ -143,6 +144,26 @@ class OwnerTable:
         except ValueError as err:
             raise TableError(f"{self.source}: {err}") from None
         return fed if not test_fraction else fed.split(test_fraction, seed)
+
+
+def join_tables(tables: Sequence[OwnerTable]) -> OwnerTable:
+    """Several tables of the same columns as one, their rows in the tables' order: owners whose rows
+    are held in more than one file (a training table and the rows added since). ``source`` names
+    every file; ``lines`` are each row's line in its own file."""
+    first = tables[0]
+    if len(tables) == 1:
+        return first
+    return OwnerTable(
+        source=" + ".join(t.source for t in tables),
+        group=first.group,
+        features=first.features,
+        target=first.target,
+        X=np.concatenate([t.X for t in tables]),
+        y=None if first.y is None else np.concatenate([t.y for t in tables]),
+        owners=pd.concat([t.owners for t in tables], ignore_index=True),
+        lines=np.concatenate([t.lines for t in tables]),
+        frame=pd.concat([t.frame for t in tables], ignore_index=True),
+    )
 
 
 def read_owner_table(

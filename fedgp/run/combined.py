@@ -22,6 +22,7 @@ from fedgp.models.experts import SHARED_PRIOR_RULES, combine_experts
 from fedgp.models.objective import exact_settings
 from fedgp.models.posterior import Prediction
 from fedgp.run.exchange import ask
+from fedgp.run.streaming import with_grown
 
 __all__ = ["check_experts", "combined_posterior", "shared_prior"]
 
@@ -88,7 +89,7 @@ def combined_posterior(result: Any, X: torch.Tensor, rule: str) -> Prediction:
         warnings.warn(
             f"combined without the clients that failed to predict: {failed}", FedGPWarning, stacklevel=3
         )
-    answers = replies.individual
+    answers = with_grown(result, "predict", replies, X)  # owners that added rows: from their factors
     variance_f = answers["variance_f"]
     mean, variance = combine_experts(answers["mean"], variance_f, rule, *prior)
     noise = (answers["variance_y"] - variance_f).mean(0)

@@ -8,6 +8,7 @@ import pandas as pd
 import torch
 
 from fedgp.run.exchange import ask
+from fedgp.run.streaming import with_grown
 
 __all__ = ["evaluate_clients", "mean_metrics", "METRIC_COLUMNS"]
 
@@ -27,7 +28,8 @@ def evaluate_clients(session: Any) -> pd.DataFrame:
     if not len(positions):
         return pd.DataFrame(columns=columns)
     replies = ask(session, "evaluate", positions)
-    frame = pd.DataFrame({name: replies.individual[name].tolist() for name in columns[1:]})
+    answers = with_grown(session, "evaluate", replies)  # owners that added rows after fit: their own
+    frame = pd.DataFrame({name: answers[name].tolist() for name in columns[1:]})
     frame.insert(0, "client", [roster.ids[p] for p in replies.clients.tolist()])
     frame.attrs["failures"] = {roster.ids[p]: r for p, r in replies.failures.items()}
     return frame

@@ -23,7 +23,7 @@ from fedgp.data.client import ClientData, Federation, _as_float_tensor, _check_f
 from fedgp.data.names import align, check_names
 from fedgp.engines.base import Engine, InProcessEngine
 from fedgp.engines.sequential import SequentialOps
-from fedgp.engines.tasks import handle
+from fedgp.engines.tasks import KINDS, handle
 from fedgp.errors import (
     EngineError,
     FallbackWarning,
@@ -34,7 +34,7 @@ from fedgp.errors import (
 )
 from fedgp.export.botorch_model import to_botorch
 from fedgp.export.exact_gp import to_gpytorch
-from fedgp.messages import Record, Roster, ServerContext, check_reply, read_state
+from fedgp.messages import Record, Roster, ServerContext, Task, check_reply, read_state
 from fedgp.models.posterior import Prediction
 from fedgp.models.spec import ExactGPModel, GPSpec
 from fedgp.models.state import HyperState
@@ -43,6 +43,7 @@ from fedgp.run.combined import check_experts, combined_posterior
 from fedgp.run.evaluation import evaluate_clients
 from fedgp.run.exchange import ask, personal_task, send_transform
 from fedgp.run.saved import read_result, write_result
+from fedgp.run.streaming import current_owner, grow, warm_spec
 from fedgp.strategies.base import Strategy
 from fedgp.transforms import DataTransform
 
@@ -79,6 +80,8 @@ class FitResult:
     _model: Any = field(default=None, init=False, repr=False, compare=False)  # new clients' GPyTorch model
     _context: Any = field(default=None, init=False, repr=False, compare=False)
     _conditioned: dict = field(default_factory=dict, init=False, repr=False, compare=False)
+    # the owners that added rows after fit (update), by position: fedgp.run.streaming.GrownOwner
+    _grown: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.feature_names is not None:
@@ -167,9 +170,18 @@ class FitResult:
         return self._answer(kind, self._position(client), X, full_cov)
 
     def _answer(self, kind: str, where: int | ClientData, X, full_cov: bool) -> dict[str, torch.Tensor]:
-        """:meth:`ask` through the protocol: a training client through the engine, a new one here."""
+        """:meth:`ask` through the protocol: a training client through the engine, a new one here, an
+        owner that added rows (:meth:`update`) here from its grown factor."""
         if isinstance(where, ClientData):
             return self._ask_new(kind, where, X, full_cov)
+        if where in self._grown:
+            return self._ask_grown(kind, where, X, full_cov)
+        return self._engine_answer(kind, where, X, full_cov)
+
+    def _engine_answer(
+        self, kind: str, where: int, X: torch.Tensor | None = None, full_cov: bool = False
+    ) -> dict[str, torch.Tensor]:
+        """The training client at ``where``'s answer through the run's engine, from the rows it hosts."""
         try:
             outcome = ask(self, kind, torch.tensor([where]), X=X, full_cov=full_cov)
         except RoundFailedError as err:
@@ -188,6 +200,7 @@ class FitResult:
             and isinstance(engine, InProcessEngine)
             and not engine.loopback
             and engine.timeout is None
+            and where not in self._grown  # its rows are the result's now: answered from its factor
         )
 
     def _predict_here(self, position: int, X: torch.Tensor, full_cov: bool) -> Prediction:
@@ -222,20 +235,76 @@ class FitResult:
         return self._conditioned[position]
 
     def _ask_new(self, kind: str, client: ClientData, X, full_cov: bool) -> dict[str, torch.Tensor]:
-        task, fields = personal_task(self, kind, torch.tensor([-1]), X, full_cov)
-        try:
+        def answer(task: Task) -> dict[str, torch.Tensor]:
             data, offset, scale = self.transform.apply(client)
             if self._model is None:  # one GPyTorch model, reloaded for each new client
                 self._model = self.spec.build()
             ops = SequentialOps(self.spec, self._model, data, 0, 0, self.seed)
             units = (torch.tensor([offset], dtype=torch.float64), torch.tensor([scale], dtype=torch.float64))
-            reply = Record(handle(self.strategy.client_view(), ops, task, units, self.transform))
+            return handle(self.strategy.client_view(), ops, task, units, self.transform)
+
+        return self._answer_here(kind, -1, client.id, X, full_cov, answer)
+
+    def _answer_here(
+        self, kind: str, known: int, who: Any, X, full_cov: bool, answer
+    ) -> dict[str, torch.Tensor]:
+        """A ``kind`` task for the client ``who`` (training position ``known``, -1 if never seen)
+        answered in this process by ``answer(task)``, checked against its declared reply as an
+        engine checks a client's."""
+        task, fields = personal_task(self, kind, torch.tensor([known]), X, full_cov)
+        try:
+            reply = Record(answer(task))
             (reason,) = check_reply(reply, fields, 1)
         except Exception as err:  # noqa: BLE001 - as an engine reports a client's failure
             reason = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"[:500]
         if reason is not None:
-            raise EngineError(f"client {client.id!r} could not {kind}: {reason}")
+            raise EngineError(f"client {who!r} could not {kind}: {reason}")
         return {name: value[0] for name, value in reply.tensors.items()}
+
+    # -- an owner that added rows after fit ---------------------------------------------------------
+    def update(self, client: int | ClientData | Any, X_new: Any, y_new: Any) -> None:
+        """Add rows ``(X_new, y_new)`` to the training owner ``client`` (a position, an id or its
+        ``ClientData``): from now on its posterior conditions on all its rows.
+
+        The shared hyper-parameters and the owner's choice of state stay as fitted; its posterior's
+        Cholesky factor grows by the new rows' block, O(n²k) instead of factorising n + k rows again,
+        and equals that refit to rounding. The data transforms stay as the run learned them: the
+        federation's outcome standardisation and input box are every owner's units and the learned
+        state's, so one owner's rows cannot move them (an owner standardising with its own mean and sd,
+        ``Standardize(local=True)``, re-derives its own from all its rows). ``X_new``: ``(k, d)``, a
+        ``DataFrame``'s named columns matched to :attr:`feature_names`; ``y_new``: ``(k,)``.
+
+        The rows stay with the result: :attr:`federation` holds the owner's grown ``ClientData``
+        (a ``ClientData`` object given before is now a new client with the rows it holds), and
+        ``posterior``, ``predict``, ``ask``, ``evaluate``, ``combine=`` and the exports condition on
+        them. To train on them too, continue with ``fedgp.fit(result.warm_spec(), result.federation,
+        ...)``. Refused, naming the owner: a loaded result, an owner of the Ray or Flower engine
+        (its rows are on its own machine), a variational spec, known per-point noise, new rows
+        wrong in width, names or values (:mod:`fedgp.run.streaming`)."""
+        position, owner = grow(self, client, X_new, y_new)
+        self._grown[position] = owner
+        self.federation = self.federation.with_client(position, owner.data)
+
+    def warm_spec(self) -> GPSpec:
+        """The spec with the learned state as its initial values, to continue training from it
+        (``fedgp.fit(result.warm_spec(), result.federation, ...)``, after :meth:`update`s say). The
+        state is in the run's units; a continuing run learns its transforms again from its data."""
+        return warm_spec(self.spec, self.state)
+
+    def _ask_grown(self, kind: str, position: int, X, full_cov: bool) -> dict[str, torch.Tensor]:
+        """A ``kind`` task answered for an owner that added rows, from its grown factor, by the task
+        kind's own reply code (so in the same fields and units as an engine's answer)."""
+        owner = self._grown[position] = current_owner(self, position)
+
+        def answer(task: Task) -> dict[str, torch.Tensor]:
+            ops = owner.ops(self.spec, self.transform)
+            offset = torch.tensor([owner.offset], dtype=torch.float64)
+            scale = torch.tensor([owner.scale], dtype=torch.float64)
+            return KINDS[kind].answer_under(
+                owner.states, owner.cluster, ops, task, offset, scale, self.transform
+            )
+
+        return self._answer_here(kind, position, self.roster.ids[position], X, full_cov, answer)
 
     def client_state(self, client: int | ClientData | Any) -> HyperState:
         """The state a client conditions on (FGPR: the global state; clustered: its cluster's)."""

@@ -124,3 +124,18 @@ def test_small_clients_exist_for_prediction_but_not_for_training(n):
     with pytest.raises(ValueError, match="client 'bad'.*at least 2"):
         parts = [np.arange(3), np.array([3])]
         Federation.from_partition(np.zeros((4, 1)), np.arange(4.0), parts, ids=["a", "bad"])
+
+
+def test_with_client_replaces_one_owner_and_checks_it():
+    g = torch.Generator().manual_seed(0)
+    clients = [ClientData(torch.rand(4, 2, generator=g), torch.rand(4, generator=g), id=i) for i in range(3)]
+    fed = Federation(clients, feature_names=["a", "b"])
+    grown = ClientData(torch.rand(6, 2, generator=g), torch.rand(6, generator=g), id=1)
+    out = fed.with_client(1, grown)
+    assert out.sizes.tolist() == [4, 6, 4] and fed.sizes.tolist() == [4, 4, 4]  # a copy
+    assert out[0] is fed[0] and out[2] is fed[2] and out.index_of(1) == 1
+    assert out[1].feature_names == ("a", "b") and torch.equal(out[1].X, grown.X)
+    with pytest.raises(ValueError, match="position 1 holds client 1 of 2 features; got client 7 of 2"):
+        fed.with_client(1, ClientData(grown.X, grown.y, id=7))
+    with pytest.raises(ValueError, match="client 1"):
+        fed.with_client(1, ClientData(grown.X[:1], grown.y[:1], id=1))  # too few rows to train on
