@@ -64,7 +64,8 @@ class AsyncServer:
     """The asynchronous server's state: the inner strategy's server state (version ``version``),
     the simulated clock ``time``, each owner's job in flight (``started``: the version it trains
     from, -1 when idle; ``arrival``: when it arrives, ``inf`` when idle), the owners to send the
-    current version to (``dispatch``), the replies trained but not yet arrived (``pending``, one row
+    current version to (``dispatch``, a mask over the owners: a checkpoint's shapes are checked
+    against the first state's), the replies trained but not yet arrived (``pending``, one row
     per owner, with the state each started from under ``start/``) and one record per step of the
     replies it consumed (``log``)."""
 
@@ -170,7 +171,7 @@ class Asynchronous(Strategy):
             0.0,
             torch.zeros(k, dtype=torch.long),
             took.clone(),
-            torch.arange(k),
+            torch.ones(k, dtype=torch.bool),
             pending,
             [],
         )
@@ -185,7 +186,7 @@ class Asynchronous(Strategy):
                 f"Asynchronous: {type(self.inner).__name__}'s plan has personal rows "
                 f"{sorted(plan.personal.tensors)}; the asynchronous server sends every owner the shared state"
             )
-        who = server.dispatch
+        who = torch.nonzero(server.dispatch).flatten()
         shared = Record(plan.shared.tensors, {**plan.shared.settings, VERSION: int(server.version)})
         return RoundPlan(who, ctx.weights[who], shared, Record(), {**plan.replies, VERSION: Field()})
 
@@ -237,7 +238,7 @@ class Asynchronous(Strategy):
             "arrival": arrival[take].clone(),
         }
         started[take], arrival[take] = -1, torch.inf
-        restart = torch.nonzero(started < 0).flatten()
+        restart = started < 0
         started[restart] = version
         arrival[restart] = now + durations(self.speeds, self.work, ctx)[restart]
         state = AsyncServer(new_inner, version, now, started, arrival, restart, pending, [*server.log, log])

@@ -232,3 +232,20 @@ def test_personal_hyperparameters_stay_home_under_the_asynchronous_server(gp) ->
     assert math.isfinite(result.history["train_nll"].iloc[-1])
     noise = "likelihood.noise_covar.noise"
     assert torch.equal(result.state[noise], gp.spec.initial_state()[noise])
+
+
+def test_a_resumed_asynchronous_run_ends_as_an_unbroken_one(gp, tmp_path) -> None:
+    """The server state (jobs in flight, replies not yet arrived, the clock) goes into the checkpoint."""
+    strategy = Asynchronous(TRAIN, buffer=2, speeds=LogUniform(spread=10.0))
+    path = tmp_path / "run.ckpt"
+    unbroken = run(gp, strategy, rounds=6)
+    fedgp.fit(
+        gp.spec, gp.federation, strategy, rounds=3, seed=1, callbacks=[*QUIET, fedgp.run.Checkpointing(path)]
+    )
+    resumed = fedgp.fit(
+        gp.spec, gp.federation, strategy, rounds=6, seed=1,
+        callbacks=[*QUIET, fedgp.run.Checkpointing(path, resume=True)],
+    )  # fmt: skip
+    for name, value in unbroken.state.items():
+        assert torch.equal(value, resumed.state[name]), name
+    pd.testing.assert_frame_equal(unbroken.server_state.arrivals(), resumed.server_state.arrivals())
