@@ -22,7 +22,7 @@ one message exchange of the ordinary round loop: the owners that restart from ve
 round ``t``'s task (round number ``t``, so their minibatches and learning-rate schedule are those of
 synchronous round ``t``), the server keeps their replies until the schedule says they arrive, and
 any engine replays the schedule with no code of its own. A client that fails its task idles until
-the next version. ``history`` has, per step, the simulated time (``sim_time``), the replies consumed
+the next version; while fewer than ``B`` owners are working, the server steps on those that are. ``history`` has, per step, the simulated time (``sim_time``), the replies consumed
 (``buffered``) and their staleness (``staleness_mean``, ``staleness_max``); every reply's staleness
 is in :meth:`AsyncServer.arrivals` (``result.server_state.arrivals(result.roster.ids)``).
 

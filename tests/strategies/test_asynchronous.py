@@ -249,3 +249,19 @@ def test_a_resumed_asynchronous_run_ends_as_an_unbroken_one(gp, tmp_path) -> Non
     for name, value in unbroken.state.items():
         assert torch.equal(value, resumed.state[name]), name
     pd.testing.assert_frame_equal(unbroken.server_state.arrivals(), resumed.server_state.arrivals())
+
+
+def test_a_failed_job_never_arrives_and_its_owner_starts_again_from_the_next_version(gp) -> None:
+    strategy = Asynchronous(TRAIN, buffer=2, speeds=(1.0, 3.0, 0.5, 2.0, 1.0))
+    result = fedgp.fit(
+        gp.spec, gp.federation, strategy, rounds=8, seed=1, faults=fedgp.run.Faults(simulate=0.3),
+        callbacks=QUIET,
+    )  # fmt: skip
+    assert len(result.failures) > 0
+    arrived = set(map(tuple, result.server_state.arrivals(result.roster.ids)[["client", "version"]].values))
+    failed = {
+        (row.client, row.round - 1) for row in result.failures.itertuples()
+    }  # round t sends version t-1
+    assert not arrived & failed
+    restarted = {(client, version + 1) for client, version in failed if version + 1 < 7}
+    assert restarted & arrived  # the owners that failed came back with a later version
