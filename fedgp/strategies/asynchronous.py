@@ -18,13 +18,14 @@ order), steps at the ``B``-th, and every owner whose reply is in the buffer rest
 version at that moment. An owner that has replied waits for the step its reply is part of: it never
 trains twice from the same state (a full-data local step would send the same update again). Which
 owners arrive when depends only on the speeds and ``B``, never on the values, so each server step is
-one message exchange of the ordinary round loop: the owners that restart from version ``t`` get it in
-round ``t``'s task (round number ``t``, so their minibatches and learning-rate schedule are those of
-synchronous round ``t``), the server keeps their replies until the schedule says they arrive, and
+one message exchange of the ordinary round loop: the owners that restart from version ``t`` get it
+in round ``t``'s task (round number ``t``, so their minibatches and learning-rate schedule are those
+of synchronous round ``t``), the server keeps their replies until the schedule says they arrive, and
 any engine replays the schedule with no code of its own. A client that fails its task idles until
-the next version; while fewer than ``B`` owners are working, the server steps on those that are. ``history`` has, per step, the simulated time (``sim_time``), the replies consumed
-(``buffered``) and their staleness (``staleness_mean``, ``staleness_max``); every reply's staleness
-is in :meth:`AsyncServer.arrivals` (``result.server_state.arrivals(result.roster.ids)``).
+the next version; while fewer than ``B`` owners are working, the server steps on those that are.
+``history`` has, per step, the simulated time (``sim_time``), the replies consumed (``buffered``)
+and their staleness (``staleness_mean``, ``staleness_max``); every reply's staleness is in
+:meth:`AsyncServer.arrivals` (``result.server_state.arrivals(result.roster.ids)``).
 
 **Not combined with secure aggregation.** Secure aggregation releases the sum of one exchange's
 replies; a buffer mixes replies of several exchanges (trained from different versions, arriving
