@@ -15,7 +15,9 @@ points) is a 100x straggler (speed 0.01: 100 units). Configurations:
   round (its local update fails, as an engine's timeout fails it; the round renormalises over the
   other 11): 10 units a step.
 * ``asynchronous B=b``: the server steps on every ``b`` replies, staleness ``Polynomial(0.5)``
-  (and ``Constant()`` for B=4, to see what the weighting does).
+  (and ``Constant()`` for B=4, to see what the weighting does; and FedAdam at a third of its
+  default lr, and equal speeds, for B=6: to see whether the final gap is the steps' noise or the
+  bias of a buffer that fast owners fill).
 
 Each configuration consumes the same number of replies (100 steps of 12, 200 of 6, 300 of 4, 600 of
 2; the deadline's 100 steps of 11): the same client work, spread over different simulated times.
@@ -42,7 +44,7 @@ import torch
 from fedgp.experiments.common import paper_spec
 from fedgp.experiments.convergence import StateTrace, central_optimum, summed_log_likelihood, synthetic
 from fedgp.run import Progress, fit
-from fedgp.strategies import FGPR, Asynchronous, Constant, Polynomial
+from fedgp.strategies import FGPR, Asynchronous, Constant, FedAdam, Polynomial
 from fedgp.testing.engine import Saboteur
 
 OUT = Path(__file__).resolve().parents[1] / "results" / "benchmarks"
@@ -70,6 +72,12 @@ def configurations(steps: int) -> dict[str, tuple[object, int, float | None]]:
         "asynchronous B=2": (
             Asynchronous(FGPR(), buffer=2, staleness=Polynomial(0.5), speeds=SPEEDS),
             6 * steps,
+            None,
+        ),
+        "asynchronous B=6, equal speeds": (Asynchronous(FGPR(), buffer=6), 2 * steps, None),
+        "asynchronous B=6, server lr 0.03": (
+            Asynchronous(FGPR(server_optimizer=FedAdam(lr=0.03)), buffer=6, speeds=SPEEDS),
+            2 * steps,
             None,
         ),
     }
