@@ -265,3 +265,11 @@ def test_a_failed_job_never_arrives_and_its_owner_starts_again_from_the_next_ver
     assert not arrived & failed
     restarted = {(client, version + 1) for client, version in failed if version + 1 < 7}
     assert restarted & arrived  # the owners that failed came back with a later version
+
+
+def test_a_saved_asynchronous_result_loads_with_its_arrivals(gp, tmp_path) -> None:
+    result = run(gp, Asynchronous(TRAIN, buffer=2, speeds=LogUniform()), rounds=4)
+    result.save(tmp_path / "model")
+    back = fedgp.run.load(tmp_path / "model")
+    assert back.state.max_relative_difference(result.state) == 0
+    pd.testing.assert_frame_equal(back.server_state.arrivals(), result.server_state.arrivals())
