@@ -7,7 +7,8 @@ last received, which travels with it (the reply field ``version``); a reply ``τ
 counts with weight ``s(τ)`` (:mod:`fedgp.strategies.staleness`). As in FedBuff, a reply's *update*
 is what the server applies: the move it made from the state it started from, in GPyTorch's raw
 parameters, scaled by ``s(τ)`` and added to the current state — so the buffer's weighted mean is
-``θ_t + Σ_i w_i s(τ_i) Δ_i`` (``w_i``: the owners' weights ``p_k``, renormalised over the buffer), and
+``θ_t + Σ_i w_i s(τ_i) Δ_i`` (``w_i``: the inner plan's weights, ``p_k`` for FGPR, renormalised over
+the buffer), and
 the inner FGPR's server optimiser (FedAdam by default) steps on it as on a synchronous round's mean.
 A fresh reply (``τ = 0``) enters exactly as it came, so with ``B = K`` and equal speeds every step is
 the synchronous round, bit for bit.
@@ -47,6 +48,7 @@ import torch
 from fedgp.errors import EngineError, InputError, InputTypeError
 from fedgp.messages import Field, Record, Replies, RoundPlan, ServerContext, Task, read_state, state_tensors
 from fedgp.models.state import HyperState
+from fedgp.rng import generator
 from fedgp.strategies.base import ClientOps, Strategy
 from fedgp.strategies.fgpr import FGPR, STATE
 from fedgp.strategies.speeds import WORK, SpeedDraw, check_speeds, durations
@@ -181,15 +183,26 @@ class Asynchronous(Strategy):
         self, rnd: int, server: AsyncServer, ctx: ServerContext, rng: np.random.Generator
     ) -> RoundPlan:
         """The current version, to the owners that start from it (everyone in round 0)."""
-        plan = self.inner.configure(rnd, server.inner, ctx, rng)
-        if plan.personal.tensors:
-            raise InputError(
-                f"Asynchronous: {type(self.inner).__name__}'s plan has personal rows "
-                f"{sorted(plan.personal.tensors)}; the asynchronous server sends every owner the shared state"
-            )
+        plan, weights = self._inner_plan(rnd, server, ctx, rng)
         who = torch.nonzero(server.dispatch).flatten()
         shared = Record(plan.shared.tensors, {**plan.shared.settings, VERSION: int(server.version)})
-        return RoundPlan(who, ctx.weights[who], shared, Record(), {**plan.replies, VERSION: Field()})
+        return RoundPlan(who, weights[who], shared, Record(), {**plan.replies, VERSION: Field()})
+
+    def _inner_plan(
+        self, rnd: int, server: AsyncServer, ctx: ServerContext, rng: np.random.Generator
+    ) -> tuple[RoundPlan, torch.Tensor]:
+        """The inner strategy's plan of round ``rnd`` and each owner's weight in it (``(K,)``): the
+        weights a buffer's replies take, renormalised over it (``WeightedFGPR``'s forced ones too)."""
+        plan = self.inner.configure(rnd, server.inner, ctx, rng)
+        name = type(self.inner).__name__
+        if plan.personal.tensors:
+            raise InputError(
+                f"Asynchronous: {name}'s plan has personal rows {sorted(plan.personal.tensors)}; the "
+                "asynchronous server sends every owner the shared state"
+            )
+        if not torch.equal(plan.participants, torch.arange(ctx.num_clients)):
+            raise InputError(f"Asynchronous: {name}'s plan must take every owner once, in registration order")
+        return plan, plan.weights
 
     def aggregate(
         self, rnd: int, server: AsyncServer, plan: RoundPlan, replies: Replies, ctx: ServerContext
@@ -221,9 +234,10 @@ class Asynchronous(Strategy):
         now = float(arrival[take[-1]])
         tau = server.version - started[take]
         factor = self.staleness(tau)
-        weights = ctx.weights[take]
+        _, base = self._inner_plan(rnd, server, ctx, generator(ctx.seed, "configure", rnd))  # as the run's
+        weights = base[take]
         if len(take) < ctx.num_clients:
-            weights = weights * (ctx.weights.sum() / weights.sum())
+            weights = weights * (base.sum() / weights.sum())
         individual = {n: pending[n][take] for n in self.inner.reply_fields(ctx)}
         individual.update(self._rebased(spec, theta, pending, take, tau, factor))
         buffered = Replies(take, weights, individual, {}, dict(replies.failures), torch.arange(len(take)))

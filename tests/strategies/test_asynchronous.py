@@ -26,6 +26,7 @@ from fedgp.strategies import (
     Hinge,
     LogUniform,
     Polynomial,
+    WeightedFGPR,
 )
 from fedgp.strategies.asynchronous import VERSION
 from fedgp.synthetic import gp_federation
@@ -55,6 +56,16 @@ def test_equal_speeds_and_a_full_buffer_are_the_synchronous_round(gp, engine) ->
     np.testing.assert_allclose(buffered.history["train_nll"], sync.history["train_nll"], rtol=1e-10)
     assert (buffered.history["staleness_max"] == 0).all()
     assert buffered.history["sim_time"].tolist() == [1.0, 2.0, 3.0, 4.0]
+
+
+def test_the_inner_strategys_weights_are_the_buffers(gp) -> None:
+    """WeightedFGPR forces the first owner's weight: the asynchronous server keeps it (B = K is its
+    synchronous run), and renormalises it over a smaller buffer."""
+    inner = WeightedFGPR(hf_weight=0.9, local_steps=2, batch_size=8)
+    sync = run(gp, inner)
+    buffered = run(gp, Asynchronous(inner, buffer=5))
+    assert buffered.state.max_relative_difference(sync.state) < 1e-10
+    assert run(gp, Asynchronous(TRAIN, buffer=5)).state.max_relative_difference(sync.state) > 1e-3
 
 
 def test_the_schedule_is_replayed_bit_for_bit_on_every_engine(gp) -> None:
