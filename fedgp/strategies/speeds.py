@@ -15,6 +15,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from fedgp.checks import check_settings
@@ -57,6 +58,11 @@ def check_speeds(speeds: Sequence[float] | SpeedDraw | None) -> tuple[float, ...
     named by its position)."""
     if speeds is None or isinstance(speeds, SpeedDraw):
         return speeds
+    if isinstance(speeds, (np.ndarray, torch.Tensor)):  # measured speeds often come as an array
+        speeds = np.asarray(speeds.cpu() if isinstance(speeds, torch.Tensor) else speeds, dtype=float)
+        if speeds.ndim != 1:
+            raise InputError(f"Asynchronous: speeds must be one number per client, got shape {speeds.shape}")
+        speeds = speeds.tolist()
     if isinstance(speeds, (str, bytes)) or not isinstance(speeds, Sequence):
         raise InputTypeError(
             "Asynchronous: speeds must be None (all equal), one number per client, or a draw such as "

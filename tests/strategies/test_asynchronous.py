@@ -188,6 +188,9 @@ def test_bad_settings_are_refused_by_name(gp) -> None:
         Polynomial(a=-0.5)
     with pytest.raises(InputError, match=r"speeds\[1\] must be a finite number > 0, got 0"):
         Asynchronous(speeds=[1.0, 0.0, 1.0])
+    with pytest.raises(InputError, match=r"speeds\[2\] must be a finite number > 0, got nan"):
+        Asynchronous(speeds=np.array([1.0, 2.0, np.nan]))
+    assert Asynchronous(speeds=torch.tensor([1.0, 0.5])).speeds == (1.0, 0.5)
     with pytest.raises(InputError, match=r"speeds\[0\]"):
         Asynchronous(speeds=[-2.0])
     with pytest.raises(InputError, match="3 speeds for 5 registered clients"):
