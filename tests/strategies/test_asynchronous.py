@@ -289,3 +289,38 @@ def test_a_saved_asynchronous_result_loads_with_its_arrivals(gp, tmp_path) -> No
     back = fedgp.run.load(tmp_path / "model")
     assert back.state.max_relative_difference(result.state) == 0
     pd.testing.assert_frame_equal(back.server_state.arrivals(), result.server_state.arrivals())
+
+
+@given(
+    speeds=st.lists(st.floats(0.01, 100.0), min_size=1, max_size=6),
+    buffer=st.integers(1, 6),
+    steps=st.integers(1, 8),
+)
+def test_the_schedule_keeps_its_invariants(gp, speeds, buffer, steps) -> None:
+    """Any speeds and buffer: every step consumes B replies that arrived since the last step, each
+    owner trains from a version at most once, and a job started at a step lasts 1 / speed."""
+    k = len(speeds)
+    buffer = min(buffer, k)
+    spec = gp.spec
+    sizes = torch.full((k,), 10)
+    ctx = ServerContext(spec, sizes, torch.full((k,), 1.0 / k, dtype=torch.float64), list(range(k)), 0)
+    strategy = Asynchronous(FGPR(server_optimizer=None), buffer=buffer, speeds=speeds)
+    server = strategy.initialize(ctx, generator(0, "init"))
+    times = [0.0]
+    for rnd in range(steps):
+        plan = strategy.configure(rnd, server, ctx, generator(0, "configure", rnd))
+        n = len(plan.participants)
+        reply = _reply(spec, strategy.global_state(server), 0.01 * (rnd + 1), n)
+        reply[VERSION] = torch.full((n,), float(rnd), dtype=torch.float64)
+        replies = Replies(plan.participants, plan.weights, reply, {}, {}, torch.arange(n))
+        server, metrics = strategy.aggregate(rnd, server, plan, replies, ctx)
+        assert metrics["buffered"] == buffer
+        times.append(metrics["sim_time"])
+    table = server.arrivals()
+    assert times == sorted(times)
+    assert not table.duplicated(["client", "version"]).any()
+    assert (table["staleness"] == table["step"] - 1 - table["version"]).all()
+    assert (table["staleness"] >= 0).all()
+    for row in table.itertuples():
+        assert times[row.step - 1] <= row.arrival <= times[row.step]
+        assert row.arrival == times[row.version] + 1.0 / speeds[row.client]
