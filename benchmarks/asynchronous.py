@@ -28,6 +28,14 @@ transforms) and the state after each step (every ``EVERY``-th), against simulate
 configuration: steps, simulated time, the time to a gap of 1 and of 0.1 nats per owner, and the
 final and best gap. Writes ``results/benchmarks/asynchronous.csv`` (one row per configuration) and
 prints it.
+
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/asynchronous.py --throughput
+
+instead measures the replay's cost on the batched engine (issue 54, item 4): K = 10⁴ GP owners of 20
+points, FGPR with 5 local steps of 16, client jobs per second of wall time for the synchronous round
+(3 rounds) against the asynchronous server with B = K/2 (6 steps) and B = K/10 (30 steps), speeds
+``LogUniform(10)``; three repetitions in turn after a warm-up, into
+``results/benchmarks/asynchronous_throughput.csv``.
 """
 
 from __future__ import annotations
@@ -43,8 +51,9 @@ import torch
 
 from fedgp.experiments.common import paper_spec
 from fedgp.experiments.convergence import StateTrace, central_optimum, summed_log_likelihood, synthetic
-from fedgp.run import Progress, fit
-from fedgp.strategies import FGPR, Asynchronous, Constant, FedAdam, Polynomial
+from fedgp.run import Evaluate, Progress, fit
+from fedgp.strategies import FGPR, Asynchronous, Constant, FedAdam, LogUniform, Polynomial
+from fedgp.synthetic import gp_federation
 from fedgp.testing.engine import Saboteur
 
 OUT = Path(__file__).resolve().parents[1] / "results" / "benchmarks"
@@ -142,5 +151,43 @@ def main(steps: int = 100) -> pd.DataFrame:
     return table
 
 
+def throughput(k: int = 10_000, rounds: int = 3, repeats: int = 3) -> pd.DataFrame:
+    """Client jobs per second on the batched engine: synchronous against asynchronous replays."""
+    torch.set_num_threads(1)
+    data = gp_federation(num_clients=k, n=20, d=2, seed=0)
+    inner = FGPR(local_steps=5, batch_size=16)
+    runs = {
+        "synchronous": (inner, rounds),
+        "asynchronous B=K/2": (Asynchronous(inner, buffer=k // 2, speeds=LogUniform(10.0)), 2 * rounds),
+        "asynchronous B=K/10": (Asynchronous(inner, buffer=k // 10, speeds=LogUniform(10.0)), 10 * rounds),
+    }
+    quiet = [Progress(False), Evaluate(every=0)]
+    fit(data.spec, data.federation, inner, rounds=1, engine="batched", callbacks=quiet)  # compile
+    rows = []
+    for repeat in range(repeats):
+        for name, (strategy, steps) in runs.items():
+            started = time.perf_counter()
+            result = fit(
+                data.spec, data.federation, strategy, rounds=steps, engine="batched", callbacks=quiet
+            )
+            seconds = time.perf_counter() - started
+            jobs = int(result.history["participants"].sum())
+            rows.append({"config": name, "repeat": repeat, "K": k, "steps": steps, "client_jobs": jobs,
+                         "seconds": round(seconds, 3), "jobs_per_second": round(jobs / seconds)})  # fmt: skip
+            print(rows[-1], flush=True)
+    table = pd.DataFrame(rows)
+    median = table.groupby("config", sort=False)["jobs_per_second"].median()
+    table["ratio_to_synchronous_median"] = table["config"].map(median / median["synchronous"]).round(3)
+    OUT.mkdir(parents=True, exist_ok=True)
+    with (OUT / "asynchronous_throughput.csv").open("w") as handle:
+        handle.write(f"# {COMMAND} --throughput (2 shared CPU cores, other jobs running)\n")
+        table.to_csv(handle, index=False)
+    print(table)
+    return table
+
+
 if __name__ == "__main__":
-    main(int(sys.argv[1]) if len(sys.argv) > 1 else 100)
+    if "--throughput" in sys.argv:
+        throughput()
+    else:
+        main(int(sys.argv[1]) if len(sys.argv) > 1 else 100)
