@@ -5,6 +5,7 @@ A strategy talks to its clients in the protocol of :mod:`fedgp.messages` (``Roun
 """
 
 from fedgp.strategies import clustered, gradient_clustering
+from fedgp.strategies.asynchronous import Asynchronous, AsyncServer
 from fedgp.strategies.base import ClientOps, Strategy, TrainResult
 from fedgp.strategies.clustered import ClusteredGP, ClusteredState, MomentDescentInit
 from fedgp.strategies.fgpr import FGPR
@@ -15,12 +16,22 @@ from fedgp.strategies.memory import ClientMemory
 from fedgp.strategies.private import DPFGPR
 from fedgp.strategies.schedules import CosineDecay, InverseRound, LRSchedule, StepDecay
 from fedgp.strategies.server import FedAdam, FedAvgM, FedYogi, ServerOptimizer, ServerState
+from fedgp.strategies.speeds import LogUniform, SpeedDraw
+from fedgp.strategies.staleness import Constant, Hinge, Polynomial, StalenessWeight
 from fedgp.strategies.weighted import WeightedFGPR
 
 __all__ = [
     "FGPR",
     "WeightedFGPR",
     "DPFGPR",
+    "Asynchronous",
+    "AsyncServer",
+    "StalenessWeight",
+    "Polynomial",
+    "Hinge",
+    "Constant",
+    "SpeedDraw",
+    "LogUniform",
     "FederatedClustering",
     "MomentumClustering",
     "MyopicClustering",

@@ -89,3 +89,27 @@ def test_the_server_waits_for_nodes_that_register_after_it_started():
         GridEngine(_LateNodes(local, quiet_calls=10**6), draws.spec, timeout=0.3).start(
             fedgp.strategies.FGPR(), 0
         )
+
+
+def test_an_asynchronous_replay_over_flower_is_the_sequential_engines():
+    """The simulated asynchronous schedule (fedgp.strategies.Asynchronous) crosses Flower's grid as
+    ordinary rounds, the version in each message and reply: the same state and arrivals as in process."""
+    from fedgp.strategies import FGPR, Asynchronous
+
+    draws = fedgp.synthetic.gp_federation(num_clients=5, n=[14, 20, 9, 17, 12], d=2, n_test=5, seed=3)
+    strategy = Asynchronous(FGPR(local_steps=2, batch_size=8), buffer=2, speeds=(1.0, 3.0, 0.5, 2.0, 1.0))
+    runs = [
+        fedgp.fit(
+            draws.spec,
+            draws.federation,
+            strategy,
+            rounds=4,
+            engine=engine,
+            seed=1,
+            callbacks=[fedgp.run.Progress(False)],
+        )  # fmt: skip
+        for engine in ("sequential", Flower(num_nodes=3))
+    ]
+    assert runs[1].state.max_relative_difference(runs[0].state) < 1e-12
+    assert runs[1].server_state.arrivals().equals(runs[0].server_state.arrivals())
+    assert runs[1].history["staleness_max"].max() > 0

@@ -21,6 +21,7 @@ from fedgp.run import ClientDP
 from fedgp.strategies import (
     FGPR,
     IFCA,
+    Asynchronous,
     FederatedClustering,
     LocalTraining,
     MomentDescentInit,
@@ -136,6 +137,9 @@ def test_readme_traffic_table_is_what_clients_send():
     R, k = 2, 3
     gp_cases = {
         "FGPR": FGPR(batch_size=8),
+        "FGPR, asynchronous (`Asynchronous(FGPR())`)": Asynchronous(
+            FGPR(batch_size=8), buffer=3, speeds=(1.0, 2.0, 0.5, 1.0, 3.0, 0.2)
+        ),
         "clustered, hard assignment (IFCA model averaging)": IFCA(num_clusters=k, restarts=R, batch_size=8),
         "clustered, soft assignment": C.ClusteredGP(
             k, C.RandomInit(), C.SoftAssigner(), C.LocalTrainingSolver(train), restarts=R
