@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import gpytorch
@@ -39,6 +39,7 @@ import torch
 
 from fedgp.data.client import ClientData, within_limits
 from fedgp.errors import InputError, InputTypeError
+from fedgp.models.multioutput import MultiOutputSpec
 from fedgp.models.state import HyperState
 from fedgp.models.units import outcome_in_units, state_in_units
 from fedgp.summaries import client_summaries, outward_bounds, own_outcome_maps, power_of_two
@@ -87,10 +88,13 @@ class Normalize:
     out by 0 to 3 further grid steps (of at least 1, so that each passes an integer), chosen by a
     hash of its own data (:func:`fedgp.summaries.hidden_steps`): the integer just inside is the
     extreme for 1 end in 4 (measured: 25.0 % of 8,000 ends). Fedgp's Flower app turns it on.
+    ``task_column``: the last column is an output index (a
+    :class:`~fedgp.models.multioutput.MultiOutputSpec`'s), left as it is; ``fit`` sets it for such a spec.
     """
 
     bounds: Any = None
     hide_discrete: bool = False
+    task_column: bool = False
 
     def __post_init__(self) -> None:
         if self.bounds is None:
@@ -418,7 +422,26 @@ class Transforms:
             outcome = None
         picked = None if reason else Normalize(hide_discrete=self.hide_discrete)
         inputs = picked if self.inputs == "auto" else self.inputs
-        return outcome, inputs, f"'auto' transforms nothing: {reason}" if reason else ""
+        note = f"'auto' transforms nothing: {reason}" if reason else ""
+        if isinstance(spec, MultiOutputSpec):
+            outcome, inputs = _multi_output(self.outcome, inputs)
+            note = note or "'auto' left the multi-output targets as they are (each output in its own units)"
+        return outcome, inputs, note
+
+
+def _multi_output(given: Any, inputs: Normalize | None) -> tuple[None, Normalize | None]:
+    """A multi-output spec's transforms: the input features scaled, the output column (the last) left
+    as it is, and the targets as they are. One mean and sd of every output's targets would mix outputs
+    of different units; the spec's per-output mean and task covariance carry each output's level and
+    scale instead. An explicit ``Standardize`` is refused rather than applied wrongly."""
+    if isinstance(given, Standardize):
+        raise InputError(
+            "a MultiOutputSpec's targets are several outputs in their own units: Standardize would pool "
+            "them into one mean and sd, and per-output standardisation is not federated yet; pass "
+            "Transforms(outcome=None) (or 'auto', which leaves them as they are: the spec's TaskMean "
+            "and task covariance carry each output's level and scale)"
+        )
+    return None, None if inputs is None else replace(inputs, task_column=True)
 
 
 #: ``"auto"`` standardises each owner by its own mean and sd when the standard deviation, across
@@ -465,7 +488,10 @@ def learn(
         else:
             lower, upper = individual["x_min"].min(0).values, individual["x_max"].max(0).values
         span = upper - lower
-        fields.update(x_offset=lower.clone(), x_scale=torch.where(span > 0, span, torch.ones_like(span)))
+        offset, scale = lower.clone(), torch.where(span > 0, span, torch.ones_like(span))
+        if inputs.task_column:  # the output index stays the integer the model reads
+            offset[-1], scale[-1] = 0.0, 1.0
+        fields.update(x_offset=offset, x_scale=scale)
     if outcome is not None and outcome.local:
         fields["y_local"] = True
     elif outcome is not None:
