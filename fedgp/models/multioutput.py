@@ -169,9 +169,8 @@ class MultiOutputSpec(GPSpec):
 
     ``result.predict(rows, client=k)`` predicts at rows in the same form: one value per row, for the
     output its last column names (:func:`output_rows` asks for all T at each input; reshape to (m, T)).
-    ``fit``'s default transforms scale the input features to the unit cube and leave the output column
-    and the targets as they are: the outputs are modelled in their own units (the :class:`TaskMean`
-    and B's diagonal carry each output's level and scale).
+    ``fit``'s default transforms scale the input features to the unit cube, leave the output column as
+    it is, and standardise each output by its own federated mean and sd (:mod:`fedgp.transforms`).
     """
 
     def __init__(

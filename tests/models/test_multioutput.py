@@ -49,8 +49,8 @@ def test_one_output_reproduces_the_single_output_fit_and_predictions():
         ClientData(torch.cat([c.X, torch.zeros(c.n, 1, dtype=torch.float64)], 1), c.y, id=c.id)
         for c in clients
     ]
-    plain = Transforms(outcome=None)  # what 'auto' does for a multi-output spec, asked for explicitly
-    a = fedgp.fit(one, Federation(clients), rounds=15, engine="sequential", seed=0, transforms=plain)
+    federated = Transforms(outcome=Standardize())  # 'auto' standardises each output so for T outputs
+    a = fedgp.fit(one, Federation(clients), rounds=15, engine="sequential", seed=0, transforms=federated)
     b = fedgp.fit(multi, Federation(rows), rounds=15, engine="sequential", seed=0)
     pairs = [
         ("likelihood.noise_covar.noise", "likelihood.noise_covar.noise"),
@@ -259,20 +259,23 @@ def _correlated_owners(seed: int = 0, lower: float = 0.0, width: float = 1.0):
 
 def test_federated_owners_learn_the_outputs_correlation_and_predict_what_they_lack():
     """FGPR on 4 owners, each lacking one output on half its inputs: the learned correlation is negative
-    (-0.95 measured), and the test NLL on the lacking output beats one-output FGPR per output and the
-    rank-0 ICM (measured mean NLL per owner: 0.24 joint, 2.07 rank 0, 33.5 one-output fits)."""
+    (-0.94 measured), and the test NLL on the lacking output beats one-output FGPR per output and the
+    rank-0 ICM (measured mean NLL per owner: -0.07 joint, 1.83 rank 0, 1.93 one-output fits)."""
     fed = _correlated_owners()
     spec = MultiOutputSpec(outputs=2, rank=1)
     joint = fedgp.fit(spec, fed, rounds=40, engine="sequential", seed=0)
     correlation = spec.for_inputs(2).task_correlation(joint.state)
     assert float(correlation[0, 1]) < -0.5  # the right sign, and clearly so
     # Independent fits: one one-output FGPR per output, each on the owners' rows of that output.
-    nll_joint, nll_alone = [], []
+    nll_joint, nll_alone, standard = [], [], Transforms(outcome=Standardize())
     for t in range(2):
         per_output = Federation(
             [ClientData(c.X[c.X[:, -1] == t, :-1], c.y[c.X[:, -1] == t], id=c.id) for c in fed]
         )
-        alone = fedgp.fit(fedgp.GPSpec(), per_output, rounds=40, engine="sequential", seed=0)
+        # each output standardised by the federation's mean and sd, as the joint model's are
+        alone = fedgp.fit(
+            fedgp.GPSpec(), per_output, rounds=40, engine="sequential", seed=0, transforms=standard
+        )
         for c in fed:
             asked = c.X_test[:, -1] == t
             if not bool(asked.any()):
@@ -301,6 +304,66 @@ def test_batched_engine_runs_a_multi_output_spec_client_by_client():
     assert batched.state.allclose(sequential.state, rtol=1e-10)
 
 
+def test_other_strategies_take_a_multi_output_spec():
+    """The task covariance is a hyper-parameter like any other: IFCA clusters it, an owner may keep
+    its own noise (personal), and ClientDP clips and noises the update that carries it."""
+    fed, spec = _correlated_owners(), MultiOutputSpec(outputs=2)
+    ifca = fedgp.fit(spec, fed, fedgp.strategies.IFCA(num_clusters=2), rounds=3, engine="sequential", seed=0)
+    assert {"0/task_covar_module.covar_factor[1]", "1/task_covar_module.var[0]"} <= set(ifca.history.columns)
+    personal = fedgp.strategies.FGPR(personal=("noise",))
+    kept = fedgp.fit(spec, fed, personal, rounds=3, engine="sequential", seed=0)
+    noise = "likelihood.noise_covar.noise"
+    assert not torch.equal(kept.client_state(0)[noise], kept.state[noise])
+    assert torch.equal(kept.client_state(0)[COVAR_FACTOR], kept.state[COVAR_FACTOR])
+    private = fedgp.run.ClientDP(fedgp.strategies.FGPR(), epsilon=5.0, delta=1e-3)
+    with pytest.raises(InputError, match="under ClientDP, whose 'auto' picks each client's own"):
+        fedgp.fit(spec, fed, private, rounds=2, engine="sequential", seed=0)
+    dp = fedgp.fit(
+        spec, fed, private, rounds=2, engine="sequential", seed=0, transforms=Transforms(outcome=None)
+    )
+    assert float(dp.history["epsilon"].iloc[-1]) > 0
+    assert all(bool(torch.isfinite(v).all()) for v in dp.state.values())
+
+
+def _rescaled(fed: Federation, t: int, a: float, b: float) -> Federation:
+    """``fed`` with output t's targets (training and test) mapped to a·y + b."""
+    out = []
+    for c in fed:
+        y, y_test = c.y.clone(), c.y_test.clone()
+        y[c.X[:, -1] == t] = a * y[c.X[:, -1] == t] + b
+        y_test[c.X_test[:, -1] == t] = a * y_test[c.X_test[:, -1] == t] + b
+        out.append(ClientData(c.X, y, id=c.id, X_test=c.X_test, y_test=y_test))
+    return Federation(out)
+
+
+def test_an_output_in_other_units_changes_nothing_but_its_units():
+    """Per-output standardisation: with output 1 in units 1000× larger and shifted by 500, the fit
+    learns the same state, its predictions of output 1 are a·m + b with variances a²·v, and its test
+    RMSE and NLL are a× and + log a (a pooled mean and sd would let output 1 swamp output 0)."""
+    fed, a, b = _correlated_owners(), 1000.0, 500.0
+    spec = MultiOutputSpec(outputs=2)
+    plain = fedgp.fit(spec, fed, rounds=10, engine="sequential", seed=0)
+    # every message through bytes: predictions come back through the predict task's reply
+    through = fedgp.engines.Sequential(loopback=True)
+    scaled = fedgp.fit(spec, _rescaled(fed, 1, a, b), rounds=10, engine=through, seed=0)
+    assert scaled.state.allclose(plain.state, rtol=1e-9, atol=1e-12)
+    rows = output_rows(torch.linspace(0, 1, 4, dtype=torch.float64)[:, None], 2)
+    p0 = plain.posterior(rows, client=1, full_cov=True)
+    p1 = scaled.posterior(rows, client=1, full_cov=True)
+    one = rows[:, -1] == 1
+    factor = torch.where(one, a, 1.0).double()
+    assert torch.allclose(p1.mean, factor * p0.mean + torch.where(one, b, 0.0), rtol=1e-9)
+    assert torch.allclose(p1.variance_y, factor**2 * p0.variance_y, rtol=1e-9)
+    assert torch.allclose(p1.covariance_f, factor[:, None] * p0.covariance_f * factor[None, :], rtol=1e-8)
+    e0, e1 = plain.evaluate(), scaled.evaluate()
+    only_output_1 = [c.id for c in fed if bool((c.X_test[:, -1] == 1).all())]
+    assert only_output_1  # owners tested on output 1 alone
+    for cid in only_output_1:
+        r0, r1 = e0[e0.client == cid].iloc[0], e1[e1.client == cid].iloc[0]
+        assert r1.rmse == pytest.approx(a * r0.rmse, rel=1e-9)
+        assert r1.nll == pytest.approx(r0.nll + math.log(a), rel=1e-9)
+
+
 # -- data, transforms and errors ---------------------------------------------------------------------
 @settings(max_examples=30, deadline=None)
 @given(
@@ -321,14 +384,22 @@ def test_long_form_keeps_every_observed_entry_once(n, T, missing):
         assert value == Y[i, t] and torch.equal(row[:-1], X[i])
 
 
-def test_auto_transforms_scale_the_features_and_leave_the_output_column_and_targets():
+def test_auto_transforms_standardise_each_output_and_leave_the_output_column():
+    """The targets map by each output's own federated mean and sd (from summed counts and sums per
+    output), the features to the unit cube, and the output column stays the integer the model reads."""
     fed = _correlated_owners(lower=-3.0, width=10.0)
     result = fedgp.fit(MultiOutputSpec(outputs=2), fed, rounds=1, engine="sequential", seed=0)
     transform = result.transform
-    assert transform.y_offset is None and not transform.y_local
+    assert transform.per_output and not transform.y_local
+    rows = torch.cat([c.X for c in fed])
+    y = torch.cat([c.y for c in fed])
+    for t in range(2):
+        mine = y[rows[:, -1] == t]
+        assert float(transform.y_offset[t]) == pytest.approx(float(mine.mean()), rel=1e-12)
+        assert float(transform.y_scale[t]) == pytest.approx(float(mine.std()), rel=1e-12)
     assert float(transform.x_offset[-1]) == 0.0 and float(transform.x_scale[-1]) == 1.0
     assert float(transform.x_offset[0]) <= -3.0 and float(transform.x_scale[0]) >= 10.0
-    assert "multi-output" in result.transforms["note"]
+    assert "standardize each output" in result.transforms["outcome"]
     known = Transforms(inputs=Normalize(bounds=[[-1.0, 0.0], [3.0, 1.0]]), outcome=None)
     scaled = fedgp.fit(
         MultiOutputSpec(outputs=2), fed, rounds=1, engine="sequential", seed=0, transforms=known
@@ -341,8 +412,9 @@ def test_auto_transforms_scale_the_features_and_leave_the_output_column_and_targ
 
 def test_errors_name_the_problem():
     fed = _correlated_owners()
-    with pytest.raises(InputError, match="Standardize would pool"):
-        fedgp.fit(MultiOutputSpec(outputs=2), fed, rounds=1, transforms=Transforms(outcome=Standardize()))
+    with pytest.raises(InputError, match=r"Standardize\(local=True\) is not built for a MultiOutputSpec"):
+        local = Transforms(outcome=Standardize(local=True))
+        fedgp.fit(MultiOutputSpec(outputs=2), fed, rounds=1, transforms=local)
     # an output index out of range, named with the client and the row
     X = torch.tensor([[0.1, 0.0], [0.5, 1.0], [0.9, 2.0]], dtype=torch.float64)
     bad = Federation([ClientData(X, torch.tensor([0.0, 1.0, 2.0]), id="owner-7")])
@@ -378,9 +450,11 @@ def test_errors_name_the_problem():
         MultiOutputSpec(gpytorch.kernels.RBFKernel(ard_num_dims=3), outputs=2).check_input_dim(3, "c")
 
 
-def test_saving_and_one_output_exports_refuse_a_multi_output_spec():
+def test_saving_exports_and_combine_refuse_a_multi_output_spec():
     with pytest.raises(InputTypeError, match="one-output exact GPs"):
         check_round_trip(MultiOutputSpec(gpytorch.kernels.RBFKernel(), outputs=2))
     result = fedgp.fit(MultiOutputSpec(outputs=2), _correlated_owners(), rounds=1, engine="sequential")
     with pytest.raises(InputTypeError, match="MultiOutputSpec"):
         fedgp.export.to_gpytorch(result, 0)
+    with pytest.raises(InputError, match="combine= is built for one-output specs"):
+        result.predict(result.client_data(0).X[:2], combine="rbcm")
