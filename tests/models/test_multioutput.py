@@ -112,6 +112,21 @@ def test_diagonal_task_covariance_gives_the_independent_fits_posterior():
     assert not torch.allclose(other.mean, joint.mean, rtol=1e-3)
 
 
+def test_a_large_owner_is_conditioned_on_the_task_covariance_too(monkeypatch):
+    """Above LARGE_CLIENT_ROWS a one-output posterior takes memory-lean paths that read the kernel
+    alone; a multi-output owner's takes GPyTorch's path at every size, so its posterior is the same."""
+    g, X, f = _draws(9, 40)
+    Y = torch.stack([f, -f], 1) + 0.1 * torch.randn(40, 2, generator=g, dtype=torch.float64)
+    client = outputs_client(X, Y)
+    spec = MultiOutputSpec(gpytorch.kernels.RBFKernel(), outputs=2)
+    state = spec.state({COVAR_FACTOR: torch.tensor([[1.0], [-0.9]]), "covar_module.lengthscale": 0.3})
+    rows = output_rows(torch.linspace(0, 1, 5, dtype=torch.float64)[:, None], 2)
+    small = condition_client(spec, state, client, rows)
+    monkeypatch.setattr(fedgp.models.large, "LARGE_CLIENT_ROWS", 10)
+    large = condition_client(spec, state, client, rows)
+    assert torch.equal(large.mean, small.mean) and torch.equal(large.variance_y, small.variance_y)
+
+
 # -- one owner: GPyTorch's own Hadamard multitask model -----------------------------------------------
 class _GPyTorchHadamard(gpytorch.models.ExactGP):
     """GPyTorch's "Hadamard Multitask GP Regression" example model, as the example writes it."""
