@@ -3,7 +3,8 @@
 T outputs of the same inputs share one input kernel and a task covariance (the intrinsic
 coregionalisation model, ICM; Bonilla, Chai & Williams 2007):
 ``cov(f_t(x), f_t'(x')) = k(x, x') · B[t, t']`` with ``B = W Wᵀ + diag(v)``, W of shape (T, rank):
-GPyTorch's ``IndexKernel`` (``covar_factor`` = W, ``var`` = v). A row is ``(x, t, y)``: the data
+GPyTorch's ``IndexKernel`` (``covar_factor`` = W, ``var`` = v); or a sum of Q such terms, each
+with its own input kernel (the linear model of coregionalisation, LMC). A row is ``(x, t, y)``: the data
 are GPyTorch's "Hadamard multitask" form, so an owner may hold any subset of the outputs at each
 input (:func:`fedgp.data.outputs.long_form` turns an (n, T) table with NaN for the missing outputs
 into such rows).
@@ -11,7 +12,8 @@ into such rows).
 Why the task index is a column of X and not a field of its own: every layer of fedgp moves rows of
 X and y together (minibatches, splits, partitions, engines, the records of a Flower message), so a
 task column rides along everywhere unchanged, as BoTorch's ``MultiTaskGP`` keeps it
-(``task_feature``). Only the model reads it, and the input transform leaves it alone.
+(``task_feature``). Only the model reads it; the input transform leaves it alone, and the outcome
+transform standardises each output by its own federated mean and sd (:mod:`fedgp.transforms`).
 
 Under FGPR, W and v are hyper-parameters like any other: averaged by the server, trained by each
 owner on its own rows; each owner's posterior is exact on its own rows.
@@ -28,7 +30,14 @@ import torch
 from fedgp.errors import InputError, InputTypeError
 from fedgp.models.spec import GPSpec
 
-__all__ = ["MultiOutputSpec", "HadamardGPModel", "TaskMean", "output_rows", "check_task_column"]
+__all__ = [
+    "MultiOutputSpec",
+    "HadamardGPModel",
+    "TaskMean",
+    "OutputNoise",
+    "output_rows",
+    "check_task_column",
+]
 
 
 def check_task_column(X: torch.Tensor, outputs: int, where: str) -> torch.Tensor:
@@ -79,6 +88,22 @@ class TaskMean(gpytorch.means.Mean):
         return self.constant[x[..., -1].long()]
 
 
+class OutputNoise(gpytorch.likelihoods.HadamardGaussianLikelihood):
+    """One noise variance per output: GPyTorch's ``HadamardGaussianLikelihood`` reading the output index
+    from the rows' last column (state name ``likelihood.noise_covar.noise``, shape (T,)). fedgp's
+    marginal likelihood calls it without the rows, as for any Gaussian likelihood; it then reads those
+    of the model's last prior, which :class:`HadamardGPModel` records (the rows the call is about)."""
+
+    def __init__(self, outputs: int, **kwargs: Any) -> None:
+        super().__init__(num_tasks=outputs, task_feature_index=-1, **kwargs)
+        self.rows: torch.Tensor | None = None
+
+    def _shaped_noise_covar(self, base_shape: torch.Size, *params: Any, **kwargs: Any):
+        if not params:
+            params = (self.rows,)
+        return super()._shaped_noise_covar(base_shape, *params, **kwargs)
+
+
 class HadamardGPModel(gpytorch.models.ExactGP):
     """GPyTorch's Hadamard multitask exact GP: ``k((x, t), (x', t')) = k_x(x, x') · B[t, t']`` (ICM), or
     ``Σ_q k_q(x, x') · B_q[t, t']`` (LMC), the task index in the inputs' last column. The mean module
@@ -97,6 +122,8 @@ class HadamardGPModel(gpytorch.models.ExactGP):
     def forward(self, x: torch.Tensor) -> gpytorch.distributions.MultivariateNormal:
         """The prior at rows ``x``: features, then the output index (checked: out of range is an error)."""
         task = check_task_column(x, self.outputs, "MultiOutputSpec")
+        if isinstance(self.likelihood, OutputNoise):
+            self.likelihood.rows = x
         inputs = x[..., :-1]
         mean = self.mean_module(x if isinstance(self.mean_module, TaskMean) else inputs)
         i = task.unsqueeze(-1)
@@ -158,7 +185,8 @@ class MultiOutputSpec(GPSpec):
         mean: a GPyTorch mean of the input features shared by every output, a name, or ``None``
             (default): :class:`TaskMean`, one constant per output.
         likelihood: default ``GaussianLikelihood()``: one noise variance for every output (as in
-            GPyTorch's Hadamard example).
+            GPyTorch's Hadamard example), in each output's standardised units.
+        output_noise: one noise variance per output instead (:class:`OutputNoise`).
         outputs: T, the number of outputs (>= 1).
         rank: the rank of W (0 to T; default 1). ``rank=0`` makes B diagonal: independent outputs
             sharing the input kernel.
@@ -181,6 +209,7 @@ class MultiOutputSpec(GPSpec):
         *,
         outputs: int,
         rank: int = 1,
+        output_noise: bool = False,
         **options: Any,
     ) -> None:
         if isinstance(outputs, bool) or not isinstance(outputs, int) or outputs < 1:
@@ -193,6 +222,10 @@ class MultiOutputSpec(GPSpec):
             )
         kernel, self.terms = _input_kernels(kernel)
         self.outputs, self.rank = outputs, rank
+        if output_noise:
+            if likelihood is not None:
+                raise InputError("MultiOutputSpec: give output_noise=True or a likelihood, not both")
+            likelihood = OutputNoise(outputs)
         self._named_kernel = kernel is None or isinstance(kernel, str)
         mean = TaskMean(outputs) if mean is None else mean
         options["fixed"] = tuple(options.get("fixed", ()))  # an iterator would be spent by the first use

@@ -127,6 +127,68 @@ def test_a_large_owner_is_conditioned_on_the_task_covariance_too(monkeypatch):
     assert torch.equal(large.mean, small.mean) and torch.equal(large.variance_y, small.variance_y)
 
 
+def test_one_noise_per_output():
+    """output_noise=True: GPyTorch's HadamardGaussianLikelihood reading the output column. With equal
+    noises it is the shared-noise model; with different ones its posterior and marginal likelihood
+    are the dense formula's, K_x∘B + diag(σ²_t) (to GPyTorch's kernel rounding); and FGPR learns
+    two outputs' noise levels apart."""
+    g, X, f = _draws(3, 30)
+    Y = torch.stack([f, -f], 1) + torch.randn(30, 2, generator=g, dtype=torch.float64) * torch.tensor(
+        [0.02, 0.4]
+    )
+    Y[::4, 1] = float("nan")
+    client = outputs_client(X, Y)
+    rows = output_rows(torch.linspace(0, 1, 4, dtype=torch.float64)[:, None], 2)
+    common = {"covar_module.lengthscale": 0.3, COVAR_FACTOR: torch.tensor([[1.0], [-0.8]])}
+    shared = MultiOutputSpec(gpytorch.kernels.RBFKernel(), outputs=2)
+    per_output = MultiOutputSpec(gpytorch.kernels.RBFKernel(), outputs=2, output_noise=True)
+    assert per_output.event_shapes["likelihood.noise_covar.noise"] == torch.Size([2])
+    equal = condition_client(
+        per_output, per_output.state({**common, "likelihood.noise_covar.noise": 0.05}), client, rows
+    )
+    same = condition_client(
+        shared, shared.state({**common, "likelihood.noise_covar.noise": 0.05}), client, rows
+    )
+    assert torch.allclose(equal.mean, same.mean, rtol=1e-12) and torch.allclose(
+        equal.variance_y, same.variance_y, rtol=1e-12
+    )
+
+    noise = torch.tensor([0.01, 0.2], dtype=torch.float64)
+    state = per_output.state({**common, "likelihood.noise_covar.noise": noise})
+    ours = condition_client(per_output, state, client, rows)
+    W, v, c = state[COVAR_FACTOR], state[TASK_VAR], state["mean_module.constant"]
+    B = W @ W.T + torch.diag(v)
+    rbf = gpytorch.kernels.RBFKernel().double()
+    rbf.lengthscale = 0.3
+
+    def K(A, C):
+        return rbf(A[:, :1], C[:, :1]).to_dense().detach() * B[A[:, 1].long()][:, C[:, 1].long()]
+
+    R, t = client.X, client.X[:, 1].long()
+    noisy = K(R, R) + torch.diag(noise[t])
+    cross = K(rows, R)
+    mean = c[rows[:, 1].long()] + cross @ torch.linalg.solve(noisy, client.y - c[t])
+    var = K(rows, rows).diagonal() - (cross * torch.linalg.solve(noisy, cross.T).T).sum(1)
+    assert torch.allclose(ours.mean, mean, rtol=1e-6, atol=1e-7)
+    assert torch.allclose(ours.variance_y, var + noise[rows[:, 1].long()], rtol=1e-6)
+    model = per_output.build()
+    per_output.load(model, state)
+    dense = -torch.distributions.MultivariateNormal(c[t], noisy).log_prob(client.y) / len(client.y)
+    assert float(fedgp.models.minibatch_nll(model, client.X, client.y)) == pytest.approx(
+        float(dense), rel=1e-7
+    )
+
+    fed = _correlated_owners()
+    noisier = []
+    for k, c in enumerate(fed):  # output 1 ten times noisier than output 0
+        g = torch.Generator().manual_seed(50 + k)
+        extra = 0.5 * torch.randn(c.n, generator=g, dtype=torch.float64) * (c.X[:, -1] == 1)
+        noisier.append(ClientData(c.X, c.y + extra, id=c.id, X_test=c.X_test, y_test=c.y_test))
+    learned = fedgp.fit(per_output, Federation(noisier), rounds=40, engine="sequential", seed=0).state
+    levels = learned["likelihood.noise_covar.noise"]
+    assert float(levels[1]) > 10 * float(levels[0])
+
+
 # -- one owner: GPyTorch's own Hadamard multitask model -----------------------------------------------
 class _GPyTorchHadamard(gpytorch.models.ExactGP):
     """GPyTorch's "Hadamard Multitask GP Regression" example model, as the example writes it."""
