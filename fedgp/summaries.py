@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 
@@ -62,34 +63,66 @@ def client_summaries(
     clients: Sequence[ClientData],
     stage: str,
     bounds: bool = False,
-    center: float = 0.0,
+    center: Any = 0.0,
     scales: bool = False,
     hide_discrete: bool = False,
     unit: float = 1.0,
+    outputs: int = 0,
 ) -> dict[str, torch.Tensor]:
     """A batch of clients' reply to the ``summarise`` task (one row per client, tensors), from their
     raw data (:func:`fedgp.engines.tasks.summary_fields` declares it).
 
     Clients of equal size are reduced together, as rows of one stacked tensor: a row's sum, minimum
     and maximum have the bits of the client's own, so a reply does not depend on which clients
-    share a chunk (one per Flower node, thousands in the batched engine)."""
+    share a chunk (one per Flower node, thousands in the batched engine).
+
+    ``outputs`` T > 0 (a multi-output spec's rows, the output index in X's last column): the count, Σy
+    and Σ((y − ȳ_t)/unit)² are per output, ``(k, T)``, about the outputs' means ``center`` (T,)."""
+    if outputs:
+        return _per_output(clients, stage, outputs, center, unit) | (
+            _bounds(clients, hide_discrete) if bounds and stage != "spread" else {}
+        )
     if stage == "spread":
         return {"y_sumsq": _per_size(clients, "y", lambda Y: (((Y - center) / unit) ** 2).sum(1))}
     out = {
         "count": torch.tensor([float(c.n) for c in clients], dtype=torch.float64),
         "y_sum": _per_size(clients, "y", lambda Y: Y.sum(1)),
     }
-    if bounds and hide_discrete:
-        boxes = [_client_box(c, hide_discrete) for c in clients]
-        out["x_min"] = torch.stack([b[0] for b in boxes]).to(torch.float64)
-        out["x_max"] = torch.stack([b[1] for b in boxes]).to(torch.float64)
-    elif bounds:
-        lower = _per_size(clients, "X", lambda X: X.amin(1), clients[0].n_features)
-        upper = _per_size(clients, "X", lambda X: X.amax(1), clients[0].n_features)
-        out["x_min"], out["x_max"] = outward_bounds(lower, upper)
+    if bounds:
+        out.update(_bounds(clients, hide_discrete))
     if scales:  # a client's own sd as the local Standardize computes it (1 where it cannot)
         log_sd = own_outcome_maps([c.y for c in clients])[1].log()
         out.update(log_sd=log_sd.to(torch.float64), log_sd_sq=(log_sd * log_sd).to(torch.float64))
+    return out
+
+
+def _bounds(clients: Sequence[ClientData], hide_discrete: bool) -> dict[str, torch.Tensor]:
+    """Each client's input box, widened outward (``x_min``, ``x_max``: ``(k, d)``)."""
+    if hide_discrete:
+        boxes = [_client_box(c, hide_discrete) for c in clients]
+        lower = torch.stack([b[0] for b in boxes]).to(torch.float64)
+        return {"x_min": lower, "x_max": torch.stack([b[1] for b in boxes]).to(torch.float64)}
+    lower = _per_size(clients, "X", lambda X: X.amin(1), clients[0].n_features)
+    upper = _per_size(clients, "X", lambda X: X.amax(1), clients[0].n_features)
+    low, high = outward_bounds(lower, upper)
+    return {"x_min": low, "x_max": high}
+
+
+def _per_output(
+    clients: Sequence[ClientData], stage: str, outputs: int, center: Any, unit: float
+) -> dict[str, torch.Tensor]:
+    """Per-output count and Σy (stage ``"mean"``) or Σ((y − center_t)/unit)² (``"spread"``), ``(k, T)``:
+    each client's rows summed by the output index in X's last column (in row order, whatever the chunk)."""
+    center = torch.as_tensor(center, dtype=torch.float64).expand(outputs)
+    names = ("y_sumsq",) if stage == "spread" else ("count", "y_sum")
+    out = {name: torch.zeros(len(clients), outputs, dtype=torch.float64) for name in names}
+    for i, client in enumerate(clients):
+        task, y = client.X[:, -1].long(), client.y.to(torch.float64)
+        if stage == "spread":
+            out["y_sumsq"][i].index_add_(0, task, ((y - center[task]) / unit) ** 2)
+        else:
+            out["count"][i].index_add_(0, task, torch.ones_like(y))
+            out["y_sum"][i].index_add_(0, task, y)
     return out
 
 

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import gpytorch
@@ -39,8 +39,9 @@ import torch
 
 from fedgp.data.client import ClientData, within_limits
 from fedgp.errors import InputError, InputTypeError
+from fedgp.models.multioutput import MultiOutputSpec
 from fedgp.models.state import HyperState
-from fedgp.models.units import outcome_in_units, state_in_units
+from fedgp.models.units import outcome_at_rows, outcome_in_units, state_in_units
 from fedgp.summaries import client_summaries, outward_bounds, own_outcome_maps, power_of_two
 
 __all__ = [
@@ -69,9 +70,13 @@ class Standardize:
     """
 
     local: bool = False
+    #: T > 0: one mean and sd per output of a multi-output spec (``fit`` sets it for such a spec).
+    outputs: int = 0
 
     def describe(self) -> str:
         """A short description for ``result.transforms``."""
+        if self.outputs:
+            return "standardize (each output: the federation's mean and sd)"
         return "standardize (each client's own mean and sd)" if self.local else "standardize (federated)"
 
 
@@ -87,10 +92,13 @@ class Normalize:
     out by 0 to 3 further grid steps (of at least 1, so that each passes an integer), chosen by a
     hash of its own data (:func:`fedgp.summaries.hidden_steps`): the integer just inside is the
     extreme for 1 end in 4 (measured: 25.0 % of 8,000 ends). Fedgp's Flower app turns it on.
+    ``task_column``: the last column is an output index (a
+    :class:`~fedgp.models.multioutput.MultiOutputSpec`'s), left as it is; ``fit`` sets it for such a spec.
     """
 
     bounds: Any = None
     hide_discrete: bool = False
+    task_column: bool = False
 
     def __post_init__(self) -> None:
         if self.bounds is None:
@@ -117,6 +125,7 @@ class DataTransform:
     ``x_offset``/``x_scale`` ``(d,)``: inputs become ``(x − x_offset) / x_scale``; ``None`` leaves
     them alone. ``y_offset``/``y_scale`` (scalars): targets become ``(y − y_offset) / y_scale``;
     ``y_local``: each client uses its own instead; both ``None`` and not local leaves them alone.
+    ``(T,)`` tensors (:attr:`per_output`): a multi-output spec's row of output t maps by entry t.
     """
 
     x_offset: torch.Tensor | None = None
@@ -125,6 +134,16 @@ class DataTransform:
     y_scale: torch.Tensor | None = None
     y_local: bool = False
     note: str = ""  # what ``"auto"`` decided and why (for the history; never travels)
+
+    @property
+    def per_output(self) -> bool:
+        """Whether the targets map per output (the output index in X's last column)."""
+        return self.y_offset is not None and self.y_offset.dim() == 1
+
+    def row_maps(self, X: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(offset, scale)`` of each row of ``X`` under a per-output map (by X's last column)."""
+        task = X[..., -1].long()
+        return self.y_offset.to(torch.float64)[task], self.y_scale.to(torch.float64)[task]
 
     @property
     def is_identity(self) -> bool:
@@ -162,7 +181,7 @@ class DataTransform:
         if self.y_local:
             offsets, scales = own_outcome_maps([y])
             return float(offsets[0]), float(scales[0])
-        if self.y_offset is None:
+        if self.y_offset is None or self.per_output:  # per output: each row's own (row_maps)
             return 0.0, 1.0
         return float(self.y_offset), float(self.y_scale)
 
@@ -222,9 +241,13 @@ class DataTransform:
         field (the test splits and known noise too) that :meth:`apply_all` would refuse is refused
         here, naming the client."""
         self.check_all(clients, offsets, scales, ("noise", "X_test", "y_test"))
+        if self.per_output:  # each row by its output's map (the raw X's last column)
+            offset, scale = self.row_maps(X)
+        else:
+            offset, scale = offsets.repeat_interleave(sizes), scales.repeat_interleave(sizes)
         if self.x_offset is not None:
             X = X.sub_(self.x_offset.to(X)).div_(self.x_scale.to(X))
-        y = y.sub_(offsets.repeat_interleave(sizes)).div_(scales.repeat_interleave(sizes))
+        y = y.sub_(offset).div_(scale)
         if not (within_limits(X) and within_limits(y)):
             self.check_all(clients, offsets, scales, ("X", "y"))
         return X, y
@@ -261,6 +284,10 @@ class DataTransform:
             joined = torch.cat(values)
             if name.startswith("X"):
                 out = self.inputs(joined)
+            elif self.per_output:  # each row by its output's map
+                at = torch.cat([getattr(clients[i], "X_test" if name == "y_test" else "X") for i in holders])
+                offset, scale = self.row_maps(at)
+                out = joined / (scale * scale) if name == "noise" else (joined - offset) / scale
             else:
                 scale = scales[holders].repeat_interleave(rows)
                 if name == "noise":  # known per-point noise variances are in y's units squared
@@ -302,6 +329,9 @@ class DataTransform:
         out: dict[str, Any] = {}
         if self.y_local:
             out["outcome"] = "standardize, each client's own mean and sd"
+        elif self.per_output:
+            means, sds = _fmt(self.y_offset.tolist()), _fmt(self.y_scale.tolist())
+            out["outcome"] = f"standardize each output, means {means}, sds {sds}"
         elif self.y_offset is not None:
             out["outcome"] = f"standardize, mean {float(self.y_offset):.6g}, sd {float(self.y_scale):.6g}"
         else:
@@ -340,7 +370,8 @@ class DataTransform:
         them out. Tensors come back float64, numbers as Python floats."""
         if not isinstance(value, HyperState):
             return outcome_in_units(value, *self._outcome(offset, scale))
-        unknown = self.y_local and offset is None and scale is None  # y's map: each client's own
+        # y's map: each client's own, or each output's (no single map for a shared noise)
+        unknown = (self.y_local and offset is None and scale is None) or self.per_output
         o, s = (None, None) if unknown else self._outcome(offset, scale)
         state, left = state_in_units(value, o, s, self.x_offset, self.x_scale)
         if left and not partial:
@@ -348,8 +379,20 @@ class DataTransform:
             raise InputError(f"untransform: {named}; pass partial=True to leave them out")
         return state
 
+    def untransform_rows(self, value: Any, X: torch.Tensor) -> Any:
+        """``value`` (a Prediction, or ``predict`` reply fields with the points last) at the rows ``X``
+        (the output index last), each point mapped back by its output's map (identity without one)."""
+        if not self.per_output:
+            return self.untransform(value)
+        return outcome_at_rows(value, *self.row_maps(X))
+
     def _outcome(self, offset: Any, scale: Any) -> tuple[torch.Tensor, torch.Tensor]:
         """The outcome map ``(offset, scale)`` as float64 tensors: the given one or the transform's."""
+        if self.per_output:
+            raise InputError(
+                "untransform: the targets were standardised per output; map values at rows with "
+                "transform.untransform_rows(value, X)"
+            )
         if offset is None and scale is None:
             if self.y_local:
                 raise InputError(
@@ -492,7 +535,27 @@ class Transforms:
             outcome = None
         picked = None if reason else Normalize(hide_discrete=self.hide_discrete)
         inputs = picked if self.inputs == "auto" else self.inputs
-        return outcome, inputs, f"'auto' transforms nothing: {reason}" if reason else ""
+        note = f"'auto' transforms nothing: {reason}" if reason else ""
+        if isinstance(spec, MultiOutputSpec):
+            outcome, inputs = _multi_output(outcome, inputs, spec.outputs)
+        return outcome, inputs, note
+
+
+def _multi_output(
+    outcome: Standardize | None, inputs: Normalize | None, outputs: int
+) -> tuple[Standardize | None, Normalize | None]:
+    """A multi-output spec's transforms: the input features scaled, the output column (the last) left
+    as it is, and each output standardised by its own federated mean and sd (one mean and sd of every
+    output's targets would mix outputs of different units). Each client's own mean and sd is refused:
+    with outputs missing at some owners it would be a different map per owner and output."""
+    if outcome is not None and outcome.local:
+        raise InputError(
+            "Standardize(local=True) is not built for a MultiOutputSpec: its outputs are standardised "
+            "by the federation's mean and sd of each output (Transforms(outcome=Standardize()) or 'auto'); "
+            "under ClientDP, whose 'auto' picks each client's own, pass Transforms(outcome=None)"
+        )
+    outcome = None if outcome is None else replace(outcome, outputs=outputs)
+    return outcome, None if inputs is None else replace(inputs, task_column=True)
 
 
 #: ``"auto"`` standardises each owner by its own mean and sd when the standard deviation, across
@@ -539,9 +602,14 @@ def learn(
         else:
             lower, upper = individual["x_min"].min(0).values, individual["x_max"].max(0).values
         span = upper - lower
-        fields.update(x_offset=lower.clone(), x_scale=torch.where(span > 0, span, torch.ones_like(span)))
+        offset, scale = lower.clone(), torch.where(span > 0, span, torch.ones_like(span))
+        if inputs.task_column:  # the output index stays the integer the model reads
+            offset[-1], scale[-1] = 0.0, 1.0
+        fields.update(x_offset=offset, x_scale=scale)
     if outcome is not None and outcome.local:
         fields["y_local"] = True
+    elif outcome is not None and outcome.outputs:
+        fields.update(_per_output_maps(sums, unit))
     elif outcome is not None:
         n, mean, sqdev = (
             float(sums["count"]),
@@ -564,3 +632,12 @@ def learn(
             y_offset=torch.tensor(mean, dtype=torch.float64), y_scale=torch.tensor(sd, dtype=torch.float64)
         )
     return DataTransform(**fields)
+
+
+def _per_output_maps(sums: Mapping[str, torch.Tensor], unit: float) -> dict[str, torch.Tensor]:
+    """Each output's mean and sd (ddof = 1) from its summed count, Σy and Σ((y − ȳ_t)/unit)²; an output
+    with fewer than two targets in the federation (or none that differ) keeps sd 1, one with none mean 0."""
+    n, total, sqdev = (sums[k].to(torch.float64) for k in ("count", "y_sum", "y_sumsq"))
+    mean = torch.where(n > 0, total / n.clamp_min(1.0), torch.zeros_like(n))
+    sd = (sqdev / (n - 1).clamp_min(1.0)).sqrt() * unit
+    return {"y_offset": mean, "y_scale": torch.where((n > 1) & (sd > 0), sd, torch.ones_like(sd))}

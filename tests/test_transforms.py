@@ -473,6 +473,30 @@ def test_the_batched_engine_holds_the_bits_every_client_would_make_without_makin
         engine.clients[len(clients)]
 
 
+def test_the_batched_engine_stacks_rows_of_several_outputs_by_each_outputs_map():
+    """A per-output outcome map (a multi-output spec's: the output index in X's last column) gives
+    the stacked rows the bits apply_all gives each client."""
+    from fedgp.engines.batched import BatchedEngine
+
+    g = torch.Generator().manual_seed(5)
+    clients = []
+    for i in range(4):
+        X = torch.cat(
+            [torch.rand(6, 1, generator=g, dtype=torch.float64), torch.tensor([[0.0], [1.0]]).repeat(3, 1)], 1
+        )
+        clients.append(ClientData(X, 10 * i + torch.randn(6, generator=g, dtype=torch.float64), id=i))
+    transform = DataTransform(
+        y_offset=torch.tensor([1.5, -20.0], dtype=torch.float64),
+        y_scale=torch.tensor([3.0, 0.25], dtype=torch.float64),
+    )
+    made, _, _ = transform.apply_all(clients)
+    engine = BatchedEngine(fedgp.GPSpec(), clients)
+    engine.use_transform(transform)
+    assert torch.equal(engine.y, torch.cat([c.y for c in made]))
+    assert torch.equal(engine.clients[2].y, made[2].y)
+    assert not torch.equal(made[2].y, (clients[2].y - 1.5) / 3.0)  # the rows of output 1 map by its own
+
+
 def test_the_batched_engine_refuses_a_test_split_the_transform_sends_out_of_range_at_the_start():
     """The stacked path checks every field apply_all checks, naming the client, before any round."""
     from fedgp.engines.batched import BatchedEngine

@@ -6,6 +6,7 @@ neither GPyTorch nor :mod:`fedgp.models`. Federations drawn from a model are in
 """
 
 from fedgp.data.client import ClientData, Federation
+from fedgp.data.outputs import long_form, outputs_client
 from fedgp.data.partition import (
     ContinuousPartitioner,
     IidPartitioner,
@@ -22,4 +23,6 @@ __all__ = [
     "ContinuousPartitioner",
     "NaturalIdPartitioner",
     "skewed_sizes",
+    "long_form",
+    "outputs_client",
 ]

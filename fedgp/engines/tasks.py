@@ -103,14 +103,17 @@ class Summarise(TaskKind):
         raise InputError("summarise replies depend on the data's width and the stage: use summary_fields")
 
     def answer(self, strategy, ops, task, units, transform):
+        outputs = int(task.setting("outputs", 0))  # per output: the outputs' means travel as a tensor
+        center = task.shared.tensors["center"] if outputs and "center" in task.shared.tensors else None
         return client_summaries(
             ops.clients,
             task.setting("stage", "mean"),
             task.setting("bounds", False),
-            task.setting("center", 0.0),
+            task.setting("center", 0.0) if center is None else center,
             task.setting("scales", False),
             task.setting("hide_discrete", False),
             task.setting("unit", 1.0),
+            outputs,
         )
 
 
@@ -181,10 +184,15 @@ class Evaluate(_Personal):
         targets = [c.y_test for c in ops.clients]
         if ops.spec.variational:
             out = ops.spec.test_metrics(ops.predict(states), targets, states)
+        elif transform.per_output:  # each test row back by its output's map, then scored
+            maps = [transform.row_maps(c.X_test) for c in ops.clients]
+            back = [transform.untransform_rows(p, c.X_test) for p, c in zip(ops.predict(states), ops.clients)]
+            out = prediction_metrics(back, [y * s + o for y, (o, s) in zip(targets, maps)])
         else:
             out = prediction_metrics(ops.predict(states), targets)
-        # In the original units (a non-Gaussian likelihood's targets are never transformed: scale 1).
-        out = transform.untransform(out, offset, scale)
+        if not transform.per_output:
+            # In the original units (a non-Gaussian likelihood's targets are never transformed: scale 1).
+            out = transform.untransform(out, offset, scale)
         out["n_test"] = torch.tensor([len(c.y_test) for c in ops.clients], dtype=torch.long)
         out["cluster"] = cluster.to(torch.long)
         return out
@@ -214,6 +222,8 @@ class Predict(_Personal):
             out["mean_f"] = torch.stack([p.latent_mean for p in predictions])
         if full_cov:
             out["covariance_f"] = torch.stack([p.covariance_f for p in predictions])
+        if transform.per_output:  # each point by its output's map
+            return transform.untransform_rows(out, task.tensor("X"))
         return transform.untransform(out, offset, scale)  # back in the original units
 
 
@@ -255,16 +265,23 @@ def reply_fields(
     return KINDS[kind].fields(spec, num_clusters, points, full_cov)
 
 
-def summary_fields(d: int, stage: str, bounds: bool = False, scales: bool = False) -> dict[str, Field]:
+def summary_fields(
+    d: int, stage: str, bounds: bool = False, scales: bool = False, outputs: int = 0
+) -> dict[str, Field]:
     """What a client replies to ``summarise`` (:mod:`fedgp.transforms`). Stage ``"mean"``: its count
     and Σy (summed), its own per-feature minimum and maximum when the server learns the input
     bounds (individual), and with ``scales`` the log of its targets' sd and its square (summed:
     how much the owners' scales differ, for ``"auto"``). Stage ``"spread"``: Σ(y − ȳ)² about the
     federation's mean ȳ (summed) — two passes, because Σy² − nȳ² would lose about
-    2·log10(|ȳ|/sd) of float64's 16 digits to cancellation."""
+    2·log10(|ȳ|/sd) of float64's 16 digits to cancellation. With ``outputs`` T > 0 (a multi-output
+    spec) the count and sums are per output, ``(T,)`` each."""
+    each = (outputs,) if outputs else ()
     if stage == "spread":
-        return {"y_sumsq": Field((), torch.float64, summed=True)}
-    fields = {"count": Field((), torch.float64, summed=True), "y_sum": Field((), torch.float64, summed=True)}
+        return {"y_sumsq": Field(each, torch.float64, summed=True)}
+    fields = {
+        "count": Field(each, torch.float64, summed=True),
+        "y_sum": Field(each, torch.float64, summed=True),
+    }
     if bounds:
         fields.update(x_min=Field((d,)), x_max=Field((d,)))
     if scales:

@@ -21,7 +21,7 @@ import torch
 from fedgp.engines import compiled as compiled_step
 from fedgp.errors import FactorizationError, InputError, UnsupportedSpec
 from fedgp.models.objective import CHOLESKY_JITTER, CHOLESKY_MAX_TRIES
-from fedgp.models.spec import GPSpec
+from fedgp.models.spec import ExactGPModel, GPSpec
 
 __all__ = ["BatchedGP", "StationaryGram", "GaussianNLL", "cholesky", "stationary_fast_path", "NOISE"]
 
@@ -131,6 +131,12 @@ class BatchedGP:
 
     def __init__(self, spec: GPSpec, compiled: bool | None = None):
         model = spec.build()
+        if type(model) is not ExactGPModel:
+            raise UnsupportedSpec(
+                f"its tensor path evaluates mean(x) and kernel(x, x') of an ExactGPModel; this spec builds "
+                f"a {type(model).__name__} (a multi-output spec's kernel multiplies a task covariance "
+                "indexed by X's last column, which the tensor path does not read)"
+            )
         if type(model.likelihood) is not gpytorch.likelihoods.GaussianLikelihood or NOISE not in {
             p.raw_name for p in spec.params
         }:

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from fedgp.errors import InputTypeError, import_extra
+from fedgp.models.multioutput import MultiOutputSpec
 
 if TYPE_CHECKING:
     from botorch.models import SingleTaskGP
@@ -102,6 +103,11 @@ def to_botorch(result, client: Any, trainable: bool = False) -> SingleTaskGP:
     if spec.variational:
         raise InputTypeError(
             "to_botorch: exports a client's exact GP posterior; this result's model is a VariationalGPSpec"
+        )
+    if isinstance(spec, MultiOutputSpec):
+        raise InputTypeError(
+            "to_botorch: exports a one-output GP; this result's model is a MultiOutputSpec (its task "
+            "covariance is not exported yet): predict with result.predict(rows, client=...)"
         )
     gp = spec.build()
     spec.load(gp, result.client_state(client))

@@ -24,6 +24,7 @@ import gpytorch
 import torch
 
 from fedgp.errors import InputTypeError
+from fedgp.models.multioutput import MultiOutputSpec
 from fedgp.models.spec import NOISE, ExactGPModel
 from fedgp.models.state import HyperState
 
@@ -118,6 +119,11 @@ def to_gpytorch(result, client: Any) -> ExactGPModel:
     if spec.variational:
         raise InputTypeError(
             "to_gpytorch: exports a client's exact GP posterior; this result's model is a VariationalGPSpec"
+        )
+    if isinstance(spec, MultiOutputSpec):
+        raise InputTypeError(
+            "to_gpytorch: exports a one-output GP; this result's model is a MultiOutputSpec (its task "
+            "covariance is not exported yet): predict with result.predict(rows, client=...)"
         )
     model = spec.build()
     spec.load(model, result.client_state(client))

@@ -4,6 +4,7 @@ from fedgp.models.experts import combine_experts
 from fedgp.models.means import GaussianBumpMean
 from fedgp.models.mle import MLEFit, fit_mle, maximize_likelihood, total_nll
 from fedgp.models.multifidelity import AR1, NARGP, mle_with_restarts
+from fedgp.models.multioutput import MultiOutputSpec, output_rows
 from fedgp.models.objective import exact_settings, minibatch_nll
 from fedgp.models.posterior import Prediction, condition
 from fedgp.models.spec import ExactGPModel, GPSpec, ParamInfo, ZeroKernel
@@ -13,6 +14,8 @@ from fedgp.models.variational import SparseVariationalGP, VariationalGPSpec
 __all__ = [
     "GPSpec",
     "VariationalGPSpec",
+    "MultiOutputSpec",
+    "output_rows",
     "SparseVariationalGP",
     "ParamInfo",
     "ZeroKernel",

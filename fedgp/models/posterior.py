@@ -156,9 +156,13 @@ def predict_with_model(
     computed in the memory of one n×n matrix (:mod:`fedgp.models.large`), and above
     :data:`~fedgp.models.iterative.ITERATIVE_CLIENT_ROWS` rows, or where that matrix does not fit in
     free memory, by preconditioned conjugate gradients to a relative residual of 1e-10 in O(n) memory
-    (:mod:`fedgp.models.iterative`)."""
+    (:mod:`fedgp.models.iterative`); a model that is not an ``ExactGPModel`` (a
+    :class:`~fedgp.models.multioutput.MultiOutputSpec`'s) by GPyTorch's dense path at every size."""
     n = X_train.shape[0]
-    if n > large.LARGE_CLIENT_ROWS and X_train.dtype == torch.float64 and not X_train.is_cuda:
+    # The memory-lean paths evaluate mean_module and covar_module alone: a model whose prior is more
+    # (a multi-output spec's task covariance) takes GPyTorch's path at any size.
+    lean = type(model) is ExactGPModel and X_train.dtype == torch.float64 and not X_train.is_cuda
+    if n > large.LARGE_CLIENT_ROWS and lean:
         iterate = n > iterative.ITERATIVE_CLIENT_ROWS or not large.fits_in_memory(n)
         solver = iterative.iterative_posterior if iterate else large.large_posterior
         with exact_settings(), factorization_guard(client, "posterior"):

@@ -24,6 +24,7 @@ import torch
 from fedgp.errors import InputError, InputTypeError
 from fedgp.models import limits
 from fedgp.models.means import GaussianBumpMean
+from fedgp.models.multioutput import MultiOutputSpec
 from fedgp.models.spec import GPSpec, ZeroKernel
 
 __all__ = ["describe_spec", "build_spec", "KERNELS", "MEANS", "LIKELIHOODS", "CONSTRAINTS", "PRIORS"]
@@ -359,6 +360,11 @@ def check_round_trip(spec: GPSpec) -> dict:
         raise InputTypeError(
             f"cannot save {spec!r}: saved models and the Flower app take exact GPs (fedgp.GPSpec) only, "
             "for now; keep the variational run's state with result.state"
+        )
+    if isinstance(spec, MultiOutputSpec):
+        raise InputTypeError(
+            f"cannot save {spec!r}: saved models and the Flower app take one-output exact GPs for now; "
+            "keep the multi-output run's state with result.state"
         )
     desc = describe_spec(spec)
     rebuilt = build_spec(desc, dict(spec.initial_state()))

@@ -21,7 +21,14 @@ from fedgp.models.posterior import Prediction
 from fedgp.models.spec import BIAS, CONSTANT, LENGTHSCALE, NOISE, OUTPUTSCALE, WEIGHTS
 from fedgp.models.state import HyperState
 
-__all__ = ["OUTCOME_UNITS", "DATA_NAMES", "STATE_UNITS", "outcome_in_units", "state_in_units"]
+__all__ = [
+    "OUTCOME_UNITS",
+    "DATA_NAMES",
+    "STATE_UNITS",
+    "outcome_in_units",
+    "outcome_at_rows",
+    "state_in_units",
+]
 
 #: How each test metric or ``predict`` reply field maps under ``y = o + s·y'``: ``"affine"``
 #: ``x·s + o``, ``"square"`` ``x·s²``, ``"scale"`` ``x·s``, ``"log"`` ``x + log s`` (a density per
@@ -102,6 +109,32 @@ def _fields(fields: Mapping[str, Any], offset: torch.Tensor, scale: torch.Tensor
         elif kind == "log":
             tensor = tensor + _lead(scale, tensor).log()
         out[name] = float(tensor) if number else tensor
+    return out
+
+
+def outcome_at_rows(value: Prediction | Mapping[str, Any], offset: torch.Tensor, scale: torch.Tensor) -> Any:
+    """A prediction (or ``predict`` reply fields, points last) at rows whose outcome maps differ point by
+    point — a multi-output spec's, each output standardised by its own mean and sd: ``offset`` and
+    ``scale`` hold one value per point. Means ``m·s + o``; variances ``v·s²``; a joint covariance
+    ``C_ij·s_i·s_j``. Tensors come back float64."""
+    if isinstance(value, Prediction):
+        names = ("mean", "variance_f", "variance_y", "covariance_f")
+        out = outcome_at_rows(
+            {n: getattr(value, n) for n in names if getattr(value, n) is not None}, offset, scale
+        )
+        return Prediction(out["mean"], out["variance_f"], out["variance_y"], out.get("covariance_f"))
+    out: dict[str, Any] = {}
+    for name, tensor in value.items():
+        tensor = torch.as_tensor(tensor).to(torch.float64)
+        if name == "mean":
+            tensor = tensor * scale + offset
+        elif name in ("variance_f", "variance_y"):
+            tensor = tensor * (scale * scale)
+        elif name == "covariance_f":
+            tensor = tensor * scale[..., :, None] * scale[..., None, :]
+        else:
+            raise InputError(f"untransform_rows: no per-point map is known for {name!r}")
+        out[name] = tensor
     return out
 
 

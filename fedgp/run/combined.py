@@ -19,6 +19,7 @@ import torch
 
 from fedgp.errors import EngineError, FedGPWarning, InputError, RoundFailedError
 from fedgp.models.experts import SHARED_PRIOR_RULES, combine_experts
+from fedgp.models.multioutput import MultiOutputSpec
 from fedgp.models.objective import exact_settings
 from fedgp.models.posterior import Prediction
 from fedgp.run.exchange import ask
@@ -60,6 +61,11 @@ def check_experts(result: Any) -> None:
         raise InputError(
             f"combine= multiplies Gaussian predictives; a {type(result.spec.likelihood).__name__}'s are not: "
             "predict for a client (client=...) instead"
+        )
+    if isinstance(result.spec, MultiOutputSpec):
+        raise InputError(
+            "combine= is built for one-output specs (its shared prior reads the kernel alone); a "
+            "MultiOutputSpec predicts per client: predict(rows, client=...)"
         )
     if result.engine is None:
         raise InputError(

@@ -215,6 +215,8 @@ class FitResult:
         except Exception as err:  # noqa: BLE001 - as an engine reports a client's failure
             reason = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"[:500]
             raise EngineError(f"client {self.roster.ids[position]!r} could not predict: {reason}") from None
+        if self.transform.per_output:  # a multi-output spec's: each point by its output's map
+            return self.transform.untransform_rows(prediction, X)
         return self.transform.untransform(prediction, offset, scale)
 
     def _client_here(self, position: int) -> tuple[Any, HyperState, torch.Tensor, torch.Tensor]:

@@ -57,7 +57,9 @@ def learn_transform(
     federation's statistics (summed over at least ``min_contributors`` of them). ``min_replies``
     (``Faults(min_replies=...)``; ``None``: every client) is the fewest that must answer."""
     outcome, inputs, note = transforms.resolve(spec)
-    choose = transforms.outcome == "auto" and outcome is not None  # federated or each owner's own?
+    outputs = 0 if outcome is None else outcome.outputs  # a multi-output spec: per output
+    # federated or each owner's own? (per output: federated)
+    choose = transforms.outcome == "auto" and outcome is not None and not outputs
     d = int(roster.dims[0])
     with_bounds = inputs is not None and inputs.bounds is None
     everyone = torch.arange(len(roster.ids))
@@ -65,11 +67,12 @@ def learn_transform(
         return replace(learn(outcome, inputs, None, None, d), note=note), Summary(everyone)
     failures: dict[int, str] = {}
 
-    def ask(stage: str, settings: dict):
-        fields = summary_fields(d, stage, with_bounds, settings.get("scales", False))
-        plan = RoundPlan(
-            everyone, torch.ones(len(everyone)), Record({}, {"stage": stage, **settings}), Record(), fields
+    def ask(stage: str, settings: dict, tensors: dict | None = None):
+        fields = summary_fields(d, stage, with_bounds, settings.get("scales", False), outputs)
+        shared = Record(
+            tensors or {}, {"stage": stage, **settings, **({"outputs": outputs} if outputs else {})}
         )
+        plan = RoundPlan(everyone, torch.ones(len(everyone)), shared, Record(), fields)
         replies = exchange(
             engine,
             "summarise",
@@ -90,11 +93,14 @@ def learn_transform(
     if choose:
         outcome, note = auto_outcome(sums, len(everyone))
     unit = 1.0
-    if outcome is not None and not outcome.local:
+    if outputs:  # each output's mean, as a tensor (an output no one holds: 0)
+        center = sums["y_sum"] / sums["count"].clamp_min(1.0)
+        sums.update(ask("spread", {"unit": unit}, {"center": center}).sums)
+    elif outcome is not None and not outcome.local:
         center = float(sums["y_sum"]) / float(sums["count"])
         unit = spread_unit(sums, len(first.participants))  # targets of 1e-200 keep their spread
         sums.update(ask("spread", {"center": center, "unit": unit}).sums)
-    count = float(sums["count"]) if "count" in sums else None
+    count = float(sums["count"].sum()) if "count" in sums else None
     summary = Summary(first.participants.clone(), count, failures)
     return replace(learn(outcome, inputs, sums, first.individual, d, unit), note=note), summary
 
