@@ -90,6 +90,7 @@ _SUBMODULES = (
     "summaries",
     "synthetic",
     "testing",
+    "transformed",
     "transforms",
     "version",
 )

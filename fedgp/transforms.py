@@ -37,7 +37,8 @@ import gpytorch
 import numpy as np
 import torch
 
-from fedgp.data.client import ClientData, within_limits
+from fedgp import transformed
+from fedgp.data.client import ClientData
 from fedgp.errors import InputError, InputTypeError
 from fedgp.models.multioutput import MultiOutputSpec
 from fedgp.models.state import HyperState
@@ -197,132 +198,25 @@ class DataTransform:
         return made[0], float(offsets[0]), float(scales[0])
 
     def apply_all(self, clients: Sequence[ClientData]) -> tuple[list[ClientData], torch.Tensor, torch.Tensor]:
-        """Every client's data in transformed units, with the outcome offsets and scales ``(K,)``.
-
-        Each field of a block of clients is transformed by one elementwise operation over their
-        rows (so each value has the bits the client alone would compute) and checked once; each
-        client gets a copy of its piece, not re-validated per client (:meth:`ClientData.derived`)."""
-        offsets, scales = self.outcome_maps(clients)
-        if self.is_identity:
-            return list(clients), offsets, scales
-        made: list[ClientData] = []
-        for start in range(0, len(clients), _BLOCK):
-            block = slice(start, start + _BLOCK)
-            made += self._apply_block(clients[block], offsets[block], scales[block])
-        return made, offsets, scales
+        """Every client's data in transformed units, with the outcome offsets and scales ``(K,)``
+        (:func:`fedgp.transformed.apply_all`)."""
+        return transformed.apply_all(self, clients)
 
     def lazy_all(
         self, clients: Sequence[ClientData]
     ) -> tuple[Sequence[ClientData], torch.Tensor, torch.Tensor]:
-        """:meth:`apply_all`, each client's data made when first read (:class:`TransformedClients`):
-        for an engine that holds every client's rows stacked (:meth:`stacked`) and reads a client's
-        own only now and then (its test split, a fallback), not 10⁴ copies at the start of a run."""
-        if self.is_identity:
-            return self.apply_all(clients)
-        offsets, scales = self.outcome_maps(clients)
-        return TransformedClients(self, clients, offsets, scales), offsets, scales
+        """:meth:`apply_all`, each client's data made when first read (:func:`fedgp.transformed.lazy_all`)."""
+        return transformed.lazy_all(self, clients)
 
     def outcome_maps(self, clients: Sequence[ClientData]) -> tuple[torch.Tensor, torch.Tensor]:
         """Each client's outcome map ``y = offset + scale·y'``: ``(K,)`` offsets and scales."""
-        if self.y_local:
-            return own_outcome_maps([c.y for c in clients])
-        offset, scale = self.outcome_map(torch.empty(0))
-        return (
-            torch.full((len(clients),), offset, dtype=torch.float64),
-            torch.full((len(clients),), scale, dtype=torch.float64),
-        )
+        return transformed.outcome_maps(self, clients)
 
     def stacked(
-        self, clients: Sequence[ClientData], X: torch.Tensor, y: torch.Tensor, sizes, offsets, scales
-    ):
-        """Every client's training rows end to end (``X``, ``y``: the ``clients``' own, float64,
-        owned by the caller and overwritten) in this transform's units: the bits :meth:`apply_all`
-        gives each client, by the same elementwise operations, and no client made. A value of any
-        field (the test splits and known noise too) that :meth:`apply_all` would refuse is refused
-        here, naming the client."""
-        self.check_all(clients, offsets, scales, ("noise", "X_test", "y_test"))
-        if self.per_output:  # each row by its output's map (the raw X's last column)
-            offset, scale = self.row_maps(X)
-        else:
-            offset, scale = offsets.repeat_interleave(sizes), scales.repeat_interleave(sizes)
-        if self.x_offset is not None:
-            X = X.sub_(self.x_offset.to(X)).div_(self.x_scale.to(X))
-        y = y.sub_(offset).div_(scale)
-        if not (within_limits(X) and within_limits(y)):
-            self.check_all(clients, offsets, scales, ("X", "y"))
-        return X, y
-
-    def check_all(
-        self,
-        clients: Sequence[ClientData],
-        offsets: torch.Tensor,
-        scales: torch.Tensor,
-        names: tuple[str, ...],
-    ) -> None:
-        """Refuse, naming the client, a value of the fields ``names`` that :meth:`apply_all` would
-        refuse, without making any client (block by block, as it computes them)."""
-        for start in range(0, len(clients), _BLOCK):
-            block = slice(start, start + _BLOCK)
-            self._apply_block(clients[block], offsets[block], scales[block], names, make=False)
-
-    def _apply_block(
-        self,
-        clients: Sequence[ClientData],
-        offsets: torch.Tensor,
-        scales: torch.Tensor,
-        only: tuple[str, ...] | None = None,
-        make: bool = True,
-    ) -> list[ClientData]:
-        fields: list[dict[str, torch.Tensor]] = [{} for _ in clients]
-        names = ("y", "noise", "y_test") if self.x_offset is None else ("X", "y", "noise", "X_test", "y_test")
-        for name in names if only is None else [n for n in names if n in only]:
-            holders = [i for i, c in enumerate(clients) if getattr(c, name) is not None]
-            if not holders:
-                continue
-            values = [getattr(clients[i], name) for i in holders]
-            rows = torch.tensor([len(v) for v in values])
-            joined = torch.cat(values)
-            if name.startswith("X"):
-                out = self.inputs(joined)
-            elif self.per_output:  # each row by its output's map
-                at = torch.cat([getattr(clients[i], "X_test" if name == "y_test" else "X") for i in holders])
-                offset, scale = self.row_maps(at)
-                out = joined / (scale * scale) if name == "noise" else (joined - offset) / scale
-            else:
-                scale = scales[holders].repeat_interleave(rows)
-                if name == "noise":  # known per-point noise variances are in y's units squared
-                    out = joined / (scale * scale)
-                else:
-                    out = (joined - offsets[holders].repeat_interleave(rows)) / scale
-            pieces = torch.split(out, rows.tolist())
-            if not within_limits(out):
-                for i, piece in zip(holders, pieces):
-                    self._check_made(clients[i], name, piece, float(scales[i]))
-            for i, piece in zip(holders, pieces) if make else ():  # a copy: a view would hold the block
-                fields[i][name] = piece.clone()
-        return [client.derived(**changed) for client, changed in zip(clients, fields)] if make else []
-
-    def _check_made(self, client: ClientData, name: str, values: torch.Tensor, scale: float) -> None:
-        """A transformed value the data checks would refuse is the transform's doing, not the
-        user's: say so, with the box or scale that made it, before ``ClientData`` blames the data."""
-        if within_limits(values):
-            return
-        finite = torch.isfinite(values)
-        peak = float(values[finite].abs().max()) if bool(finite.any()) else math.inf
-        if name.startswith("X"):
-            width = float(self.x_scale.min())
-            cause = (
-                f"the federation's training inputs span only {width:.3g} in some feature, and "
-                f"{name} lies far outside that box"
-            )
-            fix = "pass Normalize(bounds=[lower, upper]) covering every input, or Transforms(inputs=None)"
-        else:
-            cause = f"the federation's targets have sd {scale:.3g}"
-            fix = "rescale y, or pass Transforms(outcome=None)"
-        raise InputError(
-            f"client {client.id!r}: the data transforms map {name} to values up to {peak:.3g} "
-            f"(the data themselves passed every check): {cause}; {fix}"
-        )
+        self, clients: Sequence[ClientData], X, y, sizes, offsets, scales
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Every client's training rows end to end, mapped in place (:func:`fedgp.transformed.stacked`)."""
+        return transformed.stacked(self, clients, X, y, sizes, offsets, scales)
 
     def describe(self) -> dict[str, Any]:
         """What was applied, for ``FitResult.transforms`` and the history."""
@@ -406,30 +300,6 @@ class DataTransform:
         return torch.as_tensor(offset, dtype=torch.float64), torch.as_tensor(scale, dtype=torch.float64)
 
 
-class TransformedClients(Sequence):
-    """Clients' data in a transform's units, each client's made when first read and kept (the bits
-    :meth:`DataTransform.apply_all` gives it; a value the data checks would refuse is refused then,
-    naming the client)."""
-
-    def __init__(self, transform: DataTransform, clients: Sequence[ClientData], offsets, scales):
-        self._transform, self._clients = transform, clients
-        self._offsets, self._scales = offsets, scales
-        self._made: dict[int, ClientData] = {}
-
-    def __len__(self) -> int:
-        return len(self._clients)
-
-    def __getitem__(self, index):
-        if isinstance(index, slice):
-            return [self[i] for i in range(*index.indices(len(self)))]
-        i = range(len(self))[index]  # an int, negative or out of range as a list reads it
-        if i not in self._made:
-            block = slice(i, i + 1)
-            made = self._transform._apply_block([self._clients[i]], self._offsets[block], self._scales[block])
-            self._made[i] = made[0]
-        return self._made[i]
-
-
 def spread_unit(sums: Mapping[str, torch.Tensor], owners: int) -> float:
     """The unit of the ``spread`` stage's Σ((y − ȳ)/unit)²: the power of two at or below the
     owners' geometric mean sd when the summary carries their ``log_sd`` (``"auto"``), else 1 (the
@@ -441,7 +311,6 @@ def spread_unit(sums: Mapping[str, torch.Tensor], owners: int) -> float:
 
 
 #: Clients transformed together: bounds the transient copy of their rows (a few MB at 100 rows).
-_BLOCK = 4096
 
 
 def _fmt(values: Sequence[float]) -> str:

@@ -42,7 +42,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     # Synthetic federations are draws from a model: they sit above it.
     ("synthetic", ("fedgp.synthetic",)),
     ("baselines", ("fedgp.baselines",)),
-    ("transforms", ("fedgp.summaries", "fedgp.transforms")),
+    ("transforms", ("fedgp.summaries", "fedgp.transformed", "fedgp.transforms")),
     ("messages", ("fedgp.messages",)),
     ("clustering", ("fedgp.clustering",)),
     ("aggregators", ("fedgp.aggregators",)),

@@ -51,6 +51,7 @@ PAGES = (
     "run",
     "flower",
     "transforms",
+    "transformed",
     "summaries",
     "defaults",
     "export",

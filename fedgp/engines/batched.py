@@ -155,7 +155,7 @@ class BatchedEngine(InProcessEngine):
         # a copy in the minibatch precision (gathered every step) where it differs
         self.X_mb, self.y_mb = self.X.to(self.minibatch_dtype), self.y.to(self.minibatch_dtype)
 
-    def transformed(self, transform):
+    def transformed(self, transform) -> tuple:
         """Each client's data made when first read: the rounds read the rows stacked above."""
         return transform.lazy_all(self.raw_clients)
 
