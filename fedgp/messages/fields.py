@@ -9,7 +9,7 @@ an integer out of its declared range, or a float outside its declared domain (a 
 hyper-parameter beyond its GPyTorch constraint or ±1e150, a positive one below 1e-150) makes that
 client a failure with the reason, never part of an average. Files check the states they hold the
 same way (:mod:`fedgp.run.stored`). Summed fields reach ``aggregate`` only as sums: in process over
-the round's clients, from a Ray actor or a Flower node as the sum over the clients it hosts (Flower 1.41's
+the round's clients, from a Ray actor or a Flower node as the sum over the clients it hosts (Flower's
 SecAgg+ cannot carry them exactly: README, "Beyond one machine").
 """
 
