@@ -1,5 +1,5 @@
-"""``fedgp flower supernode``: Flower 1.41's own SuperNode, with the same processes, messages and
-results, and without its waiting.
+"""``fedgp flower supernode``: Flower's own SuperNode (1.41 or 1.42), with the same processes,
+messages and results, and without its waiting.
 
     fedgp flower supernode <flower-supernode's arguments>
 
@@ -8,9 +8,9 @@ that mode's SuperExec itself (``python -m fedgp.flower.fast superexec``, a child
 this process through ``--parent-pid``). A stock SuperNode costs about 10 s per round of a fedgp
 fit on a quiet machine: it sleeps 3 s after every empty pull, and every message starts a new
 ``flwr-clientapp`` process that imports torch, GPyTorch and fedgp again (about 2 s, more on first
-use of a kernel). Flower 1.41 offers no setting for either (the SuperExec's executors start a
-process per task; only its task poll has an environment variable), so this module changes two
-things in Flower's behaviour, none in its files:
+use of a kernel). Flower 1.41 and 1.42 offer no setting for either (the SuperExec's executors
+start a process per task; only its task poll has an environment variable), so this module changes
+two things in Flower's behaviour, none in its files:
 
 * No fixed sleeps on the message path. The SuperNode's loop
   (``flwr.supernode.start_client_internal``) sleeps 3 s after an empty pull: now intervals
@@ -30,10 +30,12 @@ things in Flower's behaviour, none in its files:
   SuperExec loop; other task types, and runs that install dependencies at run time, go to
   Flower's ``SubprocessExecutor`` (a new process, as before).
 
-These rely on names private to Flower 1.41 (:data:`FLOWER_NAMES`); :func:`supported` checks them,
-and ``fedgp flower supernode`` refuses to start, saying so, when one is missing (plain
-``flower-supernode`` always works). POSIX only (``os.fork``); the forked ClientApps run torch
-single-threaded (a forked OpenMP pool can hang).
+These rely on names private to Flower (:data:`FLOWER_NAMES`, the same in 1.41 and 1.42);
+:func:`supported` checks them at start, and when one is missing ``fedgp flower supernode`` says so in
+one line and runs Flower's own SuperNode (the ``flower-supernode`` command, its subprocess isolation)
+with the same arguments: slower, never broken by a Flower release. The fast path is POSIX only
+(``os.fork``; elsewhere the same fallback); the forked ClientApps run torch single-threaded (a forked
+OpenMP pool can hang).
 """
 
 from __future__ import annotations
@@ -58,7 +60,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "main", "supernode", "superexec", "supported", "short_object_pulls", "ForkExecutor", "fedgp_warmup",
-    "FLOWER_NAMES",
+    "FLOWER_NAMES", "stock_supernode",
 ]  # fmt: skip
 
 POLL_ENV, BACKOFF_ENV = "FEDGP_FLOWER_POLL", "FEDGP_FLOWER_BACKOFF"
@@ -409,7 +411,8 @@ def superexec(argv: list[str]) -> None:
     )
 
 
-#: The names private to Flower 1.41 this module relies on: (module, attribute).
+#: The names private to Flower this module relies on, (module, attribute): all in Flower 1.41 and
+#: 1.42, with the same signatures (1.42 changed only tracing in these modules, in run_superexec).
 FLOWER_NAMES = (
     ("flwr.supercore.inflatable.inflatable_utils", "pull_objects"),
     ("flwr.supercore.inflatable.inflatable_utils", "pull_and_inflate_object_from_tree"),
@@ -451,9 +454,44 @@ def main(argv: list[str] | None = None) -> None:
     if not argv or argv[0] not in ("supernode", "superexec"):
         raise SystemExit("usage: python -m fedgp.flower.fast {supernode,superexec} ...")
     missing = supported()
-    if missing:
-        raise SystemExit(f"fedgp flower supernode: this Flower lacks {missing}; use flower-supernode")
+    if missing and argv[0] == "supernode":
+        reason = f"{_flower_release()} lacks {missing}"
+        print(f"fedgp flower supernode: {reason}; running Flower's own SuperNode (flower-supernode) "
+              "instead, without the fast path", file=sys.stderr, flush=True)  # fmt: skip
+        stock_supernode(argv[1:])
+        return
+    if missing:  # the SuperExec: only the fast SuperNode starts it, after the same check
+        raise SystemExit(f"fedgp flower superexec: {_flower_release()} lacks {missing}")
     {"supernode": supernode, "superexec": superexec}[argv[0]](argv[1:])
+
+
+def _flower_release() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return f"Flower {version('flwr')}"
+    except PackageNotFoundError:
+        return "this Flower"
+
+
+def stock_supernode(argv: list[str]) -> None:
+    """Flower's own SuperNode with ``argv``: the ``flower-supernode`` command's entry point, found by
+    its (public) name, so a Flower that moved its private modules still runs. ``--isolation`` is
+    dropped: the fast path only takes ``process`` (it starts the SuperExec itself), which Flower's own
+    SuperNode would leave without one; Flower's default, ``subprocess``, runs the ClientApps."""
+    command = _flower_supernode_command()
+    if command is None:
+        raise SystemExit("fedgp flower supernode: this Flower has no flower-supernode command either")
+    sys.argv = ["flower-supernode", *_without_option(argv, "--isolation")]
+    command()
+
+
+def _flower_supernode_command():
+    """The ``flower-supernode`` console script's function, or ``None`` in a Flower without one."""
+    from importlib.metadata import entry_points
+
+    found = entry_points(group="console_scripts", name="flower-supernode")
+    return next(iter(found)).load() if found else None
 
 
 if __name__ == "__main__":
