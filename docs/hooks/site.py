@@ -55,6 +55,7 @@ PAGES = (
     "defaults",
     "export",
     "baselines",
+    "bo",
     "experiments",
     "plotting",
     "sklearn",
