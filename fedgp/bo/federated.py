@@ -21,10 +21,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from fedgp.bo.acquisition import Acquisition, acquisition_seed
+from fedgp.bo.batched import BATCHABLE, batched_model, propose_all
 from fedgp.bo.method import Method
 from fedgp.data.client import ClientData, Federation
 from fedgp.errors import InputError, InputTypeError
 from fedgp.models.spec import GPSpec
+from fedgp.rng import generator
 from fedgp.run.callbacks import Callback, Evaluate, Progress
 from fedgp.run.loop import Run
 from fedgp.run.privacy import ClientDP
@@ -61,6 +63,8 @@ class FederatedBO(Method):
     an :class:`~fedgp.bo.Acquisition`) on their personalised posteriors. ``engine``: ``"batched"``
     (default) or ``"sequential"``; ``transforms``: as :func:`fedgp.fit` (default ``None``: the
     hyper-parameters stay in the objectives' units from one iteration to the next).
+    ``batch_proposals=True``: all owners' proposals in one BoTorch optimisation
+    (:mod:`fedgp.bo.batched`; ``"qlogei"`` or ``"qucb"``, FGPR-style shared states, no transforms).
 
     After :meth:`start`, ``result`` is the latest :class:`~fedgp.run.FitResult`."""
 
@@ -76,6 +80,7 @@ class FederatedBO(Method):
         engine: str = "batched",
         transforms: Any = None,
         acquisition: Acquisition | str | Any = "qlogei",
+        batch_proposals: bool = False,
     ):
         if not isinstance(spec, GPSpec):
             raise InputTypeError(f"FederatedBO: spec must be a fedgp.GPSpec, got {type(spec).__name__}")
@@ -99,6 +104,12 @@ class FederatedBO(Method):
         self.spec, self.strategy, self.rounds, self.initial_rounds = spec, strategy, rounds, initial_rounds
         self.engine, self.transforms = engine, transforms
         self.acquisition = Acquisition.of(acquisition)
+        if batch_proposals and self.acquisition.kind not in BATCHABLE:
+            raise InputError(
+                f"FederatedBO(batch_proposals=True) takes the acquisitions {BATCHABLE}, not "
+                f"{self.acquisition.name!r}"
+            )
+        self.batch_proposals = bool(batch_proposals)
         self.result: FitResult | None = None
 
     def _fit(self, loop, rounds: int) -> dict[str, Any]:
@@ -136,6 +147,9 @@ class FederatedBO(Method):
         return self.result.to_botorch(position)
 
     def propose(self, loop, iteration: int) -> list:
+        if self.batch_proposals:
+            seed = int(generator(loop.seed, "bo batched acquisition", iteration).integers(2**31))
+            return propose_all(self.acquisition, batched_model(self.result, loop.owners), loop.owners, seed)
         out = []
         for k, owner in enumerate(loop.owners):
             seed = acquisition_seed(loop.seed, k, iteration)

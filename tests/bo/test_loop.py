@@ -91,3 +91,13 @@ def test_loop_keeps_every_point_in_its_box_and_best_values_monotone(
         assert ((owner.X >= owner.bounds[0]) & (owner.X <= owner.bounds[1])).all()
         best = h[h["owner"] == owner.id]["best_observed"].to_numpy()
         assert (np.diff(best) >= 0).all() and best[-1] == float(owner.y.max())
+
+
+def test_progress_reports_the_iterations_on_a_log(capfd, monkeypatch):
+    import fedgp.run.progress
+    from fedgp.bo import BOProgress
+
+    monkeypatch.setattr(fedgp.run.progress, "MIN_SECONDS", 0.0)  # a line even for a quick loop
+    BOLoop([Owner("a", quadratic, BOX)], RandomSearch(), 4, callbacks=[BOProgress(True)]).run()
+    err = capfd.readouterr().err
+    assert "random" in err and "4/4" in err
