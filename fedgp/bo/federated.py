@@ -24,7 +24,7 @@ from fedgp.bo.acquisition import Acquisition, acquisition_seed
 from fedgp.bo.batched import BATCHABLE, batched_model, propose_all
 from fedgp.bo.method import Method
 from fedgp.data.client import ClientData, Federation
-from fedgp.errors import InputError, InputTypeError
+from fedgp.errors import InputError, InputTypeError, import_extra
 from fedgp.models.spec import GPSpec
 from fedgp.rng import generator
 from fedgp.run.callbacks import Callback, Evaluate, Progress
@@ -82,6 +82,7 @@ class FederatedBO(Method):
         acquisition: Acquisition | str | Any = "qlogei",
         batch_proposals: bool = False,
     ):
+        import_extra("botorch", "fedgp.bo.FederatedBO")  # before the first fit's rounds, not after
         if not isinstance(spec, GPSpec):
             raise InputTypeError(f"FederatedBO: spec must be a fedgp.GPSpec, got {type(spec).__name__}")
         strategy = FGPR() if strategy is None else strategy

@@ -36,6 +36,7 @@ class LocalBO(Method):
     name = "local"
 
     def __init__(self, acquisition=None):
+        import_extra("botorch", "fedgp.bo.LocalBO")
         self.acquisition = Acquisition.of("qlogei" if acquisition is None else acquisition)
 
     def propose(self, loop, iteration: int) -> list:

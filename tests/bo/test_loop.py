@@ -101,3 +101,31 @@ def test_progress_reports_the_iterations_on_a_log(capfd, monkeypatch):
     BOLoop([Owner("a", quadratic, BOX)], RandomSearch(), 4, callbacks=[BOProgress(True)]).run()
     err = capfd.readouterr().err
     assert "random" in err and "4/4" in err
+
+
+def test_budget_in_seconds_stops_the_loop():
+    result = BOLoop([Owner("a", quadratic, BOX)], RandomSearch(), 50, callbacks=[Budget(seconds=1e-9)]).run()
+    assert result.stop_reason.endswith("of wall time spent") and result.history["iteration"].max() == 1
+
+
+def test_bo_methods_without_botorch_name_the_extra(tmp_path):
+    """Before any round is trained: a missing BoTorch is said at construction."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; sys.modules['botorch'] = None\n"
+        "import fedgp\nfrom fedgp.bo import FederatedBO, LocalBO\n"
+        "from fedgp.errors import MissingExtraError\n"
+        "for make in (lambda: FederatedBO(fedgp.GPSpec()), LocalBO):\n"
+        "    try:\n        make()\n    except MissingExtraError as err:\n        print('missing', err.name)\n"
+    )
+    from pathlib import Path
+
+    env = {
+        "PYTHONPATH": str(Path(__file__).resolve().parents[2]),
+        "PATH": "/usr/bin:/bin",
+        "OMP_NUM_THREADS": "1",
+    }
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, env=env)
+    assert done.stdout.split("\n")[:2] == ["missing botorch", "missing botorch"], done.stderr[-2000:]
