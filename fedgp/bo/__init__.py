@@ -6,7 +6,8 @@
 * methods (:class:`Method`): :class:`FederatedBO` (a fedgp strategy learns the shared
   hyper-parameters, warm-started every iteration; owners propose on their personalised posteriors),
   :class:`LocalBO` (BoTorch's ``SingleTaskGP`` refitted per owner), :class:`FTS` (federated Thompson
-  sampling on random Fourier features), :class:`RandomSearch`;
+  sampling on random Fourier features), :class:`DPFTSDE` (its differentially private version with
+  distributed exploration), :class:`RandomSearch`;
 * :class:`Acquisition` — qLogEI, qUCB, Thompson sampling or your factory (:mod:`~fedgp.bo.acquisition`);
 * :class:`FourierFeatures`, :class:`WeightPosterior` (:mod:`~fedgp.bo.features`) and
   :func:`shared_prior_owners` (:mod:`~fedgp.bo.synthetic`), a benchmark family.
@@ -16,6 +17,7 @@ Needs the ``botorch`` extra.
 
 from fedgp.bo.acquisition import ACQUISITIONS, Acquisition, acquisition_seed
 from fedgp.bo.callbacks import BOCallback, BOProgress, Budget
+from fedgp.bo.dp_fts_de import DPFTSDE
 from fedgp.bo.features import FourierFeatures, WeightPosterior
 from fedgp.bo.federated import FederatedBO, WarmStart
 from fedgp.bo.fts import FTS
@@ -38,6 +40,7 @@ __all__ = [
     "WarmStart",
     "LocalBO",
     "FTS",
+    "DPFTSDE",
     "RandomSearch",
     "Acquisition",
     "ACQUISITIONS",
