@@ -13,7 +13,8 @@ Owners: :func:`fedgp.bo.shared_prior_owners` — each owner's objective a draw f
 * ``regret``: ``--owners`` owners, ``--iterations`` iterations, ``--seeds`` seeds; methods
   ``federated`` (as above, 100 initial rounds, 5 per iteration), ``local`` (BoTorch's
   ``SingleTaskGP`` refitted per owner), ``fts`` (M = 100 shared features, 200 own, given the true
-  prior's hyper-parameters: an oracle advantage) and ``random``. Every BO method uses qLogEI or its
+  prior's hyper-parameters: an oracle advantage), ``dp-fts-de`` (the same features, the paper's Landmine
+  privacy setting q = 0.35, S = 22, z = 1, 2 x 2 cells) and ``random``. Every BO method uses qLogEI or its
   own sampler with 2 restarts from 64 raw samples. Rows ``part=regret``: mean and median over owners
   of the simple regret per (seed, method, iteration), and the seconds per iteration.
 
@@ -31,7 +32,16 @@ import gpytorch
 import pandas as pd
 
 import fedgp
-from fedgp.bo import FTS, Acquisition, BOLoop, FederatedBO, LocalBO, RandomSearch, shared_prior_owners
+from fedgp.bo import (
+    DPFTSDE,
+    FTS,
+    Acquisition,
+    BOLoop,
+    FederatedBO,
+    LocalBO,
+    RandomSearch,
+    shared_prior_owners,
+)
 from fedgp.strategies import FGPR
 
 OUT = Path(__file__).resolve().parents[1] / "results" / "benchmarks" / "federated_bo.csv"
@@ -66,6 +76,7 @@ def methods():
         "federated": lambda: FederatedBO(spec(), FGPR(), rounds=5, initial_rounds=100, acquisition=acq),
         "local": lambda: LocalBO(acq),
         "fts": lambda: FTS(0.15, 1.0, 1e-3),
+        "dp-fts-de": lambda: DPFTSDE(0.15, 1.0, 1e-3),
         "random": RandomSearch,
     }
 
@@ -105,7 +116,7 @@ def main() -> None:
     final = table[(table["part"] == "regret") & (table["iteration"] == args.iterations)]
     print(final.groupby("method")[["mean_regret", "median_regret", "seconds"]].agg(["mean", "median"]))
     wide = final.pivot(index="seed", columns="method", values="mean_regret")
-    for other in ("local", "fts", "random"):
+    for other in ("local", "fts", "dp-fts-de", "random"):
         print(f"federated below {other} on {(wide['federated'] < wide[other]).sum()} of {len(wide)} seeds")
 
 
