@@ -56,6 +56,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     # Flower's ClientApp and grid engine, and the ServerApps that run a fit: one folder above the run.
     ("flower", ("fedgp.flower",)),
     ("testing", ("fedgp.testing",)),
+    # Federated BO: owners proposing on fitted federations, so above the run.
+    ("bo", ("fedgp.bo",)),
     ("experiments", ("fedgp.experiments",)),
     (
         "front doors",

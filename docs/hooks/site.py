@@ -56,6 +56,7 @@ PAGES = (
     "defaults",
     "export",
     "baselines",
+    "bo",
     "experiments",
     "plotting",
     "sklearn",

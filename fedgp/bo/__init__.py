@@ -1,0 +1,52 @@
+"""Federated Bayesian optimisation: K owners, each optimising its own black box, one federation.
+
+* :class:`Owner` — an owner's objective, search box and evaluations (:mod:`~fedgp.bo.owner`);
+* :class:`BOLoop` and :class:`BOResult` — the loop, one iteration at a time, and its history
+  (:mod:`~fedgp.bo.loop`); callbacks :class:`BOProgress`, :class:`Budget` (:mod:`~fedgp.bo.callbacks`);
+* methods (:class:`Method`): :class:`FederatedBO` (a fedgp strategy learns the shared
+  hyper-parameters, warm-started every iteration; owners propose on their personalised posteriors),
+  :class:`LocalBO` (BoTorch's ``SingleTaskGP`` refitted per owner), :class:`FTS` (federated Thompson
+  sampling on random Fourier features), :class:`DPFTSDE` (its differentially private version with
+  distributed exploration), :class:`RandomSearch`;
+* :class:`Acquisition` — qLogEI, qUCB, Thompson sampling or your factory (:mod:`~fedgp.bo.acquisition`);
+* :class:`FourierFeatures`, :class:`WeightPosterior` (:mod:`~fedgp.bo.features`) and
+  :func:`shared_prior_owners` (:mod:`~fedgp.bo.synthetic`), a benchmark family.
+
+Needs the ``botorch`` extra.
+"""
+
+from fedgp.bo.acquisition import ACQUISITIONS, Acquisition, acquisition_seed
+from fedgp.bo.callbacks import BOCallback, BOProgress, Budget
+from fedgp.bo.dp_fts_de import DPFTSDE
+from fedgp.bo.features import FourierFeatures, WeightPosterior
+from fedgp.bo.federated import FederatedBO, WarmStart
+from fedgp.bo.fts import FTS
+from fedgp.bo.local import LocalBO
+from fedgp.bo.loop import BOLoop, BOResult
+from fedgp.bo.method import Method
+from fedgp.bo.owner import Owner
+from fedgp.bo.random_search import RandomSearch
+from fedgp.bo.synthetic import PriorDraw, shared_prior_owners
+
+__all__ = [
+    "Owner",
+    "BOLoop",
+    "BOResult",
+    "BOCallback",
+    "BOProgress",
+    "Budget",
+    "Method",
+    "FederatedBO",
+    "WarmStart",
+    "LocalBO",
+    "FTS",
+    "DPFTSDE",
+    "RandomSearch",
+    "Acquisition",
+    "ACQUISITIONS",
+    "acquisition_seed",
+    "FourierFeatures",
+    "WeightPosterior",
+    "PriorDraw",
+    "shared_prior_owners",
+]

@@ -1,0 +1,40 @@
+"""``Method``: what a BO method does in the loop — propose a point per owner, learn from the answers.
+
+:class:`~fedgp.bo.loop.BOLoop` owns the owners, their evaluations, the history and the callbacks;
+a method only decides where each owner evaluates next (:meth:`Method.propose`) and what it learns
+once the answers are in (:meth:`Method.update`). Federated BO, local BO, FTS and random search are
+four methods in one harness, so they are compared on the same owners, starting points and seeds.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+if TYPE_CHECKING:
+    from fedgp.bo.loop import BOLoop
+
+__all__ = ["Method"]
+
+
+class Method:
+    """Subclass and override :meth:`propose` (and :meth:`start`, :meth:`update` where the method
+    learns). ``name`` labels the method's rows in the history."""
+
+    name: str = "method"
+
+    def start(self, loop: BOLoop) -> dict[str, Any]:
+        """After the owners' first evaluations, before iteration 1; returns extra history columns."""
+        return {}
+
+    def propose(self, loop: BOLoop, iteration: int) -> list[torch.Tensor]:
+        """One ``1 x d`` point per owner (in ``loop.owners`` order) to evaluate at ``iteration``."""
+        raise NotImplementedError
+
+    def update(self, loop: BOLoop, iteration: int) -> dict[str, Any]:
+        """After the owners evaluated ``iteration``'s points; returns extra history columns."""
+        return {}
+
+    def close(self) -> None:
+        """Release what the method holds (an engine): the loop calls it when it ends."""
