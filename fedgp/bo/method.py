@@ -8,14 +8,20 @@ four methods in one harness, so they are compared on the same owners, starting p
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Sequence
+from typing import Any, Protocol
 
 import torch
 
-if TYPE_CHECKING:
-    from fedgp.bo.loop import BOLoop
+__all__ = ["Method", "LoopView"]
 
-__all__ = ["Method"]
+
+class LoopView(Protocol):
+    """What a method reads of the loop that runs it (a :class:`~fedgp.bo.loop.BOLoop`): the owners,
+    in order, and the loop's seed. Named here so that the method layer does not import the loop's."""
+
+    owners: Sequence[Any]
+    seed: int
 
 
 class Method:
@@ -24,15 +30,15 @@ class Method:
 
     name: str = "method"
 
-    def start(self, loop: BOLoop) -> dict[str, Any]:
+    def start(self, loop: LoopView) -> dict[str, Any]:
         """After the owners' first evaluations, before iteration 1; returns extra history columns."""
         return {}
 
-    def propose(self, loop: BOLoop, iteration: int) -> list[torch.Tensor]:
+    def propose(self, loop: LoopView, iteration: int) -> list[torch.Tensor]:
         """One ``1 x d`` point per owner (in ``loop.owners`` order) to evaluate at ``iteration``."""
         raise NotImplementedError
 
-    def update(self, loop: BOLoop, iteration: int) -> dict[str, Any]:
+    def update(self, loop: LoopView, iteration: int) -> dict[str, Any]:
         """After the owners evaluated ``iteration``'s points; returns extra history columns."""
         return {}
 
