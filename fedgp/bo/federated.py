@@ -66,6 +66,11 @@ class FederatedBO(Method):
     ``batch_proposals=True``: all owners' proposals in one BoTorch optimisation
     (:mod:`fedgp.bo.batched`; ``"qlogei"`` or ``"qucb"``, FGPR-style shared states, no transforms).
 
+    ``strategy`` may be ``ClientDP(FGPR(), noise=z, ...)``: client-level DP for the shared
+    hyper-parameters, every round of every iteration accounted together (the warm start keeps the
+    round count), the ε spent after each iteration in the history's ``epsilon`` column (dp-accounting's
+    RDP accountant, at the ClientDP's δ). A budget (``epsilon=``) is refused for now.
+
     After :meth:`start`, ``result`` is the latest :class:`~fedgp.run.FitResult`."""
 
     name = "federated"
@@ -73,7 +78,7 @@ class FederatedBO(Method):
     def __init__(
         self,
         spec: GPSpec,
-        strategy: Strategy | None = None,
+        strategy: Strategy | ClientDP | None = None,
         rounds: int = 5,
         *,
         initial_rounds: int = 50,
@@ -86,13 +91,17 @@ class FederatedBO(Method):
         if not isinstance(spec, GPSpec):
             raise InputTypeError(f"FederatedBO: spec must be a fedgp.GPSpec, got {type(spec).__name__}")
         strategy = FGPR() if strategy is None else strategy
-        if isinstance(strategy, ClientDP):
-            raise InputError("FederatedBO: client-level DP (ClientDP) is not supported by the BO loop yet")
-        if not isinstance(strategy, Strategy):
+        if isinstance(strategy, ClientDP) and strategy.epsilon is not None:
+            raise InputError(
+                "FederatedBO takes ClientDP(noise=...): the ε spent is reported after every iteration "
+                "(history column 'epsilon'), but a budget (epsilon=...) is not enforced across the loop's "
+                "fits yet; give the noise multiplier and read the ε"
+            )
+        if not isinstance(strategy, (Strategy, ClientDP)):
             raise InputTypeError(
                 f"FederatedBO: strategy must be a fedgp Strategy, got {type(strategy).__name__}"
             )
-        if strategy.keeps_client_memory:
+        if (strategy.strategy if isinstance(strategy, ClientDP) else strategy).keeps_client_memory:
             raise InputError(
                 f"FederatedBO: {type(strategy).__name__} keeps personal values on its clients, which a "
                 "warm-started round does not carry from one iteration's engine to the next"
@@ -138,7 +147,10 @@ class FederatedBO(Method):
         finally:
             run.close()
         last = self.result.history.iloc[-1]
-        return {"round": int(last["round"]), "train_nll": float(last.get("train_nll", float("nan")))}
+        out = {"round": int(last["round"]), "train_nll": float(last.get("train_nll", float("nan")))}
+        if "epsilon" in last:  # ClientDP: ε after every round so far (the warm start keeps the count)
+            out["epsilon"] = float(last["epsilon"])
+        return out
 
     def start(self, loop) -> dict[str, Any]:
         return self._fit(loop, self.initial_rounds)

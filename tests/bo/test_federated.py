@@ -137,3 +137,31 @@ def test_federated_bo_beats_random_search_on_a_shared_prior():
     fed, rand = np.array(final["federated"]), np.array(final["random"])
     assert fed.mean() < 0.75 * rand.mean()  # measured: 0.75 vs 1.56 over the three seeds
     assert (fed < rand).sum() >= 2
+
+
+@pytest.mark.parametrize("rate", [1.0, 0.5])
+def test_client_dp_reports_the_epsilon_dp_accounting_gives_for_every_round_so_far(rate):
+    """Issue 53, item 3: under ClientDP(noise=z) the ε after each iteration is dp-accounting's RDP ε
+    of every round so far (the initial ones and each iteration's warm-started ones, composed), at
+    the ClientDP's δ: computed here with the library itself, not fedgp's accountant."""
+    import dp_accounting
+    from dp_accounting.rdp import RdpAccountant
+
+    from fedgp.run.privacy import ClientDP
+
+    owners = shared_prior_owners(4, seed=0)
+    dp = ClientDP(FGPR(), noise=1.3, clip=0.5, delta=1e-5, rate=rate, reproducible=True)
+    method = FederatedBO(spec(), dp, rounds=2, initial_rounds=4, engine="sequential")
+    history = BOLoop(owners, method, 3, initial=4, seed=0).run().history
+    per_iteration = history.groupby("iteration")[["round", "epsilon"]].first()
+    assert per_iteration["round"].tolist() == [4, 6, 8, 10]  # iteration 0: the initial fit
+    for rounds, epsilon in per_iteration.itertuples(index=False):
+        event = dp_accounting.GaussianDpEvent(1.3)
+        if rate < 1:
+            event = dp_accounting.PoissonSampledDpEvent(rate, event)
+        accountant = RdpAccountant()
+        accountant.compose(dp_accounting.SelfComposedDpEvent(event, int(rounds)))
+        assert epsilon == pytest.approx(accountant.get_epsilon(1e-5), rel=1e-9)
+    assert per_iteration["epsilon"].is_monotonic_increasing
+    with pytest.raises(InputError, match="noise"):
+        FederatedBO(spec(), ClientDP(FGPR(), epsilon=2.0))
