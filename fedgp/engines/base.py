@@ -322,9 +322,9 @@ class InProcessEngine(Engine):
     # -- running a chunk, isolating the clients that fail ----------------------------------------------
     def _isolated(self, task: Task, clients: torch.Tensor, failures: dict[int, str], fields):
         """Run ``task`` on ``clients``; yield ``(clients that replied, their reply, their staged
-        memory)`` pieces and record
-        the others in ``failures``. A failure that names its clients drops just them; one that does
-        not (or a malformed reply of the whole batch) is narrowed down by halving the chunk."""
+        memory)`` pieces and record the others in ``failures``. A failure that names its clients
+        drops just them; one that does not (or a malformed reply of the whole batch) is narrowed
+        down by halving the chunk."""
         try:
             reply, memory = self._reply(task, clients)
             if len(clients) > 1 and reply_structure(reply, fields, len(clients)) is not None:
