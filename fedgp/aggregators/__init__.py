@@ -16,13 +16,12 @@ Every robust rule ignores the weights p_k (a Byzantine client can inflate its re
 each docstring states its breakdown bound, and the tests check it.
 """
 
-from fedgp.aggregators.base import SPACES, StateAggregator
+from fedgp.aggregators.base import SPACES, StateAggregator, WeightedMean
 from fedgp.aggregators.bucketing import Bucketing
 from fedgp.aggregators.clipping import CenteredClipping
 from fedgp.aggregators.coordinate import CoordinateMedian, TrimmedMean
 from fedgp.aggregators.geometric import GeometricMedian
 from fedgp.aggregators.krum import Krum, MultiKrum
-from fedgp.aggregators.mean import WeightedMean
 from fedgp.aggregators.threshold import ThresholdMean
 
 __all__ = [

@@ -14,11 +14,16 @@ Two kinds of rules share one interface, :meth:`StateAggregator.combine`, over a 
   one vector, and return ``θ_prev + rule(u)``. Updates are taken in ``space``: ``"raw"`` (GPyTorch's
   unconstrained parameters, the default of every robust rule: a forged update can never make a
   variance negative) or ``"constrained"``.
+
+:class:`WeightedMean` (FedAvg) lives here, beside the interface, because it is the rule the
+interface defaults to and the one every robust rule is measured against; each robust rule has a
+module of its own.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -28,7 +33,7 @@ from fedgp.messages import Configurable
 from fedgp.models.spec import GPSpec
 from fedgp.models.state import HyperState
 
-__all__ = ["StateAggregator", "SPACES", "check_space", "check_count"]
+__all__ = ["StateAggregator", "WeightedMean", "SPACES", "check_space", "check_count"]
 
 #: Where a rule may average: GPyTorch's constrained values (FedAvg's default) or the raw parameters.
 SPACES = ("constrained", "raw")
@@ -108,3 +113,19 @@ class StateAggregator(Configurable, ABC):
     ) -> torch.Tensor:
         """Combine ``values`` (``(P, *rest)``: updates ``(P, D)`` for vector rules) over the first
         dimension."""
+
+
+@dataclass(frozen=True)
+class WeightedMean(StateAggregator):
+    """``Σ_i w_i θ_i`` (weights need not sum to one): FedAvg, in constrained units by default as
+    in the FGPR paper and its code. It uses the weights p_k as given, so a client that inflates its
+    reported size, or sends one value of 10⁶, moves the result as far as it likes."""
+
+    space: str = "constrained"
+    coordinatewise = True
+
+    def __post_init__(self) -> None:
+        check_space(self.space)
+
+    def combine(self, values, weights, rng=None) -> torch.Tensor:
+        return torch.tensordot(weights.to(values.dtype), values, dims=([0], [0]))

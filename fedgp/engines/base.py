@@ -12,7 +12,7 @@ fields (:func:`~fedgp.messages.withhold_small_sums`) and fails their contributor
 
 :class:`InProcessEngine` implements this for engines that host the clients in this process
 (``sequential``, ``batched``): chunks of clients, failure isolation within a chunk, and an optional
-*loopback* that sends every message and reply through bytes (:mod:`fedgp.messages.wire`) — proof
+*loopback* that sends every message and reply through bytes (:mod:`fedgp.messages.records`) — proof
 that nothing but records crosses the boundary.
 """
 

@@ -7,14 +7,29 @@ server's side of a round is a :class:`RoundPlan` built from the :class:`ServerCo
 :class:`Roster` of registered clients told it) and the :class:`Replies` that come back; an engine
 hands back an :class:`Outcome`. Strategies travel as JSON configs (:class:`Configurable`, through
 the one tree codec :mod:`~fedgp.messages.codec`); records and tasks as bytes in the one container
-(:mod:`~fedgp.messages.container`, :mod:`~fedgp.messages.wire`, which also computes their sizes
-without writing them); a remote host's pieces as records
+(:mod:`~fedgp.messages.container`; :mod:`~fedgp.messages.records` writes them and computes their
+sizes without writing them); a remote host's pieces as records
 (:mod:`~fedgp.messages.remote`).
 """
 
 from fedgp.messages.codec import decode, encode, register_type
 from fedgp.messages.config import Configurable, config_json, from_config
-from fedgp.messages.records import KINDS, MIN_CONTRIBUTORS, TENSOR_DTYPES, Record, Setting, Task
+from fedgp.messages.records import (
+    KINDS,
+    MIN_CONTRIBUTORS,
+    TENSOR_DTYPES,
+    Record,
+    Setting,
+    Task,
+    record_from_bytes,
+    record_size,
+    record_to_bytes,
+    reply_size,
+    split_size,
+    task_from_bytes,
+    task_size,
+    task_to_bytes,
+)
 from fedgp.messages.roster import Roster
 from fedgp.messages.round import (
     Field,
@@ -29,16 +44,6 @@ from fedgp.messages.round import (
     state_fields,
     state_tensors,
     withhold_small_sums,
-)
-from fedgp.messages.wire import (
-    record_from_bytes,
-    record_size,
-    record_to_bytes,
-    reply_size,
-    split_size,
-    task_from_bytes,
-    task_size,
-    task_to_bytes,
 )
 
 __all__ = [

@@ -1,6 +1,6 @@
 """The one container every fedgp byte format uses: safetensors, with a JSON header inside it.
 
-Messages (:mod:`fedgp.messages.wire`), checkpoints (:mod:`fedgp.run.checkpoint`) and saved
+Messages (:mod:`fedgp.messages.records`), checkpoints (:mod:`fedgp.run.checkpoint`) and saved
 models (:mod:`fedgp.run.saved`) are all the same thing on disk or on the wire: a safetensors
 payload holding named tensors and, as one more entry, the JSON header that says what the payload
 is (``format``, ``version``) and holds everything that is not a tensor. The whole payload —

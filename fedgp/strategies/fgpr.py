@@ -56,6 +56,11 @@ __all__ = ["FGPR"]
 STATE = "state/"
 
 
+#: FedAvg in each averaging space; ``WeightedMean`` is frozen and holds nothing, so one of each serves
+#: every round of every run.
+_FEDAVG = {space: WeightedMean(space) for space in ("raw", "constrained")}
+
+
 @dataclass(frozen=True)
 class FGPR(Strategy):
     """Federated GP regression.
@@ -159,7 +164,7 @@ class FGPR(Strategy):
         ``average_space`` (``"raw"`` when ``None``)."""
         if self.aggregator is not None:
             return self.aggregator
-        return WeightedMean(self.average_space or "raw")
+        return _FEDAVG[self.average_space or "raw"]
 
     @property
     def keeps_client_memory(self) -> bool:

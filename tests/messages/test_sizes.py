@@ -33,8 +33,8 @@ from fedgp.messages import (
     split_size,
     task_size,
     task_to_bytes,
-    wire,
 )
+from fedgp.messages import records as message_records
 from fedgp.messages.container import HEADER, pack, packed_size
 from fedgp.run import Faults
 from fedgp.strategies import FGPR, IFCA
@@ -357,13 +357,13 @@ def test_history_bytes_are_the_same_computed_and_written(engine, name):
 def test_nothing_is_serialised_in_process(engine, monkeypatch):
     """Without loopback a fit and the questions after it write no message; with it they do."""
     calls = []
-    real = wire.pack
+    real = message_records.pack
 
     def counting(*args, **kwargs):
         calls.append(args[0])
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(wire, "pack", counting)
+    monkeypatch.setattr(message_records, "pack", counting)
     for loopback in (False, True):
         calls.clear()
         result = fedgp.fit(
