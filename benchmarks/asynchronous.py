@@ -14,10 +14,17 @@ points) is a 100x straggler (speed 0.01: 100 units). Configurations:
 * ``deadline 10``: synchronous with a timeout of 10 units: the straggler's work is abandoned every
   round (its local update fails, as an engine's timeout fails it; the round renormalises over the
   other 11): 10 units a step.
-* ``asynchronous B=b``: the server steps on every ``b`` replies, staleness ``Polynomial(0.5)``
-  (and ``Constant()`` for B=4, to see what the weighting does; and FedAdam at a third of its
-  default lr, and equal speeds, for B=6: to see whether the final gap is the steps' noise or the
-  bias of a buffer that fast owners fill).
+* ``asynchronous B=b``: the server steps on every ``b`` replies, staleness ``Polynomial(0.5)``,
+  fedgp's default weights (``weighting="rate"``: ``p_k`` over the owner's replies per step); and
+  ``FedBuff weights`` (``weighting="buffer"``: ``p_k`` renormalised over the buffer), ``Constant()``
+  staleness for B=4, FedAdam at a third of its default lr and equal speeds for B=6: to see whether a
+  final gap is the steps' noise or the bias of a buffer that fast owners fill.
+
+A second scenario, ``spread10``, has no straggler: the 12 owners' speeds spread log-uniformly over
+10x (1 down to 0.1), synchronous (100 steps of 10 units) against asynchronous B=6 with both weights
+(400 steps). Its ``sync_gap_then`` column is the synchronous run's gap at the asynchronous run's
+final simulated time (the last synchronous step before it): the final gaps compared at equal
+simulated time.
 
 Each configuration consumes the same number of replies (100 steps of 12, 200 of 6, 300 of 4, 600 of
 2; the deadline's 100 steps of 11): the same client work, spread over different simulated times.
@@ -60,6 +67,7 @@ OUT = Path(__file__).resolve().parents[1] / "results" / "benchmarks"
 COMMAND = "OMP_NUM_THREADS=1 .venv/bin/python benchmarks/asynchronous.py"
 STRAGGLER = 11
 SPEEDS = (*np.geomspace(1.0, 0.1, 11).tolist(), 0.01)
+SPREAD10 = tuple(np.geomspace(1.0, 0.1, 12).tolist())
 DEADLINE = 10.0
 EVERY = 5
 TARGETS = (1.0, 0.1)
@@ -72,8 +80,18 @@ def configurations(steps: int) -> dict[str, tuple[object, int, float | None]]:
         "synchronous": (Asynchronous(FGPR(), buffer=k, speeds=SPEEDS), steps, None),
         f"deadline {DEADLINE:g}": (Saboteur(victim=STRAGGLER), steps, DEADLINE),
         "asynchronous B=6": (Asynchronous(FGPR(), buffer=6, speeds=SPEEDS), 2 * steps, None),
+        "asynchronous B=6, FedBuff weights": (
+            Asynchronous(FGPR(), buffer=6, speeds=SPEEDS, weighting="buffer"),
+            2 * steps,
+            None,
+        ),
         "asynchronous B=4": (Asynchronous(FGPR(), buffer=4, speeds=SPEEDS), 3 * steps, None),
-        "asynchronous B=4, constant weights": (
+        "asynchronous B=4, FedBuff weights": (
+            Asynchronous(FGPR(), buffer=4, speeds=SPEEDS, weighting="buffer"),
+            3 * steps,
+            None,
+        ),
+        "asynchronous B=4, constant staleness": (
             Asynchronous(FGPR(), buffer=4, staleness=Constant(), speeds=SPEEDS),
             3 * steps,
             None,
@@ -84,9 +102,27 @@ def configurations(steps: int) -> dict[str, tuple[object, int, float | None]]:
             None,
         ),
         "asynchronous B=6, equal speeds": (Asynchronous(FGPR(), buffer=6), 2 * steps, None),
+        "asynchronous B=6, equal speeds, FedBuff weights": (
+            Asynchronous(FGPR(), buffer=6, weighting="buffer"),
+            2 * steps,
+            None,
+        ),
         "asynchronous B=6, server lr 0.03": (
             Asynchronous(FGPR(server_optimizer=FedAdam(lr=0.03)), buffer=6, speeds=SPEEDS),
             2 * steps,
+            None,
+        ),
+    }
+
+
+def spread10(steps: int) -> dict[str, tuple[object, int, float | None]]:
+    """The second scenario: speeds over 10x, no straggler."""
+    return {
+        "synchronous": (Asynchronous(FGPR(), buffer=12, speeds=SPREAD10), steps, None),
+        "asynchronous B=6": (Asynchronous(FGPR(), buffer=6, speeds=SPREAD10), 4 * steps, None),
+        "asynchronous B=6, FedBuff weights": (
+            Asynchronous(FGPR(), buffer=6, speeds=SPREAD10, weighting="buffer"),
+            4 * steps,
             None,
         ),
     }
@@ -130,6 +166,7 @@ def one(strategy, steps: int, per_step: float | None, federation, seed: int = 0)
         else 0
     )
     row["wall_seconds"] = round(seconds, 1)
+    row["gaps"] = gaps
     return row
 
 
@@ -137,9 +174,16 @@ def main(steps: int = 100) -> pd.DataFrame:
     torch.set_num_threads(1)
     federation = synthetic(0)
     rows = []
-    for name, (strategy, n, per_step) in configurations(steps).items():
-        rows.append({"config": name, **one(strategy, n, per_step, federation)})
-        print(rows[-1], flush=True)
+    for scenario, configs in (("straggler", configurations(steps)), ("spread10", spread10(steps))):
+        sync_gaps = None
+        for name, (strategy, n, per_step) in configs.items():
+            row = {"scenario": scenario, "config": name, **one(strategy, n, per_step, federation)}
+            gaps = row.pop("gaps")
+            sync_gaps = gaps if name == "synchronous" else sync_gaps
+            then = [gap for t, gap in sorted(sync_gaps.items()) if t <= row["sim_time"]]
+            row["sync_gap_then"] = then[-1] if then else math.nan
+            rows.append(row)
+            print(rows[-1], flush=True)
     table = pd.DataFrame(rows)
     OUT.mkdir(parents=True, exist_ok=True)
     path = OUT / "asynchronous.csv"

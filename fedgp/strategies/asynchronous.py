@@ -7,11 +7,21 @@ last received, which travels with it (the reply field ``version``); a reply ``τ
 counts with weight ``s(τ)`` (:mod:`fedgp.strategies.staleness`). As in FedBuff, a reply's *update*
 is what the server applies: the move it made from the state it started from, in GPyTorch's raw
 parameters, scaled by ``s(τ)`` and added to the current state — so the buffer's weighted mean is
-``θ_t + Σ_i w_i s(τ_i) Δ_i`` (``w_i``: the inner plan's weights, ``p_k`` for FGPR, renormalised over
-the buffer), and
-the inner FGPR's server optimiser (FedAdam by default) steps on it as on a synchronous round's mean.
-A fresh reply (``τ = 0``) enters exactly as it came, so with ``B = K`` and equal speeds every step is
-the synchronous round, bit for bit.
+``θ_t + Σ_i c_i s(τ_i) Δ_i`` — and the inner FGPR's server optimiser (FedAdam by default) steps on
+it as on a synchronous round's mean. A fresh reply (``τ = 0``) of weight ``c_i = p_i`` enters
+exactly as it came, so with ``B = K`` and equal speeds every step is the synchronous round, bit for
+bit.
+
+**Which weights** (``weighting``). FedBuff's (``"buffer"``) are the inner plan's weights ``p_k``
+renormalised over the buffer. They are biased: an owner's updates count in proportion to how often
+it arrives and to who shares its buffers, so the server converges to another objective than the
+synchronous round's (with equal speeds and ``B = K/2`` the buffers alternate between two halves of
+the owners, each half's updates counting as if it were the federation). fedgp's default,
+``"rate"``, weighs owner ``k``'s reply by ``c_k = p_k / r_k``, ``r_k`` its replies consumed per step
+so far (this one included): each owner's updates then add up, over the steps, to ``p_k`` per step,
+as in the synchronous round (an importance weight; with ``B = K`` and equal speeds ``r_k = 1`` and
+``c_k = p_k``). Its price is variance: an owner that arrives rarely (a 100× straggler) sends
+rarely but each of its updates counts many times over. ``benchmarks/asynchronous.py`` measures both.
 
 **Simulation.** An owner's job lasts ``work / speed`` units of simulated time
 (:mod:`fedgp.strategies.speeds`); the server consumes arrivals in time order (ties: registration
@@ -38,6 +48,7 @@ Flower ServerApp still waits for each round (simulation only).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -60,6 +71,8 @@ __all__ = ["Asynchronous", "AsyncServer", "VERSION"]
 #: The reply field (and task setting) holding the state version a reply was trained from.
 VERSION = "version"
 START = "start/"
+#: How a buffer's replies are weighted (:class:`Asynchronous`'s ``weighting``).
+WEIGHTINGS = ("rate", "buffer")
 
 
 @dataclass(frozen=True)
@@ -84,11 +97,18 @@ class AsyncServer:
     def arrivals(self, ids=None) -> pd.DataFrame:
         """One row per reply the server consumed: ``step`` (the version it helped make, 1-based),
         ``client`` (its id, given the roster's ``ids``, else its position), ``version`` (trained
-        from), ``staleness``, ``weight`` (``s(staleness)``) and ``arrival`` (simulated time)."""
-        columns = ["step", "client", "version", "staleness", "weight", "arrival"]
+        from), ``staleness``, ``weight`` (``s(staleness)``), ``applied`` (the weight its update took in
+        the step, ``c_k s(τ)``; NaN in a result saved before fedgp recorded it) and ``arrival``
+        (simulated time)."""
+        columns = ["step", "client", "version", "staleness", "weight", "applied", "arrival"]
         if not self.log:
             return pd.DataFrame(columns=columns)
-        merged = {k: torch.cat([step[k] for step in self.log]).tolist() for k in columns}
+        merged = {
+            k: torch.cat(
+                [step.get(k, torch.full(step["step"].shape, math.nan)) for step in self.log]
+            ).tolist()
+            for k in columns
+        }
         if ids is not None:
             merged["client"] = [ids[p] for p in merged["client"]]
         return pd.DataFrame(merged, columns=columns)
@@ -109,6 +129,8 @@ class Asynchronous(Strategy):
         speeds: the owners' simulated speeds: ``None`` (all equal), one number > 0 per owner in
             registration order, or a draw from the run's seed (``LogUniform(spread=10)``).
         work: what one job costs: ``"unit"`` (1) or ``"points"`` (the owner's rows over the mean).
+        weighting: ``"rate"`` (``p_k`` over the owner's replies per step: unbiased, the default) or
+            ``"buffer"`` (FedBuff's ``p_k`` renormalised over the buffer); module docstring.
     """
 
     inner: FGPR | None = None
@@ -116,6 +138,7 @@ class Asynchronous(Strategy):
     staleness: StalenessWeight = Polynomial()
     speeds: tuple[float, ...] | SpeedDraw | None = None
     work: str = "unit"
+    weighting: str = "rate"
 
     def __post_init__(self) -> None:
         inner = FGPR() if self.inner is None else self.inner
@@ -143,6 +166,8 @@ class Asynchronous(Strategy):
             )
         if self.work not in WORK:
             raise InputError(f"Asynchronous: work must be one of {WORK}, got {self.work!r}")
+        if self.weighting not in WEIGHTINGS:
+            raise InputError(f"Asynchronous: weighting must be one of {WEIGHTINGS}, got {self.weighting!r}")
         object.__setattr__(self, "speeds", check_speeds(self.speeds))
 
     # -- server -----------------------------------------------------------------------------------
@@ -238,8 +263,9 @@ class Asynchronous(Strategy):
         weights = base[take]
         if len(take) < ctx.num_clients:
             weights = weights * (base.sum() / weights.sum())
+        scale = factor * self._importance(server, take, base, weights)
         individual = {n: pending[n][take] for n in self.inner.reply_fields(ctx)}
-        individual.update(self._rebased(spec, theta, pending, take, tau, factor))
+        individual.update(self._rebased(spec, theta, pending, take, tau, scale))
         buffered = Replies(take, weights, individual, {}, dict(replies.failures), torch.arange(len(take)))
         inner_plan = RoundPlan(take, weights, plan.shared, Record(), self.inner.reply_fields(ctx))
         new_inner, metrics = self.inner.aggregate(rnd, server.inner, inner_plan, buffered, ctx)
@@ -250,6 +276,7 @@ class Asynchronous(Strategy):
             "version": started[take].clone(),
             "staleness": tau,
             "weight": factor,
+            "applied": weights * scale,
             "arrival": arrival[take].clone(),
         }
         started[take], arrival[take] = -1, torch.inf
@@ -262,10 +289,20 @@ class Asynchronous(Strategy):
         metrics.update(staleness_mean=float(tf.mean()), staleness_max=int(tau.max()))
         return state, metrics
 
-    def _rebased(self, spec, theta: HyperState, pending, take, tau, factor) -> dict[str, torch.Tensor]:
-        """The stale replies' states as FedBuff applies them: the current state plus ``s(τ)`` times
-        the move each made from the state it started from (raw parameters); fresh ones as they came."""
-        stale = tau > 0
+    def _importance(self, server: AsyncServer, take, base, weights) -> torch.Tensor:
+        """What turns the buffer's renormalised ``weights`` into ``c_k`` (``"rate"``: ``p_k / r_k``,
+        ``r_k`` the owner's replies consumed per step, this one included); ones for ``"buffer"``."""
+        if self.weighting == "buffer":
+            return torch.ones(len(take), dtype=torch.float64)
+        consumed = torch.cat([*(step["client"] for step in server.log), take])
+        rate = torch.bincount(consumed, minlength=len(base))[take].to(torch.float64) / (server.version + 1)
+        return base[take].to(torch.float64) / (rate * weights.to(torch.float64))
+
+    def _rebased(self, spec, theta: HyperState, pending, take, tau, scale) -> dict[str, torch.Tensor]:
+        """The replies' states as the step applies them: the current state plus ``scale`` (``s(τ)``,
+        times the importance of ``"rate"``) times the move each made from the state it started from
+        (raw parameters); a fresh reply of scale 1 as it came."""
+        stale = (tau > 0) | (scale != 1)
         if not bool(stale.any()):
             return {}
         rows = take[stale]
@@ -276,7 +313,7 @@ class Asynchronous(Strategy):
         trained = read_state({**base, **trained}, spec, STATE)
         start = read_state({**base, **began}, spec, STATE)
         raw_now, raw_trained, raw_start = spec.to_raw(current), spec.to_raw(trained), spec.to_raw(start)
-        scale = factor[stale]
+        scale = scale[stale]
         moved = {
             k: raw_now[k] + scale.reshape(-1, *([1] * (v.dim() - 1))) * (raw_trained[k] - raw_start[k])
             for k, v in raw_now.items()

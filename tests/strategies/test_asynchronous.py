@@ -117,12 +117,14 @@ def _reply(spec, start: HyperState, move: float, rows: int = 1) -> dict[str, tor
 
 @pytest.mark.parametrize("rule", [Polynomial(a=0.5), Constant(), Hinge(a=3.0, b=1)])
 def test_a_stale_reply_moves_the_state_by_its_weighted_update(gp, rule) -> None:
-    """Two owners, speeds 1 and 0.4, B = 1, FedAvg: owner 0 makes versions 1 and 2, then owner 1's
+    """FedBuff's weights. Two owners, speeds 1 and 0.4, B = 1, FedAvg: owner 0 makes versions 1 and 2, then owner 1's
     reply, trained from version 0, arrives 2 versions stale: θ₃ = θ₂ + s(2)(θ₁' − θ₀) in raw space."""
     spec = gp.spec
     sizes = torch.tensor([10, 30])
     ctx = ServerContext(spec, sizes, sizes.double() / sizes.sum(), ["a", "b"], 0)
-    strategy = Asynchronous(FGPR(server_optimizer=None), buffer=1, staleness=rule, speeds=(1.0, 0.4))
+    strategy = Asynchronous(
+        FGPR(server_optimizer=None), buffer=1, staleness=rule, speeds=(1.0, 0.4), weighting="buffer"
+    )
     server = strategy.initialize(ctx, generator(0, "init"))
     theta0 = strategy.global_state(server)
     trained = {}
@@ -155,12 +157,12 @@ def test_a_stale_reply_moves_the_state_by_its_weighted_update(gp, rule) -> None:
 
 
 def test_a_buffer_weighs_its_replies_by_size_renormalised(gp) -> None:
-    """B = 2 of 3 owners, all fresh: the aggregate is the buffer's mean weighted by p_k over the two."""
+    """FedBuff's weights. B = 2 of 3 owners, all fresh: the aggregate is the buffer's mean weighted by p_k over the two."""
     spec = gp.spec
     sizes = torch.tensor([10, 30, 60])
     ctx = ServerContext(spec, sizes, sizes.double() / sizes.sum(), [0, 1, 2], 0)
     strategy = Asynchronous(
-        FGPR(server_optimizer=None, average_space="raw"), buffer=2, speeds=(2.0, 1.0, 0.5)
+        FGPR(server_optimizer=None, average_space="raw"), buffer=2, speeds=(2.0, 1.0, 0.5), weighting="buffer"
     )
     server = strategy.initialize(ctx, generator(0, "init"))
     plan = strategy.configure(0, server, ctx, generator(0, "configure", 0))
@@ -177,6 +179,37 @@ def test_a_buffer_weighs_its_replies_by_size_renormalised(gp) -> None:
     got = spec.to_raw(server.inner)
     for k in got:
         torch.testing.assert_close(got[k], 0.25 * raw[k][0] + 0.75 * raw[k][1], rtol=1e-12, atol=1e-12)
+
+
+def _shares(gp, weighting: str, steps: int) -> np.ndarray:
+    """Each owner's applied weights summed over ``steps`` steps, over ``steps p_k``."""
+    strategy = Asynchronous(TRAIN, buffer=2, staleness=Constant(), weighting=weighting)
+    table = run(gp, strategy, rounds=steps).server_state.arrivals()
+    sizes = torch.tensor([c.n for c in gp.federation], dtype=torch.float64)
+    return table.groupby("client")["applied"].sum().to_numpy() / (steps * (sizes / sizes.sum()).numpy())
+
+
+def test_rate_weights_give_every_owner_its_share_of_the_steps(gp) -> None:
+    """Equal speeds, B = 2 of 5: the buffers are fixed groups of owners. FedBuff's weights give each
+    owner its group's share, not its own (biased: 0.6x to 1.3x p_k, for ever); ``"rate"``'s add up to
+    p_k per step, up to a start-up term that shrinks as the run goes (log(T)/T)."""
+    early, late = _shares(gp, "rate", 20), _shares(gp, "rate", 80)
+    assert np.abs(late - 1).max() < 0.13 and np.abs(late - 1).max() < np.abs(early - 1).max()
+    assert np.abs(_shares(gp, "buffer", 80) - 1).max() > 0.3
+
+
+def test_a_rate_weight_is_size_over_replies_per_step(gp) -> None:
+    """Every consumed reply's applied weight is ``p_k · t / n_k(t) · s(τ)`` (``n_k(t)``: owner k's replies
+    consumed by step t, this one included), on unequal speeds."""
+    rule = Polynomial(a=0.5)
+    strategy = Asynchronous(TRAIN, buffer=2, staleness=rule, speeds=(1.0, 0.3, 0.5, 0.9, 0.2))
+    table = run(gp, strategy, rounds=12).server_state.arrivals()
+    sizes = torch.tensor([c.n for c in gp.federation], dtype=torch.float64)
+    p = (sizes / sizes.sum()).numpy()
+    seen = table.groupby("client").cumcount().to_numpy() + 1
+    stale = rule(torch.tensor(table["staleness"].to_numpy())).numpy()
+    expected = p[table["client"].to_numpy()] * table["step"].to_numpy() / seen * stale
+    np.testing.assert_allclose(table["applied"].to_numpy(), expected, rtol=1e-12)
 
 
 def test_bad_settings_are_refused_by_name(gp) -> None:
@@ -205,6 +238,8 @@ def test_bad_settings_are_refused_by_name(gp) -> None:
         Asynchronous(DPFGPR(FGPR(), clip=1.0, noise=1.0))
     with pytest.raises(InputError, match="work must be one of"):
         Asynchronous(work="flops")
+    with pytest.raises(InputError, match="weighting must be one of"):
+        Asynchronous(weighting="fedavg")
     with pytest.raises(InputTypeError, match="staleness must be"):
         Asynchronous(staleness=lambda t: 1.0)
     with pytest.raises(InputError, match="ClientDP does not apply to Asynchronous"):
