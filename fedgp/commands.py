@@ -26,7 +26,7 @@ import torch
 
 from fedgp import files
 from fedgp.errors import CommandError, InputError
-from fedgp.layout import COLUMNS_FILE, COLUMNS_FORMAT, MODEL_FILE, owner_metrics
+from fedgp.layout import COLUMNS_FILE, MODEL_FILE, owner_metrics, read_columns
 from fedgp.run.progress import progress_bar
 
 if TYPE_CHECKING:
@@ -159,31 +159,6 @@ def _remove_if_empty(folder: Path) -> None:
         folder.rmdir()
     except OSError:  # not empty (or gone): leave it
         pass
-
-
-def read_columns(folder: Path) -> dict:
-    """The column description ``fedgp fit`` wrote beside its model (JSON; checked, nothing run)."""
-    path = folder / COLUMNS_FILE
-    if not folder.is_dir():
-        raise CommandError(f"{folder}: no such folder (give the folder fedgp fit wrote, its --out)")
-    if not path.is_file() or not (folder / MODEL_FILE).is_file():
-        raise CommandError(
-            f"{folder}: not a folder written by fedgp fit (no {COLUMNS_FILE} and {MODEL_FILE})"
-        )
-    try:
-        columns = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError, ValueError) as err:
-        raise CommandError(f"{path}: not JSON ({err})") from None
-    ok = (
-        isinstance(columns, dict)
-        and columns.get("format") == COLUMNS_FORMAT
-        and isinstance(columns.get("features"), list)
-        and all(isinstance(f, str) for f in columns["features"])
-        and all(isinstance(columns.get(k), str) for k in ("group", "target"))
-    )
-    if not ok:
-        raise CommandError(f"{path}: not a column description written by fedgp fit")
-    return columns
 
 
 def read_new_table(

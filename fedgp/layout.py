@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from fedgp.errors import CommandError
 from fedgp.files import write_atomically
 
 if TYPE_CHECKING:
@@ -29,6 +30,7 @@ __all__ = [
     "run_state",
     "owner_metrics",
     "write_columns",
+    "read_columns",
     "write_history",
     "write_model_folder",
     "write_table",
@@ -127,6 +129,31 @@ def write_columns(
                "features": list(features), "owners": [str(o) for o in owners], "data": data,
                "test_fraction": test_fraction, "seed": seed}  # fmt: skip
     return _write_json(columns, Path(folder) / COLUMNS_FILE)
+
+
+def read_columns(folder: Path) -> dict:
+    """The column description ``fedgp fit`` wrote beside its model (JSON; checked, nothing run)."""
+    path = folder / COLUMNS_FILE
+    if not folder.is_dir():
+        raise CommandError(f"{folder}: no such folder (give the folder fedgp fit wrote, its --out)")
+    if not path.is_file() or not (folder / MODEL_FILE).is_file():
+        raise CommandError(
+            f"{folder}: not a folder written by fedgp fit (no {COLUMNS_FILE} and {MODEL_FILE})"
+        )
+    try:
+        columns = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError, ValueError) as err:
+        raise CommandError(f"{path}: not JSON ({err})") from None
+    ok = (
+        isinstance(columns, dict)
+        and columns.get("format") == COLUMNS_FORMAT
+        and isinstance(columns.get("features"), list)
+        and all(isinstance(f, str) for f in columns["features"])
+        and all(isinstance(columns.get(k), str) for k in ("group", "target"))
+    )
+    if not ok:
+        raise CommandError(f"{path}: not a column description written by fedgp fit")
+    return columns
 
 
 def write_model_folder(

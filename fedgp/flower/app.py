@@ -67,18 +67,18 @@ from flwr.serverapp import Grid, ServerApp
 from fedgp import defaults
 from fedgp.data.client import ClientData
 from fedgp.data.table import RUN_CONFIG_ROLES, read_owner_table
-from fedgp.errors import EngineError, InputError
+from fedgp.errors import CommandError, EngineError, InputError
 from fedgp.flower.capture import capture_mod
 from fedgp.flower.client import client_app, read_npz_clients
 from fedgp.flower.fast import short_object_pulls
 from fedgp.flower.grid_engine import GridEngine
 from fedgp.flower.secagg import SecureAggregation
-from fedgp.layout import ERROR_FILE, write_error, write_model_folder, write_progress
+from fedgp.layout import ERROR_FILE, MODEL_FILE, read_columns, write_error, write_model_folder, write_progress
 from fedgp.messages import config_json, from_config
 from fedgp.models.spec import GPSpec
 from fedgp.models.spec_io import build_spec
 from fedgp.presets import make_spec, make_strategy
-from fedgp.run import Callback, ClientDP, Evaluate, Faults, FitResult, Progress, fit
+from fedgp.run import Callback, ClientDP, Evaluate, Faults, FitResult, Progress, fit, load
 from fedgp.strategies.base import Strategy
 from fedgp.transforms import Transforms
 
@@ -123,6 +123,7 @@ RUN_CONFIG: dict[str, Any] = {
     "privacy": "",
     "secure-aggregation": "",
     "min-contributors": 2,
+    "warm-start": "",
 }
 #: What each run-config key means, for the generated ``pyproject.toml``.
 RUN_CONFIG_HELP = {
@@ -152,6 +153,7 @@ RUN_CONFIG_HELP = {
     "privacy": 'client-level DP: ClientDP settings as JSON, e.g. {"epsilon": 4, "rate": 0.5} (empty: none)',
     "min-contributors": "fewest owners a released sum may add up (below it the round fails, saying why)",
     "secure-aggregation": "sums over nodes only: SecureAggregation JSON, e.g. {} (empty: off)",
+    "warm-start": "an earlier run's model folder (server host): start from its state on the nodes' rows",
 }
 
 
@@ -238,6 +240,41 @@ class AppSettings:
             "transforms": None if transforms == "none" else Transforms(hide_discrete=self["hide-discrete"]),
             "faults": Faults(min_contributors=self["min-contributors"]),
         }
+
+    def warm_start(self) -> tuple[FitResult, dict] | None:
+        """The model of the ``warm-start`` folder and its columns (``None`` when empty): an earlier
+        run's, whose state this run starts from on the nodes' current rows (``fedgp fit
+        --warm-start``'s rule: its kernel and mean, so ``model``/``kernel``/``mean``/``ard`` are
+        refused beside it)."""
+        folder = self["warm-start"]
+        if not folder:
+            return None
+        given = [key for key in ("model", "kernel", "mean", "ard") if self[key] != RUN_CONFIG[key]]
+        if given:
+            raise InputError(
+                f"run config 'warm-start' continues the model's own kernel and mean; {given} cannot be "
+                "given with it"
+            )
+        path = Path(folder).expanduser()
+        try:
+            columns = read_columns(path)  # first: says what a folder lacks
+            return load(path / MODEL_FILE), columns
+        except (CommandError, ValueError) as err:
+            raise InputError(f"run config 'warm-start': {err}") from None
+
+    def warm_spec(self, features: list[str], width: int) -> GPSpec:
+        """The run's model: the ``warm-start`` model's state as the start (its target and feature
+        columns must be the nodes'), else :meth:`spec` for ``width`` features."""
+        warm = self.warm_start()
+        if warm is None:
+            return self.spec(width)
+        model, columns = warm
+        if columns["target"] != self["target"] or list(columns["features"]) != list(features):
+            raise InputError(
+                f"run config 'warm-start': the model was fitted to target {columns['target']!r} from "
+                f"features {columns['features']}; the nodes' are {self['target']!r} from {features}"
+            )
+        return model.warm_spec()
 
     def secure(self) -> SecureAggregation | None:
         """``SecureAggregation`` from the ``secure-aggregation`` JSON (``None`` when empty)."""
@@ -395,7 +432,7 @@ def _main(grid: Grid, context: Context) -> None:
     settings = AppSettings.of(context)
     strategy, secure = settings.strategy(), settings.secure()  # a bad setting fails before any exchange
     width, features = _discover(grid, strategy, settings)
-    spec = settings.spec(width)
+    spec = settings.warm_spec(features, width)
     callbacks: list = [Evaluate(every=settings["eval-every"]), RoundLog(), Progress(False)]
     out = Path(settings["out-dir"]).expanduser()
     out.mkdir(parents=True, exist_ok=True)
@@ -436,6 +473,7 @@ def main(grid: Grid, context: Context) -> None:
         write_progress(out, 0)
         settings = AppSettings.of(context)
         settings.strategy(), settings.privacy(), settings.secure()  # every setting before any exchange
+        settings.warm_start()
         settings.fit_options()
         _main(grid, context)
     except Exception as err:

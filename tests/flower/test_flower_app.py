@@ -219,6 +219,75 @@ def test_the_app_aggregates_dp_updates_and_the_summary_securely(tmp_path):
     assert (history["noise_topup"] == 0).all()  # six owners' shares: the full noise, none from the server
 
 
+def _grow(paths, rows: int = 6, seed: int = 9) -> None:
+    """Each node's owners measure ``rows`` more points, appended to its file."""
+    rng = np.random.default_rng(seed)
+    for path in paths:
+        table = pd.read_csv(path)
+        more = []
+        for owner in table["owner"].unique():
+            X = rng.uniform(-1, 1, size=(rows, 3))
+            y = np.sin(2 * X[:, 0]) + 0.5 * X[:, 1] ** 2 - 0.3 * X[:, 2] + 0.05 * rng.normal(size=rows)
+            more.append(pd.DataFrame({"owner": owner, "x1": X[:, 0], "x2": X[:, 1], "x3": X[:, 2], "y": y}))
+        pd.concat([table, *more]).to_csv(path, index=False)
+
+
+def test_the_app_continues_an_earlier_model_on_the_nodes_grown_rows(tmp_path):
+    """Owners add rows on their nodes; ``warm-start`` continues the first run's model on every row:
+    the same state as ``fedgp.fit(first.warm_spec(), grown, ...)`` in process, not a cold start's."""
+    paths = owner_tables(tmp_path)
+    first_out, second_out = tmp_path / "first", tmp_path / "second"
+    config = {"rounds": 4, "stop": "none", "seed": 3, "out-dir": str(first_out)}
+    flower_app._main(deploy(paths, config), Context(0, 0, {}, RecordDict(), config))
+    _grow(paths)
+    again = {**config, "out-dir": str(second_out), "warm-start": str(first_out)}
+    flower_app._main(deploy(paths, again), Context(0, 0, {}, RecordDict(), again))
+    continued = fedgp.load(second_out / "model.fedgp")
+    assert continued.roster.sizes.tolist() == [36] * len(OWNERS)
+
+    from fedgp.data.table import read_owner_table
+
+    grown = [c for p in paths for c in read_owner_table(p, group="owner", target="y").federation()]
+    first = fedgp.load(first_out / "model.fedgp")
+    settings = flower_app.AppSettings(again)
+    reference = fedgp.fit(first.warm_spec(), fedgp.data.Federation(grown), settings.strategy(),
+                          engine="sequential", **settings.fit_options())  # fmt: skip
+    for name, value in reference.state.items():
+        torch.testing.assert_close(continued.state[name], value, rtol=1e-8, atol=1e-10)
+    cold = fedgp.fit(settings.spec(3), fedgp.data.Federation(grown), settings.strategy(),
+                     engine="sequential", **settings.fit_options())  # fmt: skip
+    noise = "likelihood.noise_covar.noise"
+    assert not torch.allclose(cold.state[noise], continued.state[noise])
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (
+            {"kernel": "matern12"},
+            "run config 'warm-start' continues the model's own kernel and mean; ['kernel']",
+        ),
+        ({"target": "x3"}, "run config 'warm-start': the model was fitted to target 'y'"),
+        ({"warm-start": "nowhere"}, "run config 'warm-start': nowhere: no such folder"),
+    ],
+)
+def test_a_warm_start_the_app_cannot_continue_is_one_line_naming_the_key(tmp_path, extra, message):
+    paths = owner_tables(tmp_path, nodes=2)
+    first = {"rounds": 2, "stop": "none", "out-dir": str(tmp_path / "first")}
+    flower_app._main(deploy(paths, first), Context(0, 0, {}, RecordDict(), first))
+    config = {
+        "rounds": 2,
+        "out-dir": str(tmp_path / "second"),
+        "warm-start": str(tmp_path / "first"),
+        **extra,
+    }
+    if extra.get("warm-start") == "nowhere":
+        config["warm-start"] = "nowhere"
+    with pytest.raises(InputError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        flower_app.main(deploy(paths, config), Context(0, 0, {}, RecordDict(), config))
+    assert message.split(": ")[0] in (tmp_path / "second" / "error.txt").read_text()
+
+
 @pytest.mark.parametrize(
     "config, message",
     [

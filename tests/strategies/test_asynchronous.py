@@ -117,8 +117,9 @@ def _reply(spec, start: HyperState, move: float, rows: int = 1) -> dict[str, tor
 
 @pytest.mark.parametrize("rule", [Polynomial(a=0.5), Constant(), Hinge(a=3.0, b=1)])
 def test_a_stale_reply_moves_the_state_by_its_weighted_update(gp, rule) -> None:
-    """FedBuff's weights. Two owners, speeds 1 and 0.4, B = 1, FedAvg: owner 0 makes versions 1 and 2, then owner 1's
-    reply, trained from version 0, arrives 2 versions stale: θ₃ = θ₂ + s(2)(θ₁' − θ₀) in raw space."""
+    """FedBuff's weights. Two owners, speeds 1 and 0.4, B = 1, FedAvg: owner 0 makes versions 1 and
+    2, then owner 1's reply, trained from version 0, arrives 2 versions stale:
+    θ₃ = θ₂ + s(2)(θ₁' − θ₀) in raw space."""
     spec = gp.spec
     sizes = torch.tensor([10, 30])
     ctx = ServerContext(spec, sizes, sizes.double() / sizes.sum(), ["a", "b"], 0)
@@ -157,7 +158,8 @@ def test_a_stale_reply_moves_the_state_by_its_weighted_update(gp, rule) -> None:
 
 
 def test_a_buffer_weighs_its_replies_by_size_renormalised(gp) -> None:
-    """FedBuff's weights. B = 2 of 3 owners, all fresh: the aggregate is the buffer's mean weighted by p_k over the two."""
+    """FedBuff's weights. B = 2 of 3 owners, all fresh: the aggregate is the buffer's mean weighted
+    by p_k over the two."""
     spec = gp.spec
     sizes = torch.tensor([10, 30, 60])
     ctx = ServerContext(spec, sizes, sizes.double() / sizes.sum(), [0, 1, 2], 0)
