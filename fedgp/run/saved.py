@@ -253,6 +253,11 @@ def _read_transform(record: Any, tensors: dict[str, torch.Tensor], outputs: int 
     settings = dict(record["settings"])
     for name, value in settings.items():
         settings[name] = limits.boolean(value, f"transforms.settings[{name!r}]")
+    if outputs and any(settings.values()):  # y_local, the one setting: refused for several outputs at fit
+        raise FileFormatError(
+            f"transforms.settings {sorted(k for k, v in settings.items() if v)} is set, but a multi-output "
+            "spec's outputs are standardised by the federation's mean and sd of each, never each owner's own"
+        )
     parts = {k: v for k, v in tensors.items() if k.startswith("transform/")}
     for name, tensor in parts.items():
         if not tensor.is_floating_point() or not bool(torch.isfinite(tensor).all()):

@@ -188,6 +188,10 @@ def test_a_missing_or_malformed_multi_output_entry_is_refused(saved, tmp_path):
 
     path = reseal(icm, tmp_path / "e.fgp", tensor_fn=one_sd)
     refused(path, "'transform/y_offset'", "expected (2,)")
+    own = reseal(
+        icm, tmp_path / "f.fgp", lambda h: h["transforms"]["settings"].update({"transform/y_local": True})
+    )
+    refused(own, "transforms.settings ['transform/y_local'] is set")
 
 
 def test_a_one_output_spec_may_not_name_the_task_modules(tmp_path):
