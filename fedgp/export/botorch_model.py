@@ -106,8 +106,11 @@ def to_botorch(result, client: Any, trainable: bool = False) -> SingleTaskGP:
         )
     if isinstance(spec, MultiOutputSpec):
         raise InputTypeError(
-            "to_botorch: exports a one-output GP; this result's model is a MultiOutputSpec (its task "
-            "covariance is not exported yet): predict with result.predict(rows, client=...)"
+            "to_botorch: exports a one-output GP; this result's model is a MultiOutputSpec, and BoTorch's "
+            "MultiTaskGP builds its task covariance as a PositiveIndexKernel (positive correlations "
+            "only), which cannot hold an ICM whose outputs may be of opposite sign. Use "
+            "result.to_gpytorch(client) (GPyTorch's Hadamard multitask model) or "
+            "result.predict(rows, client=...)"
         )
     gp = spec.build()
     spec.load(gp, result.client_state(client))

@@ -24,6 +24,7 @@ import gpytorch
 import torch
 
 from fedgp.errors import InputTypeError
+from fedgp.export.multioutput import to_gpytorch_outputs
 from fedgp.models.multioutput import MultiOutputSpec
 from fedgp.models.spec import NOISE, ExactGPModel
 from fedgp.models.state import HyperState
@@ -113,6 +114,9 @@ def to_gpytorch(result, client: Any) -> ExactGPModel:
     kernel ``s²·k``, noise ``s²σ²``), so it predicts what ``result.posterior`` predicts. Its
     ``feature_names`` attribute names the input columns in the order it takes them (``None`` when the
     fit's data were unnamed).
+
+    A multi-output result's model is GPyTorch's Hadamard multitask ``ExactGP`` on rows whose last
+    column is the output index (:mod:`fedgp.export.multioutput`).
     """
     data = result.client_data(client)
     spec = result.spec
@@ -120,11 +124,8 @@ def to_gpytorch(result, client: Any) -> ExactGPModel:
         raise InputTypeError(
             "to_gpytorch: exports a client's exact GP posterior; this result's model is a VariationalGPSpec"
         )
-    if isinstance(spec, MultiOutputSpec):
-        raise InputTypeError(
-            "to_gpytorch: exports a one-output GP; this result's model is a MultiOutputSpec (its task "
-            "covariance is not exported yet): predict with result.predict(rows, client=...)"
-        )
+    if isinstance(spec, MultiOutputSpec):  # GPyTorch's Hadamard multitask form
+        return to_gpytorch_outputs(result, spec, result.client_state(client), data)
     model = spec.build()
     spec.load(model, result.client_state(client))
     transform = getattr(result, "transform", None)

@@ -11,7 +11,8 @@ a :class:`~fedgp.errors.FileFormatError` naming the field (readers add the file'
 - a spec names at most :data:`MAX_SPEC_MODULES` modules; its ``ard_num_dims``, ``input_size`` and
   ``active_dims`` lie in ``[0, MAX_INPUT_DIMS]``; a ``batch_shape`` has at most
   :data:`MAX_BATCH_DIMS` positive sizes whose product is at most :data:`MAX_BATCH_ELEMENTS`, and no
-  parameter it implies holds more than :data:`MAX_PARAMETER_ELEMENTS` numbers;
+  parameter it implies holds more than :data:`MAX_PARAMETER_ELEMENTS` numbers; a multi-output spec
+  has at most :data:`MAX_OUTPUTS` outputs;
 - a roster holds at most :data:`MAX_CLIENTS` clients, with as many sizes as ids;
 - integers (seeds, round counts) are JSON integers in their range (``1e999``, ``"zero"`` and
   ``true`` are refused by name), booleans are JSON booleans, scales are finite and positive;
@@ -43,6 +44,7 @@ __all__ = [
     "MAX_BATCH_DIMS",
     "MAX_BATCH_ELEMENTS",
     "MAX_PARAMETER_ELEMENTS",
+    "MAX_OUTPUTS",
     "MAX_CLIENTS",
     "TENSOR_DTYPES",
     "MAX_ATTRS_BYTES",
@@ -54,6 +56,7 @@ __all__ = [
     "boolean",
     "positive",
     "shape",
+    "shown",
 ]
 
 #: Bytes of a file's JSON header (history, configs, spec description).
@@ -70,6 +73,9 @@ MAX_BATCH_DIMS = 4
 MAX_BATCH_ELEMENTS = 100_000
 #: Numbers in one parameter a spec implies (batch elements times dimensions): 80 MB of float64.
 MAX_PARAMETER_ELEMENTS = 10_000_000
+#: Outputs T of a saved multi-output spec: W at full rank (T x T) and a dense task covariance B stay
+#: under :data:`MAX_PARAMETER_ELEMENTS`.
+MAX_OUTPUTS = 3_000
 #: Clients in a saved roster.
 MAX_CLIENTS = 10_000_000
 #: The tensor dtypes a file may hold.
@@ -107,7 +113,8 @@ def check_tensors(tensors: dict[str, torch.Tensor], where: str = "tensor") -> No
             raise FileFormatError(f"{where} {name!r} is {dtype}; a fedgp file holds {allowed}")
 
 
-def _show(value: Any) -> str:
+def shown(value: Any) -> str:
+    """``value``'s repr for an error message, cut to 60 characters (a crafted value may be huge)."""
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
 
@@ -115,14 +122,14 @@ def _show(value: Any) -> str:
 def integer(value: Any, where: str, low: int, high: int) -> int:
     """``value`` if it is a JSON integer (not a float, string or boolean) in ``[low, high]``."""
     if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        raise FileFormatError(f"{where} must be an integer in [{low}, {high}], got {_show(value)}")
+        raise FileFormatError(f"{where} must be an integer in [{low}, {high}], got {shown(value)}")
     return value
 
 
 def boolean(value: Any, where: str) -> bool:
     """``value`` if it is a JSON boolean (``"false"`` is a string, and refused)."""
     if not isinstance(value, bool):
-        raise FileFormatError(f"{where} must be true or false, got {_show(value)}")
+        raise FileFormatError(f"{where} must be true or false, got {shown(value)}")
     return value
 
 
@@ -130,7 +137,7 @@ def positive(value: Any, where: str) -> float:
     """``value`` if it is a finite number above zero."""
     number = isinstance(value, (int, float)) and not isinstance(value, bool)
     if not (number and math.isfinite(value) and value > 0):
-        raise FileFormatError(f"{where} must be a finite number above 0, got {_show(value)}")
+        raise FileFormatError(f"{where} must be a finite number above 0, got {shown(value)}")
     return float(value)
 
 
@@ -138,7 +145,7 @@ def shape(value: Any, where: str) -> tuple[int, ...]:
     """A ``batch_shape``: at most :data:`MAX_BATCH_DIMS` positive integers whose product is at most
     :data:`MAX_BATCH_ELEMENTS`."""
     if not isinstance(value, list) or len(value) > MAX_BATCH_DIMS:
-        raise FileFormatError(f"{where} must be a list of at most {MAX_BATCH_DIMS} sizes, got {_show(value)}")
+        raise FileFormatError(f"{where} must be a list of at most {MAX_BATCH_DIMS} sizes, got {shown(value)}")
     sizes = tuple(integer(v, f"{where}[{i}]", 1, MAX_BATCH_ELEMENTS) for i, v in enumerate(value))
     if math.prod(sizes) > MAX_BATCH_ELEMENTS:
         raise FileFormatError(
@@ -159,7 +166,7 @@ def plain_json(value: Any, where: str) -> Any:
         if isinstance(item, dict):
             for key, inner in item.items():
                 if not isinstance(key, str):
-                    raise FileFormatError(f"{path} has a key {_show(key)} that is not a string")
+                    raise FileFormatError(f"{path} has a key {shown(key)} that is not a string")
                 stack.append((inner, f"{path}[{key!r}]"))
         elif isinstance(item, list):
             stack.extend((inner, f"{path}[{i}]") for i, inner in enumerate(item))

@@ -116,7 +116,10 @@ class LinearMeanModel:
 
     # -- features -----------------------------------------------------------------------------------
     def features(self, X: torch.Tensor, client: ClientData | None = None) -> torch.Tensor:
-        """φ(X): ``(n, p)`` with ``m(X; θ) = φ(X) θ``."""
+        """φ(X): ``(n, p)`` with ``m(X; θ) = φ(X) θ``, from the columns the mean reads
+        (:meth:`~fedgp.GPSpec.mean_inputs`: a multi-output spec's mean of the features not its output
+        column)."""
+        X = self.spec.mean_inputs(X)
         if self._kind == "linear":
             cols = []
             for rel in self._relative:

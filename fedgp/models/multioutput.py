@@ -125,7 +125,7 @@ class HadamardGPModel(gpytorch.models.ExactGP):
         if isinstance(self.likelihood, OutputNoise):
             self.likelihood.rows = x
         inputs = x[..., :-1]
-        mean = self.mean_module(x if isinstance(self.mean_module, TaskMean) else inputs)
+        mean = self.mean_module(mean_inputs(self.mean_module, x))
         i = task.unsqueeze(-1)
         if self.lmc:
             terms = zip(self.covar_module.kernels, self.task_covar_module)
@@ -133,6 +133,12 @@ class HadamardGPModel(gpytorch.models.ExactGP):
         else:
             covar = self.covar_module(inputs).mul(self.task_covar_module(i))
         return gpytorch.distributions.MultivariateNormal(mean, covar)
+
+
+def mean_inputs(mean: gpytorch.means.Mean, x: torch.Tensor) -> torch.Tensor:
+    """What ``mean`` reads of rows ``x``: the whole row for a :class:`TaskMean` (it reads the output
+    index), the input features (without the output column) for any other mean."""
+    return x if isinstance(mean, TaskMean) else x[..., :-1]
 
 
 def _task_kernel(outputs: int, rank: int, term: int = 0) -> gpytorch.kernels.IndexKernel:
@@ -247,6 +253,11 @@ class MultiOutputSpec(GPSpec):
         return (
             self.rank == 0 and raw_name.endswith("covar_factor") and raw_name.startswith("task_covar_module.")
         )
+
+    def mean_inputs(self, X: torch.Tensor) -> torch.Tensor:
+        """The columns the mean reads (:func:`mean_inputs`): a mean of the features never sees the
+        output index, in the model or in the clustered strategies' closed forms."""
+        return mean_inputs(self.mean, X)
 
     def for_inputs(self, d: int) -> MultiOutputSpec:
         """This spec for data of ``d`` columns: ``d - 1`` input features and the output column."""

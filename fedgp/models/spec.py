@@ -263,6 +263,12 @@ class GPSpec:
         """Whether a model parameter is the client's own, never in a state (none in an exact GP)."""
         return False
 
+    def mean_inputs(self, X: torch.Tensor) -> torch.Tensor:
+        """The columns of rows ``X`` that the mean module reads (all of them here; a multi-output spec
+        keeps the output column from a mean of the features). Code that evaluates the mean outside
+        the model (the clustered strategies' closed forms) reads them through this."""
+        return X
+
     @property
     def variational(self) -> bool:
         """Whether clients fit a variational distribution of their own (:class:`VariationalGPSpec`)."""

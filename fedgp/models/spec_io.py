@@ -8,6 +8,10 @@ common kernels, means, likelihood, constraints and priors, and fedgp's own ``Zer
 up in the allow-list and refuses any other. GPyTorch has no such serialisation (its modules are
 saved as ``state_dict`` next to code that rebuilds them), hence this module.
 
+A :class:`~fedgp.models.multioutput.MultiOutputSpec` adds a ``multi_output`` entry: T, the rank,
+the number of LMC terms and each term's ``IndexKernel`` (its constraint), and may name fedgp's
+``TaskMean`` and ``OutputNoise``, which only such a spec reads (they index by X's last column).
+
 Writing checks itself: the description is rebuilt and described again, and a spec whose modules
 carry anything the description does not capture (a custom transform, a subclass, a closure) is
 refused instead of being saved wrong.
@@ -24,10 +28,19 @@ import torch
 from fedgp.errors import InputError, InputTypeError
 from fedgp.models import limits
 from fedgp.models.means import GaussianBumpMean
-from fedgp.models.multioutput import MultiOutputSpec
+from fedgp.models.multioutput import MultiOutputSpec, OutputNoise, TaskMean
 from fedgp.models.spec import GPSpec, ZeroKernel
 
-__all__ = ["describe_spec", "build_spec", "KERNELS", "MEANS", "LIKELIHOODS", "CONSTRAINTS", "PRIORS"]
+__all__ = [
+    "describe_spec",
+    "build_spec",
+    "build_outputs",
+    "KERNELS",
+    "MEANS",
+    "LIKELIHOODS",
+    "CONSTRAINTS",
+    "PRIORS",
+]
 
 _k, _m = gpytorch.kernels, gpytorch.means
 #: Kernels with GPyTorch's common settings (ard_num_dims, batch_shape, active_dims, priors and
@@ -51,9 +64,15 @@ MEANS: dict[str, type] = {
     "ConstantMean": _m.ConstantMean,
     "LinearMean": _m.LinearMean,
     "GaussianBumpMean": GaussianBumpMean,
+    "TaskMean": TaskMean,  # a multi-output spec's only
 }
 #: Likelihoods a saved spec may name.
-LIKELIHOODS: dict[str, type] = {"GaussianLikelihood": gpytorch.likelihoods.GaussianLikelihood}
+LIKELIHOODS: dict[str, type] = {
+    "GaussianLikelihood": gpytorch.likelihoods.GaussianLikelihood,
+    "OutputNoise": OutputNoise,  # a multi-output spec's only
+}
+#: What only a multi-output spec may name (each reads the output index in X's last column).
+_TASK_MODULES = ("TaskMean", "OutputNoise")
 #: Parameter constraints a saved spec may name.
 CONSTRAINTS: dict[str, type] = {
     c.__name__: c
@@ -170,6 +189,8 @@ def describe_mean(mean) -> dict:
         out["batch_shape"] = list(mean.constant.shape)
     elif name == "ZeroMean":
         out["batch_shape"] = list(mean.batch_shape)
+    elif name == "TaskMean":
+        out["outputs"] = int(mean.constant.shape[-1])
     return out
 
 
@@ -178,18 +199,54 @@ def describe_likelihood(likelihood) -> dict:
     noise = likelihood.noise_covar
     if likelihood._constraints or likelihood._priors:
         raise InputTypeError("cannot save a likelihood with priors or constraints outside its noise model")
-    return {"class": name, "batch_shape": list(noise.raw_noise.shape[:-1]), **_extras(noise)}
+    out = {"class": name, "batch_shape": list(noise.raw_noise.shape[:-1]), **_extras(noise)}
+    if name == "OutputNoise":
+        out["outputs"] = int(noise.raw_noise.shape[-1])
+    return out
+
+
+def _task_kernels(spec: MultiOutputSpec) -> list:
+    """The spec's task covariance modules, one per LMC term."""
+    task = spec._template.task_covar_module
+    return list(task) if spec.terms > 1 else [task]
+
+
+def describe_task_kernel(kernel) -> dict:
+    """An ``IndexKernel``'s settings: T and rank from its W, and its constraint (priors are refused:
+    :class:`MultiOutputSpec` builds its task covariance without one, so none could be rebuilt)."""
+    if type(kernel) is not gpytorch.kernels.IndexKernel:
+        raise InputTypeError(
+            f"cannot save a spec whose task covariance is a {type(kernel).__qualname__}; a saved "
+            "multi-output spec's is GPyTorch's IndexKernel, as MultiOutputSpec builds it"
+        )
+    if kernel._priors:
+        raise InputTypeError("cannot save a task covariance (IndexKernel) with a prior")
+    outputs, rank = kernel.covar_factor.shape[-2:]
+    return {"class": "IndexKernel", "num_tasks": int(outputs), "rank": int(rank), **_extras(kernel)}
+
+
+def describe_outputs(spec: MultiOutputSpec) -> dict:
+    """A multi-output spec's task structure: T, the rank, the LMC terms Q and each term's kernel."""
+    return {
+        "outputs": spec.outputs,
+        "rank": spec.rank,
+        "terms": spec.terms,
+        "task_kernels": [describe_task_kernel(k) for k in _task_kernels(spec)],
+    }
 
 
 def describe_spec(spec: GPSpec) -> dict:
     """The spec's module structure and settings as JSON-able data (values travel separately)."""
-    return {
+    out = {
         "kernel": describe_kernel(spec.kernel),
         "mean": describe_mean(spec.mean),
         "likelihood": describe_likelihood(spec.likelihood),
         "dtype": str(spec.dtype).removeprefix("torch."),
         "fixed": [p.name for p in spec.params if not p.trainable],
     }
+    if isinstance(spec, MultiOutputSpec):
+        out["multi_output"] = describe_outputs(spec)
+    return out
 
 
 # -- build ----------------------------------------------------------------------------------------
@@ -305,12 +362,17 @@ def build_mean(desc: dict, where: str = "spec.mean") -> gpytorch.means.Mean:
         centres = _number(desc.get("centres"), f"{where}.centres")
         width = limits.positive(desc.get("width"), f"{where}.width")
         return cls(centres, width, tuple(_batch_shape(desc, where, max(centres.numel(), 1))))
+    if name == "TaskMean":
+        return cls(limits.integer(desc.get("outputs"), f"{where}.outputs", 1, limits.MAX_OUTPUTS))
     return cls(batch_shape=_batch_shape(desc, where), **_build_extras(desc))
 
 
 def build_likelihood(desc: dict, where: str = "spec.likelihood") -> gpytorch.likelihoods.Likelihood:
     """The likelihood a description names (``where``: its place, for error messages)."""
     cls = _lookup(LIKELIHOODS, _node(desc, where).get("class"), "likelihood")
+    if desc["class"] == "OutputNoise":
+        outputs = limits.integer(desc.get("outputs"), f"{where}.outputs", 1, limits.MAX_OUTPUTS)
+        return cls(outputs, batch_shape=_batch_shape(desc, where, outputs), **_build_extras(desc))
     return cls(batch_shape=_batch_shape(desc, where), **_build_extras(desc))
 
 
@@ -344,14 +406,56 @@ def build_spec(desc: dict, initial_values: dict[str, torch.Tensor] | None = None
     dtype = _DTYPES.get(desc.get("dtype", "float64"))
     if dtype is None:
         raise InputError(f"saved spec: dtype must be one of {sorted(_DTYPES)}, got {desc.get('dtype')!r}")
-    return GPSpec(
-        build_kernel(desc["kernel"]),
-        build_mean(desc["mean"]),
-        build_likelihood(desc["likelihood"]),
-        initial_values=initial_values,
-        fixed=list(fixed),
-        dtype=dtype,
-    )
+    mean, likelihood = build_mean(desc["mean"]), build_likelihood(desc["likelihood"])
+    options = dict(initial_values=initial_values, fixed=list(fixed), dtype=dtype)
+    if desc.get("multi_output") is not None:
+        return build_outputs(desc, mean, likelihood, options)
+    for module, where in ((mean, "spec.mean"), (likelihood, "spec.likelihood")):
+        if type(module).__name__ in _TASK_MODULES:
+            raise InputError(
+                f"saved spec: {where} is a {type(module).__name__}, which reads the output index of a "
+                "multi-output spec, but the spec has no multi_output entry"
+            )
+    return GPSpec(build_kernel(desc["kernel"]), mean, likelihood, **options)
+
+
+def build_outputs(desc: dict, mean, likelihood, options: dict) -> MultiOutputSpec:
+    """The :class:`MultiOutputSpec` a description with a ``multi_output`` entry names: T, rank and
+    terms checked first, the mean's and likelihood's T against it, and the task kernels against the
+    ones the spec builds (it builds them itself; a description of others is refused, not ignored)."""
+    where = "spec.multi_output"
+    tasks = desc["multi_output"]
+    if not isinstance(tasks, dict):
+        got = type(tasks).__name__
+        raise InputError(
+            f"saved spec: {where} must be a JSON object (outputs, rank, terms, task_kernels), got {got}"
+        )
+    outputs = limits.integer(tasks.get("outputs"), f"{where}.outputs", 1, limits.MAX_OUTPUTS)
+    rank = limits.integer(tasks.get("rank"), f"{where}.rank", 0, outputs)
+    terms = limits.integer(tasks.get("terms"), f"{where}.terms", 1, limits.MAX_SPEC_MODULES)
+    for module, name in ((mean, "spec.mean"), (likelihood, "spec.likelihood")):
+        if type(module).__name__ in _TASK_MODULES:
+            got = int(desc[name.removeprefix("spec.")]["outputs"])
+            if got != outputs:
+                raise InputError(f"saved spec: {name}.outputs is {got}, but {where}.outputs is {outputs}")
+    kernel: Any = build_kernel(desc["kernel"])
+    if terms > 1:
+        parts = getattr(kernel, "kernels", None)
+        if type(kernel) is not gpytorch.kernels.AdditiveKernel or len(parts) != terms:
+            raise InputError(
+                f"saved spec: {where}.terms is {terms}, so spec.kernel must be an AdditiveKernel of "
+                f"{terms} kernels (one per LMC term), got {desc['kernel'].get('class')!r}"
+            )
+        kernel = list(parts)
+    spec = MultiOutputSpec(kernel, mean, likelihood, outputs=outputs, rank=rank, **options)
+    saved = tasks.get("task_kernels")
+    built = [describe_task_kernel(k) for k in _task_kernels(spec)]
+    if saved != built:
+        raise InputError(
+            f"saved spec: {where}.task_kernels must be the {terms} IndexKernel(s) of T={outputs}, "
+            f"rank {rank} that MultiOutputSpec builds ({built}), got {limits.shown(saved)}"
+        )
+    return spec
 
 
 def check_round_trip(spec: GPSpec) -> dict:
@@ -361,14 +465,10 @@ def check_round_trip(spec: GPSpec) -> dict:
             f"cannot save {spec!r}: saved models and the Flower app take exact GPs (fedgp.GPSpec) only, "
             "for now; keep the variational run's state with result.state"
         )
-    if isinstance(spec, MultiOutputSpec):
-        raise InputTypeError(
-            f"cannot save {spec!r}: saved models and the Flower app take one-output exact GPs for now; "
-            "keep the multi-output run's state with result.state"
-        )
     desc = describe_spec(spec)
     rebuilt = build_spec(desc, dict(spec.initial_state()))
-    if describe_spec(rebuilt) != desc or rebuilt.event_shapes != spec.event_shapes:
+    same = type(rebuilt) is type(spec) and describe_spec(rebuilt) == desc
+    if not same or rebuilt.event_shapes != spec.event_shapes:
         raise InputTypeError(
             f"cannot save {spec!r}: its modules carry settings the saved description does not "
             "capture (a custom constraint transform or an unusual constructor argument)"

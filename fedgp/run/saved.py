@@ -244,12 +244,20 @@ def _read_names(names: Any, roster: Roster, transform: DataTransform) -> tuple[s
         raise FileFormatError(str(err)) from None
 
 
-def _read_transform(record: Any, tensors: dict[str, torch.Tensor]) -> DataTransform:
+def _read_transform(record: Any, tensors: dict[str, torch.Tensor], outputs: int = 0) -> DataTransform:
+    """The saved data transforms, for a spec of ``outputs`` outputs (0: a one-output spec): the
+    outcome map is one mean and sd, or one per output ``(T,)``; a multi-output spec's input map leaves
+    the output column (X's last) as it is."""
     if not isinstance(record, dict) or not isinstance(record.get("settings"), dict):
         raise FileFormatError("saved transforms must be a record with 'settings'")
     settings = dict(record["settings"])
     for name, value in settings.items():
         settings[name] = limits.boolean(value, f"transforms.settings[{name!r}]")
+    if outputs and any(settings.values()):  # y_local, the one setting: refused for several outputs at fit
+        raise FileFormatError(
+            f"transforms.settings {sorted(k for k, v in settings.items() if v)} is set, but a multi-output "
+            "spec's outputs are standardised by the federation's mean and sd of each, never each owner's own"
+        )
     parts = {k: v for k, v in tensors.items() if k.startswith("transform/")}
     for name, tensor in parts.items():
         if not tensor.is_floating_point() or not bool(torch.isfinite(tensor).all()):
@@ -260,12 +268,31 @@ def _read_transform(record: Any, tensors: dict[str, torch.Tensor]) -> DataTransf
         offset, scale = parts.get(f"transform/{axis}_offset"), parts.get(f"transform/{axis}_scale")
         if offset is None and scale is None:
             continue
-        # x: one offset and scale per input; y: one each.
+        # x: one offset and scale per input; y: one each, or one per output of a multi-output spec.
         ok = offset is not None and scale is not None and offset.shape == scale.shape
-        ok = ok and (offset.dim() == 1 if axis == "x" else offset.dim() <= 1 and offset.numel() == 1)
+        if axis == "x":
+            ok = ok and offset.dim() == 1
+        elif outputs:
+            ok = ok and offset.shape == (outputs,)
+        else:
+            ok = ok and offset.dim() <= 1 and offset.numel() == 1
         if not ok:
             names = f"'transform/{axis}_offset' and 'transform/{axis}_scale'"
-            raise FileFormatError(f"tensors {names} do not match (one without the other, or shapes)")
+            shape = f"({outputs},), one per output of the spec" if outputs and axis == "y" else "matching"
+            raise FileFormatError(
+                f"tensors {names} do not match (one without the other, or shapes; expected {shape})"
+            )
+        if axis == "y" and not outputs:  # one mean and sd: a (1,) pair would read as per output
+            parts[f"transform/{axis}_offset"], parts[f"transform/{axis}_scale"] = (
+                offset.reshape(()),
+                scale.reshape(()),
+            )
+        if axis == "x" and outputs and (float(offset[-1]) != 0.0 or float(scale[-1]) != 1.0):
+            got = f"offset {float(offset[-1]):g}, scale {float(scale[-1]):g}"
+            raise FileFormatError(
+                "tensors 'transform/x_offset' and 'transform/x_scale' must leave the output column (X's "
+                f"last) as it is (offset 0, scale 1), got {got}"
+            )
     transform = DataTransform.from_parts(parts, settings)
     note = record.get("note", "")
     if not isinstance(note, str):
@@ -455,7 +482,7 @@ def _read_parts(header: dict[str, Any], tensors: dict[str, torch.Tensor]) -> dic
         raise FileFormatError(f"the strategy config describes a {type(strategy).__name__}, not a strategy")
     roster = _read_roster(header.get("roster"), tensors)
     history, failures = (_read_frame(header[name], name) for name in ("history", "failures"))
-    transform = _read_transform(header.get("transforms"), tensors)
+    transform = _read_transform(header.get("transforms"), tensors, getattr(spec, "outputs", 0))
     history.attrs = _read_attrs(header.get("history_attrs", {}), transform)
     states = _read_states(header.get("history_states"), tensors, spec, history)
     if states is not None:

@@ -18,7 +18,6 @@ from fedgp.engines.tensor_gp import BatchedGP
 from fedgp.errors import FedGPWarning, InputError, InputTypeError, UnsupportedSpec
 from fedgp.models.multioutput import MultiOutputSpec, output_rows
 from fedgp.models.posterior import condition, condition_client
-from fedgp.models.spec_io import check_round_trip
 from fedgp.transforms import Normalize, Standardize, Transforms
 
 COVAR_FACTOR, TASK_VAR = "task_covar_module.covar_factor", "task_covar_module.var"
@@ -527,11 +526,8 @@ def test_errors_name_the_problem():
         MultiOutputSpec(gpytorch.kernels.RBFKernel(ard_num_dims=3), outputs=2).check_input_dim(3, "c")
 
 
-def test_saving_exports_and_combine_refuse_a_multi_output_spec():
-    with pytest.raises(InputTypeError, match="one-output exact GPs"):
-        check_round_trip(MultiOutputSpec(gpytorch.kernels.RBFKernel(), outputs=2))
+def test_combine_refuses_a_multi_output_spec():
+    """(Saving one: tests/export/test_saved_multioutput.py; exporting it: test_export_multioutput.py.)"""
     result = fedgp.fit(MultiOutputSpec(outputs=2), _correlated_owners(), rounds=1, engine="sequential")
-    with pytest.raises(InputTypeError, match="MultiOutputSpec"):
-        fedgp.export.to_gpytorch(result, 0)
     with pytest.raises(InputError, match="combine= is built for one-output specs"):
         result.predict(result.client_data(0).X[:2], combine="rbcm")
