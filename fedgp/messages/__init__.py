@@ -17,6 +17,7 @@ from fedgp.messages.config import Configurable, config_json, from_config
 from fedgp.messages.records import KINDS, MIN_CONTRIBUTORS, TENSOR_DTYPES, Record, Setting, Task
 from fedgp.messages.roster import Roster
 from fedgp.messages.round import (
+    ARRIVED,
     Field,
     Outcome,
     Replies,
@@ -42,6 +43,7 @@ from fedgp.messages.wire import (
 )
 
 __all__ = [
+    "ARRIVED",
     "Record",
     "Setting",
     "Task",
