@@ -33,6 +33,12 @@ class Arrivals(ABC):
         clients it could not be sent to, with the reason (the others are now in flight)."""
 
     @abstractmethod
+    def in_flight(self) -> torch.Tensor:
+        """The clients (ascending positions) whose task this engine has sent and not yet answered:
+        a job the server believes out but the engine does not hold (a run resumed from a
+        checkpoint on a fresh engine) will never arrive."""
+
+    @abstractmethod
     def arrivals(self, need: int, fields: Mapping[str, Field]) -> tuple[Outcome, torch.Tensor]:
         """Wait until the replies of at least ``need`` clients in flight have arrived (at least one
         look when ``need <= 0``), or none is in flight any more; return them (checked against

@@ -350,6 +350,11 @@ class GridEngine(Engine, Arrivals):
                 )
         return failures
 
+    def in_flight(self) -> torch.Tensor:
+        """The clients of every message pushed and not yet answered or given up."""
+        held = [who for _, who, _ in self._flight.values()]
+        return torch.sort(torch.cat(held)).values if held else torch.zeros(0, dtype=torch.long)
+
     def arrivals(self, need: int, fields: Mapping[str, Field]) -> tuple[Outcome, torch.Tensor]:
         """Pull the messages in flight until ``need`` clients' replies are in (module docstring)."""
         parts, when, arrived, wait = [], {}, 0, FIRST_POLL

@@ -182,6 +182,9 @@ class FlowerEngine(Engine, Arrivals):
     def dispatch(self, task: Task, clients, fields: dict[str, Field]) -> dict[int, str]:
         return self.inner.dispatch(task, clients, fields)
 
+    def in_flight(self) -> torch.Tensor:
+        return self.inner.in_flight()
+
     def arrivals(self, need: int, fields: dict[str, Field]) -> tuple[Outcome, torch.Tensor]:
         return self.inner.arrivals(need, fields)
 

@@ -146,6 +146,7 @@ def exchange_arrivals(
     plan: RoundPlan,
     need: int,
     versions: torch.Tensor,
+    awaiting: torch.Tensor | None = None,
     options: Mapping[str, Setting] | None = None,
     tamper: Callable[[Outcome], Outcome] | None = None,
 ) -> Exchange:
@@ -157,14 +158,23 @@ def exchange_arrivals(
     :data:`~fedgp.messages.ARRIVED`; ``versions`` is the version each client was sent (the
     strategy's bookkeeping, ``(K,)``): a reply whose ``version`` says otherwise is dropped, its
     reason with the failures, as are the clients the engine could not send to or heard nothing
-    from in time."""
+    from in time, and those ``awaiting`` (``(K,)`` bool: the strategy's jobs out) whose job the
+    engine does not hold (a run resumed on a fresh engine): so their owners get the next version."""
     unique, first = distinct_participants(plan)
+    lost = {}
+    if awaiting is not None:
+        gone = awaiting & ~torch.isin(torch.arange(len(awaiting)), engine.in_flight())
+        lost = dict.fromkeys(
+            torch.nonzero(gone).flatten().tolist(),
+            "its job is not in flight on this engine (sent before the run was resumed); it gets the "
+            "next version",
+        )
     task = Task("train", rnd, plan.shared, plan.personal.rows(first), dict(options or {}))
     unsent = engine.dispatch(task, unique, plan.replies)
     outcome, arrived = engine.arrivals(need, plan.replies)
     if tamper is not None:
         outcome = tamper(outcome)
-    failures = {**unsent, **outcome.failures}
+    failures = {**lost, **unsent, **outcome.failures}
     said, owed = outcome.individual[VERSION], versions[outcome.clients].to(torch.float64)
     wrong = said != owed
     for client, v, w in zip(outcome.clients[wrong].tolist(), said[wrong].tolist(), owed[wrong].tolist()):

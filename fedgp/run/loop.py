@@ -218,7 +218,8 @@ class Run:
             if getattr(self.strategy, "arrival_driven", False):  # replies consumed as they arrive
                 sent = exchange_arrivals(
                     self.engine, rnd, plan, self.strategy.awaited(self.server),
-                    self.strategy.sent_versions(self.server), self.options, tamper,
+                    self.strategy.sent_versions(self.server), self.strategy.awaiting(self.server),
+                    self.options, tamper,
                 )  # fmt: skip
             else:
                 sent = exchange(

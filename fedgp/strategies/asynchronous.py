@@ -174,6 +174,11 @@ class Asynchronous(Strategy):
         """New replies a measured step waits for: ``B`` less those arrived and not yet consumed."""
         return self.buffer - int(torch.isfinite(server.arrival).sum())
 
+    def awaiting(self, server: AsyncServer) -> torch.Tensor:
+        """``(K,)`` bool: the owners whose job is out and has not arrived (not those the next round
+        sends the current version to)."""
+        return (server.started >= 0) & ~torch.isfinite(server.arrival) & ~server.dispatch
+
     def sent_versions(self, server: AsyncServer) -> torch.Tensor:
         """``(K,)``: the version each owner's job in flight was sent (-1: idle), which its reply's
         ``version`` must say."""

@@ -241,3 +241,32 @@ def test_train_delay_slows_a_nodes_train_messages_only_and_refuses_a_bad_value()
     for bad in ("soon", -1.0, float("nan"), True):
         with pytest.raises(InputError, match=r"node config 'train-delay' must be a number of seconds >= 0"):
             took("train", bad)
+
+
+def test_a_resumed_measured_run_sends_the_jobs_it_had_out_again(draws, tmp_path):
+    """A checkpoint holds the server's view of the jobs out; a fresh engine holds none of them, so
+    their owners fail that step with the reason and start again from the next version (without
+    it they would never be sent anything again)."""
+    path, speeds = tmp_path / "run.ckpt", (1.0, 3.0, 0.5, 2.0, 1.0)
+
+    def measured(rounds, resume):
+        engine = FlowerEngine(draws.spec, draws.federation, num_nodes=len(draws.federation))
+        engine.inner.grid = ScheduledArrivals(engine.grid, speeds)
+        strategy = Asynchronous(TRAIN, buffer=2, speeds="measured")
+        keep = fedgp.run.Checkpointing(path, resume=resume)
+        return fedgp.fit(draws.spec, draws.federation, strategy, rounds=rounds, engine=engine, seed=1,
+                         callbacks=[*QUIET, keep])  # fmt: skip
+
+    first = measured(3, False)
+    out = first.server_state
+    mask = (out.started >= 0) & ~torch.isfinite(out.arrival) & ~out.dispatch
+    was_out = set(torch.nonzero(mask).flatten().tolist())
+    assert was_out, "the checkpoint should hold jobs out"
+    resumed = measured(8, True)
+    assert len(resumed.history) == 8
+    failures = resumed.failures
+    assert set(failures["round"]) == {4}
+    assert set(failures["client"]) == {draws.federation.ids[i] for i in was_out}
+    assert failures["reason"].str.contains("not in flight on this engine").all()
+    started = resumed.server_state.started  # the version each owner's job was last sent
+    assert all(int(started[i]) >= 4 for i in was_out), started  # sent a version after the resume
