@@ -22,6 +22,7 @@ try:
     from fedgp.flower.app import AppSettings, RoundLog, TableLoader, write_model
     from fedgp.flower.capture import capture_mod
     from fedgp.flower.client import client_app, npz_loader, read_npz_clients, save_npz_clients
+    from fedgp.flower.delay import delay_mod
     from fedgp.flower.grid_engine import GridEngine
     from fedgp.flower.local import Flower, FlowerEngine, LocalGrid
     from fedgp.flower.secagg import SecureAggregation
@@ -40,6 +41,7 @@ __all__ = [
     "write_app",
     "client_app",
     "capture_mod",
+    "delay_mod",
     "server_app",
     "npz_loader",
     "read_npz_clients",

@@ -70,6 +70,7 @@ from fedgp.data.table import RUN_CONFIG_ROLES, read_owner_table
 from fedgp.errors import CommandError, EngineError, InputError
 from fedgp.flower.capture import capture_mod
 from fedgp.flower.client import client_app, read_npz_clients
+from fedgp.flower.delay import delay_mod
 from fedgp.flower.fast import short_object_pulls
 from fedgp.flower.grid_engine import GridEngine
 from fedgp.flower.secagg import SecureAggregation
@@ -79,6 +80,7 @@ from fedgp.models.spec import GPSpec
 from fedgp.models.spec_io import build_spec
 from fedgp.presets import make_spec, make_strategy
 from fedgp.run import Callback, ClientDP, Evaluate, Faults, FitResult, Progress, fit, load
+from fedgp.strategies.asynchronous import Asynchronous
 from fedgp.strategies.base import Strategy
 from fedgp.transforms import Transforms
 
@@ -277,8 +279,17 @@ class AppSettings:
         return model.warm_spec()
 
     def secure(self) -> SecureAggregation | None:
-        """``SecureAggregation`` from the ``secure-aggregation`` JSON (``None`` when empty)."""
-        return SecureAggregation.from_json(self["secure-aggregation"])
+        """``SecureAggregation`` from the ``secure-aggregation`` JSON (``None`` when empty); refused
+        with an ``Asynchronous`` strategy (its buffer mixes replies of several exchanges, and
+        secure aggregation releases one exchange's sum)."""
+        secure = SecureAggregation.from_json(self["secure-aggregation"])
+        if secure is not None and isinstance(self.strategy(), Asynchronous):
+            raise InputError(
+                "run config 'secure-aggregation' does not combine with an Asynchronous strategy-config: "
+                "secure aggregation releases the sum of one exchange's replies, and the asynchronous "
+                "server's buffer mixes replies of several exchanges, each weighed by its staleness"
+            )
+        return secure
 
     def privacy(self) -> ClientDP | None:
         """The :meth:`strategy` made private, ``ClientDP(strategy, **settings)`` with the settings
@@ -380,7 +391,9 @@ class TableLoader:
 
 class RoundLog(Callback):
     """One INFO line per round through Flower's logger: round, participants, replies, failures
-    with their reasons, train NLL and seconds (``flwr log`` and the ServerApp's output show it)."""
+    with their reasons, train NLL and seconds (``flwr log`` and the ServerApp's output show it);
+    for an asynchronous server measured as replies arrive, per step: owners sent the version,
+    replies consumed and their largest staleness."""
 
     def on_start(self, run) -> None:
         self._last = time.perf_counter()
@@ -397,8 +410,14 @@ class RoundLog(Callback):
             log(WARNING, "fedgp round %d/%d skipped (state unchanged, ε accounted): %s", run.completed,
                 run.rounds, row.get("failures", ""))  # fmt: skip
             return
-        log(INFO, "fedgp round %d/%d: %d participants, %d replies, %d failed, train_nll %.6g, %.2f s",
-            run.completed, run.rounds, participants, participants - failed, failed, nll, seconds)  # fmt: skip
+        if "wall_time" in row:  # Asynchronous(speeds="measured"): a step on the replies that arrived
+            log(INFO, "fedgp step %d/%d: sent to %d, %d replies consumed (staleness max %d), %d failed, "
+                "train_nll %.6g, %.2f s", run.completed, run.rounds, participants, int(row["buffered"]),
+                int(row["staleness_max"]), failed, nll, seconds)  # fmt: skip
+        else:
+            log(INFO, "fedgp round %d/%d: %d participants, %d replies, %d failed, train_nll %.6g, %.2f s",
+                run.completed, run.rounds, participants, participants - failed, failed, nll,
+                seconds)  # fmt: skip
         if failed:
             log(WARNING, "fedgp round %d failures: %s", run.completed, row.get("failures", ""))
 
@@ -492,7 +511,9 @@ def main(grid: Grid, context: Context) -> None:
 serverapp = ServerApp()
 serverapp.main()(main)
 #: The ClientApp: owners from ``data-path`` in the node config; messages kept in ``capture-dir``
-#: when the node config names one.
+#: when the node config names one; ``train-delay`` seconds waited before each train task
+#: (:mod:`fedgp.flower.delay`: a straggler on demand).
 clientapp: ClientApp = client_app(
-    TableLoader(), mods=[capture_mod], allow_predict=lambda context: _node_flag(context, "allow-predict")
-)
+    TableLoader(), mods=[capture_mod, delay_mod],
+    allow_predict=lambda context: _node_flag(context, "allow-predict"),
+)  # fmt: skip

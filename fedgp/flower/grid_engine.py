@@ -13,6 +13,14 @@ fails them with "no reply".
 With ``secure`` (:class:`~fedgp.flower.secagg.SecureAggregation`), a task whose reply declares a
 summed field runs inside the secure-aggregation protocol: the nodes' summed fields arrive masked
 and only their sum over the nodes that completed the round is ever decoded.
+
+For a server that steps on replies as they arrive (``Asynchronous(..., speeds="measured")``) the
+engine is also :class:`~fedgp.engines.arrivals.Arrivals`: ``dispatch`` pushes a task's messages and
+returns, ``arrivals`` pulls the replies of every message still in flight (whatever task it carried)
+until enough clients' replies are in, and times each on the wall clock. A message older than
+``timeout`` is given up (its clients fail with "no reply"); an error reply or one no fedgp node
+makes fails that node's clients with the reason. Secure aggregation releases one exchange's sum,
+which a buffer of replies from several exchanges cannot use: ``dispatch`` refuses it.
 """
 
 from __future__ import annotations
@@ -27,6 +35,7 @@ import torch
 from flwr.app import Message, RecordDict
 from flwr.serverapp import Grid
 
+from fedgp.engines.arrivals import Arrivals
 from fedgp.engines.base import Engine
 from fedgp.engines.tasks import reply_fields
 from fedgp.errors import EngineError, FedGPWarning
@@ -34,7 +43,9 @@ from fedgp.flower.capture import message_bytes
 from fedgp.flower.records import message_type, outcome_from_content, task_to_content
 from fedgp.flower.secagg import MESSAGE_TYPE, RECORD, SecAggRound, SecureAggregation
 from fedgp.messages import Field, Outcome, Roster, Task, config_json, merge_outcomes, withhold_small_sums
+from fedgp.messages.records import Record
 from fedgp.messages.remote import fields_to_json
+from fedgp.messages.round import check_reply
 from fedgp.models.spec import GPSpec
 from fedgp.strategies.base import Strategy
 
@@ -82,7 +93,7 @@ NODE_SETTLE = 0.2
 NODE_WAIT = 300.0
 
 
-class GridEngine(Engine):
+class GridEngine(Engine, Arrivals):
     """fedgp's dispatch over the nodes of a Flower ``Grid``.
 
     Args:
@@ -103,6 +114,9 @@ class GridEngine(Engine):
         self._node_of = torch.zeros(0, dtype=torch.long)  # each client's node, as an index into nodes
         #: Each registered node's feature columns, as its ``hello`` named them (``None``: not named).
         self.node_columns: dict[int, list[str] | None] = {}
+        #: Messages dispatched and not yet answered: id -> (node, its clients, when pushed).
+        self._flight: dict[str, tuple[int, torch.Tensor, float]] = {}
+        self._clock: float | None = None  # when the first dispatch went out (monotonic seconds)
 
     @property
     def feature_names(self) -> tuple[str, ...] | None:
@@ -157,6 +171,7 @@ class GridEngine(Engine):
         return seen
 
     def start(self, strategy: Strategy, seed: int) -> Roster:
+        self._flight, self._clock = {}, None  # a new run: nothing of an earlier one is awaited
         nodes = self._registered_nodes()
         head = {
             "strategy": config_json(strategy.client_view()),
@@ -241,14 +256,19 @@ class GridEngine(Engine):
         out.bytes_down, out.bytes_up, out.withheld = spent[0], spent[1], reason
         return out
 
-    def run(self, task: Task, clients: torch.Tensor, fields: Mapping[str, Field]) -> Outcome:
-        clients = torch.as_tensor(clients, dtype=torch.long)
-        text = fields_to_json(fields)
+    def _members(self, clients: torch.Tensor) -> dict[int, torch.Tensor]:
+        """Each node hosting some of ``clients``, with the rows of ``clients`` it hosts."""
         members = {}
         for index, node in enumerate(self.nodes):
             rows = torch.nonzero(self._node_of[clients] == index).flatten()
             if len(rows):
                 members[node] = rows
+        return members
+
+    def run(self, task: Task, clients: torch.Tensor, fields: Mapping[str, Field]) -> Outcome:
+        clients = torch.as_tensor(clients, dtype=torch.long)
+        text = fields_to_json(fields)
+        members = self._members(clients)
         secure, spent = None, [0, 0]
         if self.secure is not None and members and any(f.summed for f in fields.values()):
             secure = SecAggRound(
@@ -300,3 +320,99 @@ class GridEngine(Engine):
             out.bytes_down += spent[0]
             out.bytes_up += spent[1]
         return withhold_small_sums(out, fields, task.min_contributors)
+
+    # -- replies as they arrive (fedgp.engines.arrivals) -------------------------------------------
+    def dispatch(self, task: Task, clients: torch.Tensor, fields: Mapping[str, Field]) -> dict[int, str]:
+        """Push ``task``'s messages to the nodes of ``clients`` and return at once (module docstring)."""
+        if self.secure is not None:
+            raise EngineError(
+                "secure aggregation does not combine with a server that consumes replies as they arrive "
+                "(Asynchronous): it releases the sum of one exchange's replies, and a buffer mixes replies "
+                "of several exchanges, each weighed by its own staleness; run without secure-aggregation"
+            )
+        clients = torch.as_tensor(clients, dtype=torch.long)
+        text = fields_to_json(fields)
+        sent = []
+        for node, rows in self._members(clients).items():
+            head = {"fields": text, "first_key": self._first[node], "clients": clients[rows].tolist()}
+            sent.append((self._message(task.rows(rows).as_part(), node, head), node, clients[rows]))
+        if self._clock is None:
+            self._clock = time.monotonic()
+        pushed = set(self.grid.push_messages([m for m, _, _ in sent])) if sent else set()
+        now, failures = time.monotonic(), {}
+        for message, node, who in sent:
+            mid = message.metadata.message_id  # the grid sets it as it pushes
+            if mid and mid in pushed:
+                self._flight[mid] = (node, who, now)
+            else:
+                failures.update(
+                    dict.fromkeys(who.tolist(), f"Flower node {node}: the message was not pushed")
+                )
+        return failures
+
+    def in_flight(self) -> torch.Tensor:
+        """The clients of every message pushed and not yet answered or given up."""
+        held = [who for _, who, _ in self._flight.values()]
+        return torch.sort(torch.cat(held)).values if held else torch.zeros(0, dtype=torch.long)
+
+    def arrivals(self, need: int, fields: Mapping[str, Field]) -> tuple[Outcome, torch.Tensor]:
+        """Pull the messages in flight until ``need`` clients' replies are in (module docstring)."""
+        parts, when, arrived, wait = [], {}, 0, FIRST_POLL
+        while self._flight:
+            got = list(self.grid.pull_messages(list(self._flight)))
+            now = time.monotonic()
+            for reply in got:
+                flight = self._flight.pop(reply.metadata.reply_to_message_id, None)
+                if flight is None:  # not a message of ours in flight (pulled twice, or given up)
+                    continue
+                outcome = self._arrived(flight[0], flight[1], reply, fields)
+                when.update(dict.fromkeys(outcome.clients.tolist(), now - self._clock))
+                arrived += len(outcome.clients)
+                parts.append(outcome)
+            if self.timeout is not None:
+                for mid, (node, who, pushed) in list(self._flight.items()):
+                    if now - pushed > self.timeout:
+                        del self._flight[mid]
+                        parts.append(
+                            Outcome.empty(fields, dict.fromkeys(who.tolist(), self._failure(node, None)))
+                        )
+            if arrived >= need or not self._flight:
+                break
+            time.sleep(wait)
+            wait = min(wait * POLL_GROWTH, POLL_CAP)
+        out = merge_outcomes(parts, fields)
+        return out, torch.tensor([when[c] for c in out.clients.tolist()], dtype=torch.float64)
+
+    def _arrived(self, node: int, who: torch.Tensor, reply: Message, fields: Mapping[str, Field]) -> Outcome:
+        """A node's reply to a dispatched task, checked: an error reply, a reply no fedgp node makes
+        (unreadable, other clients than asked, a row that does not match ``fields``) fails the
+        clients it concerns with the reason."""
+        reason = self._failure(node, reply)
+        if reason is None:
+            try:
+                outcome = outcome_from_content(reply.content)
+                rows = outcome.individual
+                if not set(outcome.clients.tolist()) | set(outcome.failures) <= set(who.tolist()):
+                    raise ValueError(
+                        f"it answers for clients {outcome.clients.tolist()}, asked {who.tolist()}"
+                    )
+                plain = {k: f for k, f in fields.items() if not f.summed}
+                reasons = check_reply(Record(dict(rows)), plain, len(outcome.clients))
+            except _MALFORMED as err:
+                reason = f"Flower node {node}: malformed reply: {type(err).__name__}: {err}"
+        if reason is not None:
+            return Outcome.empty(fields, dict.fromkeys(who.tolist(), reason))
+        bad = [i for i, r in enumerate(reasons) if r is not None]
+        left_out = set(who.tolist()) - set(outcome.clients.tolist()) - set(outcome.failures)
+        if bad or left_out:  # those clients fail; the node's other clients keep their rows
+            keep = torch.tensor([i for i in range(len(reasons)) if reasons[i] is None], dtype=torch.long)
+            failures = {**outcome.failures}
+            failures.update(
+                dict.fromkeys(left_out, f"Flower node {node}: malformed reply: it leaves the client out")
+            )
+            failures.update(
+                {int(outcome.clients[i]): f"Flower node {node}: malformed reply: {reasons[i]}" for i in bad}
+            )
+            outcome = Outcome(outcome.clients[keep], {k: v[keep] for k, v in rows.items()}, {}, failures,
+                              outcome.bytes_down, outcome.bytes_up)  # fmt: skip
+        return outcome

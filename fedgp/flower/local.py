@@ -18,6 +18,7 @@ from typing import ClassVar
 from uuid import uuid4
 
 import numpy as np
+import torch
 from flwr.app import Context, Error, Message, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.common.constant import SUPERLINK_NODE_ID
@@ -28,6 +29,7 @@ from flwr.supercore.run import Run
 from flwr.supercore.task_identity import TaskIdentity
 
 from fedgp.data.client import ClientData
+from fedgp.engines.arrivals import Arrivals
 from fedgp.engines.base import Engine
 from fedgp.engines.config import Batched, EngineConfig, Sequential
 from fedgp.errors import InputError
@@ -125,7 +127,7 @@ class LocalGrid(Grid):
         return self.pull_messages(self.push_messages(messages))
 
 
-class FlowerEngine(Engine):
+class FlowerEngine(Engine, Arrivals):
     """The federation split over ``num_nodes`` in-process Flower nodes (default: one per client).
 
     Args:
@@ -176,6 +178,15 @@ class FlowerEngine(Engine):
 
     def run(self, task: Task, clients, fields: dict[str, Field]) -> Outcome:
         return self.inner.run(task, clients, fields)
+
+    def dispatch(self, task: Task, clients, fields: dict[str, Field]) -> dict[int, str]:
+        return self.inner.dispatch(task, clients, fields)
+
+    def in_flight(self) -> torch.Tensor:
+        return self.inner.in_flight()
+
+    def arrivals(self, need: int, fields: dict[str, Field]) -> tuple[Outcome, torch.Tensor]:
+        return self.inner.arrivals(need, fields)
 
 
 @dataclass(frozen=True)

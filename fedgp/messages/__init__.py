@@ -32,6 +32,7 @@ from fedgp.messages.records import (
 )
 from fedgp.messages.roster import Roster
 from fedgp.messages.round import (
+    ARRIVED,
     Field,
     Outcome,
     Replies,
@@ -47,6 +48,7 @@ from fedgp.messages.round import (
 )
 
 __all__ = [
+    "ARRIVED",
     "Record",
     "Setting",
     "Task",

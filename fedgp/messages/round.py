@@ -98,6 +98,11 @@ class RoundPlan:
         object.__setattr__(self, "replies", MappingProxyType(dict(self.replies)))
 
 
+#: The row an arrival-driven exchange (:func:`fedgp.run.exchange.exchange_arrivals`) adds to each
+#: reply: the seconds since the engine's first dispatch at which it arrived (wall clock).
+ARRIVED = "arrived"
+
+
 @dataclass(frozen=True)
 class Replies(Mapping[str, torch.Tensor]):
     """The replies of a round as ``aggregate`` sees them.

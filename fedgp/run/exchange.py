@@ -8,6 +8,11 @@ replied, weights renormalised over them, summed fields only as sums, failures wi
 Below ``min_replies`` the exchange does not count: :class:`~fedgp.errors.RoundFailedError` says
 who failed and why.
 
+:func:`exchange_arrivals` is the exchange of a server that steps on replies as they arrive
+(``Asynchronous(..., speeds="measured")`` on an :class:`~fedgp.engines.arrivals.Arrivals` engine):
+the plan's task goes out without waiting, and the replies are those of any earlier task that have
+arrived since, each with its arrival time.
+
 :func:`ask` is the same for the tasks that do not train (evaluate, predict, personal), without
 a plan: the strategy tells each client which state to condition on, the client answers from its
 own data, and only the answer travels.
@@ -21,10 +26,12 @@ from typing import Any
 
 import torch
 
+from fedgp.engines.arrivals import Arrivals
 from fedgp.engines.base import Engine
 from fedgp.engines.tasks import KINDS
 from fedgp.errors import EngineError, InputError, InputTypeError, RoundFailedError
 from fedgp.messages import (
+    ARRIVED,
     MIN_CONTRIBUTORS,
     Field,
     Outcome,
@@ -35,10 +42,12 @@ from fedgp.messages import (
     Task,
 )
 from fedgp.messages.roster import Roster
+from fedgp.strategies.asynchronous import VERSION
 from fedgp.transforms import DataTransform
 
 __all__ = [
     "exchange",
+    "exchange_arrivals",
     "send_transform",
     "ask",
     "personal_task",
@@ -129,6 +138,60 @@ def exchange(
             bytes_up=outcome.bytes_up,
         )
     return Exchange(_replies(plan, participants, outcome), len(unique), outcome.bytes_down, outcome.bytes_up)
+
+
+def exchange_arrivals(
+    engine: Arrivals,
+    rnd: int,
+    plan: RoundPlan,
+    need: int,
+    versions: torch.Tensor,
+    awaiting: torch.Tensor | None = None,
+    options: Mapping[str, Setting] | None = None,
+    tamper: Callable[[Outcome], Outcome] | None = None,
+) -> Exchange:
+    """Send ``plan`` as round ``rnd``'s train task without waiting, then take the replies of any
+    task in flight once ``need`` of them are in (the engine's :meth:`~Arrivals.arrivals`).
+
+    The replies' participants are the clients whose replies arrived (of this task or an earlier
+    one), weighted 1 (the strategy weighs its buffer), with their arrival times as the row
+    :data:`~fedgp.messages.ARRIVED`; ``versions`` is the version each client was sent (the
+    strategy's bookkeeping, ``(K,)``): a reply whose ``version`` says otherwise is dropped, its
+    reason with the failures, as are the clients the engine could not send to or heard nothing
+    from in time, and those ``awaiting`` (``(K,)`` bool: the strategy's jobs out) whose job the
+    engine does not hold (a run resumed on a fresh engine): so their owners get the next version."""
+    unique, first = distinct_participants(plan)
+    lost = {}
+    if awaiting is not None:
+        gone = awaiting & ~torch.isin(torch.arange(len(awaiting)), engine.in_flight())
+        lost = dict.fromkeys(
+            torch.nonzero(gone).flatten().tolist(),
+            "its job is not in flight on this engine (sent before the run was resumed); it gets the "
+            "next version",
+        )
+    task = Task("train", rnd, plan.shared, plan.personal.rows(first), dict(options or {}))
+    unsent = engine.dispatch(task, unique, plan.replies)
+    outcome, arrived = engine.arrivals(need, plan.replies)
+    if tamper is not None:
+        outcome = tamper(outcome)
+    failures = {**lost, **unsent, **outcome.failures}
+    said, owed = outcome.individual[VERSION], versions[outcome.clients].to(torch.float64)
+    wrong = said != owed
+    for client, v, w in zip(outcome.clients[wrong].tolist(), said[wrong].tolist(), owed[wrong].tolist()):
+        failures[client] = f"its reply says version {v:g}, but version {w:g} was sent"
+    ok = ~wrong
+    individual = {k: v[ok] for k, v in outcome.individual.items()}
+    individual[ARRIVED] = arrived[ok]
+    clients = outcome.clients[ok]
+    replies = Replies(
+        clients,
+        torch.ones(len(clients), dtype=torch.float64),
+        individual,
+        {},
+        failures,
+        torch.arange(len(clients)),
+    )
+    return Exchange(replies, len(unique), outcome.bytes_down, outcome.bytes_up)
 
 
 def send_transform(engine: Engine, roster: Roster, transform: DataTransform) -> None:

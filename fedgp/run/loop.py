@@ -24,6 +24,7 @@ import pandas as pd
 
 from fedgp import defaults
 from fedgp.data.client import Federation, check_trainable
+from fedgp.engines.arrivals import Arrivals
 from fedgp.engines.base import Engine
 from fedgp.engines.config import EngineConfig, build_engine
 from fedgp.errors import ConvergenceWarning, DivergenceWarning, InputError, InputTypeError, RoundFailedError
@@ -39,7 +40,7 @@ from fedgp.run.callbacks import (
     Stopping,
     as_callback,
 )
-from fedgp.run.exchange import distinct_participants, exchange, send_transform
+from fedgp.run.exchange import distinct_participants, exchange, exchange_arrivals, send_transform
 from fedgp.run.faults import Faults
 from fedgp.run.fingerprint import run_fingerprint
 from fedgp.run.privacy import ClientDP, PrivacyAccounting
@@ -139,6 +140,14 @@ class Run:
                 f"(personal hyper-parameters), which the {self.engine.name!r} engine does not keep yet; "
                 "use engine='sequential' or 'batched'"
             )
+        if getattr(strategy, "arrival_driven", False) and not isinstance(self.engine, Arrivals):
+            self.close()
+            raise InputError(
+                f"{type(strategy).__name__}(speeds='measured') times replies as they arrive, which the "
+                f"{self.engine.name!r} engine does not return (it runs its clients in this process, so "
+                "nothing arrives late); run it on Flower (engine=fedgp.flower.Flower(...) or a "
+                "deployment), or simulate the speeds: speeds=(...) or LogUniform(spread=10)"
+            )
         if federation is None and getattr(self.engine, "clients", None):
             federation = Federation(list(self.engine.clients))
         self.federation = federation
@@ -206,10 +215,17 @@ class Run:
         plan = self.strategy.configure(rnd, self.server, self.context, generator(self.seed, "configure", rnd))
         tamper = None if self.attack is None else self.attack.tamper(rnd, plan)
         try:
-            sent = exchange(
-                self.engine, "train", rnd, plan, self.roster.ids, self.faults.min_replies, self.options,
-                tamper, self._min_contributors(),
-            )  # fmt: skip
+            if getattr(self.strategy, "arrival_driven", False):  # replies consumed as they arrive
+                sent = exchange_arrivals(
+                    self.engine, rnd, plan, self.strategy.awaited(self.server),
+                    self.strategy.sent_versions(self.server), self.strategy.awaiting(self.server),
+                    self.options, tamper,
+                )  # fmt: skip
+            else:
+                sent = exchange(
+                    self.engine, "train", rnd, plan, self.roster.ids, self.faults.min_replies, self.options,
+                    tamper, self._min_contributors(),
+                )  # fmt: skip
         except RoundFailedError as err:
             if self.privacy is None or err.withheld is None:
                 raise

@@ -42,8 +42,22 @@ and their staleness (``staleness_mean``, ``staleness_max``); every reply's stale
 replies; a buffer mixes replies of several exchanges (trained from different versions, arriving
 at different times) and needs each one's staleness weight, so an inner strategy with summed reply
 fields (``DPFGPR``, ``ClientDP``) is refused. FedBuff keeps secure aggregation by summing in a
-trusted enclave per buffer; fedgp does not. Flower runs of ``Asynchronous`` are not done yet: the
-Flower ServerApp still waits for each round (simulation only).
+trusted enclave per buffer; fedgp does not; and a Flower engine with ``secure`` refuses to dispatch a
+measured run (below).
+
+**Measured, on Flower.** ``speeds="measured"`` replays no schedule: on an engine that returns
+replies as they arrive (:class:`fedgp.engines.arrivals.Arrivals`: the Flower grid, in a deployment
+or ``engine=fedgp.flower.Flower(...)``) each round pushes the current version to the idle owners
+and returns as soon as the buffer holds ``B`` replies, whichever versions they answer
+(:func:`fedgp.run.exchange.exchange_arrivals`); the others keep working. Each reply's arrival is
+its wall-clock time (seconds since the first dispatch), and the step is the simulation's: the ``B``
+earliest arrivals, staleness-weighted from their ``version`` field, their owners restarted from the
+new version. ``history`` has ``wall_time`` instead of ``sim_time``. A reply that fails, comes late
+(the engine's ``timeout``), is malformed or names another version than its owner was sent is
+dropped with its reason (``result.failures``) and its owner gets the next version. Given the same
+arrival order a measured run is the simulated one (tested with a grid that releases replies in a
+simulated schedule's order). On an in-process engine ``"measured"`` is refused: nothing there
+arrives late.
 """
 
 from __future__ import annotations
@@ -58,11 +72,12 @@ import torch
 
 from fedgp.errors import EngineError, InputError, InputTypeError
 from fedgp.messages import Field, Record, Replies, RoundPlan, ServerContext, Task, read_state, state_tensors
+from fedgp.messages.round import ARRIVED
 from fedgp.models.state import HyperState
 from fedgp.rng import generator
 from fedgp.strategies.base import ClientOps, Strategy
 from fedgp.strategies.fgpr import FGPR, STATE
-from fedgp.strategies.speeds import WORK, SpeedDraw, check_speeds, durations
+from fedgp.strategies.speeds import MEASURED, WORK, SpeedDraw, check_speeds, durations
 from fedgp.strategies.staleness import Polynomial, StalenessWeight
 from fedgp.strategies.surface import AttackSurface
 
@@ -78,8 +93,9 @@ WEIGHTINGS = ("rate", "buffer")
 @dataclass(frozen=True)
 class AsyncServer:
     """The asynchronous server's state: the inner strategy's server state (version ``version``),
-    the simulated clock ``time``, each owner's job in flight (``started``: the version it trains
-    from, -1 when idle; ``arrival``: when it arrives, ``inf`` when idle), the owners to send the
+    the clock ``time`` (simulated, or measured seconds), each owner's job in flight (``started``:
+    the version it trains from, -1 when idle; ``arrival``: when it arrives, ``inf`` when idle or, in
+    a measured run, not yet arrived), the owners to send the
     current version to (``dispatch``, a mask over the owners: a checkpoint's shapes are checked
     against the first state's), the replies trained but not yet arrived (``pending``, one row
     per owner, with the state each started from under ``start/``) and one record per step of the
@@ -99,7 +115,7 @@ class AsyncServer:
         ``client`` (its id, given the roster's ``ids``, else its position), ``version`` (trained
         from), ``staleness``, ``weight`` (``s(staleness)``), ``applied`` (the weight its update took in
         the step, ``c_k s(τ)``; NaN in a result saved before fedgp recorded it) and ``arrival``
-        (simulated time)."""
+        (simulated time, or measured seconds since the first dispatch)."""
         columns = ["step", "client", "version", "staleness", "weight", "applied", "arrival"]
         if not self.log:
             return pd.DataFrame(columns=columns)
@@ -127,7 +143,8 @@ class Asynchronous(Strategy):
         staleness: ``s(τ)``, a :mod:`fedgp.strategies.staleness` rule (default ``Polynomial(0.5)``,
             ``1/√(1+τ)``).
         speeds: the owners' simulated speeds: ``None`` (all equal), one number > 0 per owner in
-            registration order, or a draw from the run's seed (``LogUniform(spread=10)``).
+            registration order, or a draw from the run's seed (``LogUniform(spread=10)``); or
+            ``"measured"``: no simulation, replies timed as they arrive on a Flower grid.
         work: what one job costs: ``"unit"`` (1) or ``"points"`` (the owner's rows over the mean).
         weighting: ``"rate"`` (``p_k`` over the owner's replies per step: unbiased, the default) or
             ``"buffer"`` (FedBuff's ``p_k`` renormalised over the buffer); module docstring.
@@ -136,7 +153,7 @@ class Asynchronous(Strategy):
     inner: FGPR | None = None
     buffer: int = 1
     staleness: StalenessWeight = Polynomial()
-    speeds: tuple[float, ...] | SpeedDraw | None = None
+    speeds: tuple[float, ...] | SpeedDraw | str | None = None
     work: str = "unit"
     weighting: str = "rate"
 
@@ -172,6 +189,26 @@ class Asynchronous(Strategy):
 
     # -- server -----------------------------------------------------------------------------------
     @property
+    def arrival_driven(self) -> bool:
+        """Whether the run consumes replies as they arrive (``speeds="measured"``): the round loop
+        then exchanges through :func:`fedgp.run.exchange.exchange_arrivals`."""
+        return isinstance(self.speeds, str) and self.speeds == MEASURED
+
+    def awaited(self, server: AsyncServer) -> int:
+        """New replies a measured step waits for: ``B`` less those arrived and not yet consumed."""
+        return self.buffer - int(torch.isfinite(server.arrival).sum())
+
+    def awaiting(self, server: AsyncServer) -> torch.Tensor:
+        """``(K,)`` bool: the owners whose job is out and has not arrived (not those the next round
+        sends the current version to)."""
+        return (server.started >= 0) & ~torch.isfinite(server.arrival) & ~server.dispatch
+
+    def sent_versions(self, server: AsyncServer) -> torch.Tensor:
+        """``(K,)``: the version each owner's job in flight was sent (-1: idle), which its reply's
+        ``version`` must say."""
+        return server.started.clone()
+
+    @property
     def keeps_client_memory(self) -> bool:
         return self.inner.keeps_client_memory
 
@@ -189,7 +226,10 @@ class Asynchronous(Strategy):
                 f"Asynchronous: buffer={self.buffer} is more than the {k} registered clients; a server step "
                 f"needs B <= K replies (B = K is the synchronous round)"
             )
-        took = durations(self.speeds, self.work, ctx)  # refuses speeds of the wrong length
+        if self.arrival_driven:  # nothing has arrived yet, and nobody knows when it will
+            took = torch.full((k,), torch.inf, dtype=torch.float64)
+        else:
+            took = durations(self.speeds, self.work, ctx)  # refuses speeds of the wrong length
         fields = self.inner.reply_fields(ctx)
         pending = {n: torch.zeros((k, *f.shape), dtype=f.dtype) for n, f in fields.items()}
         pending.update({START + n[len(STATE) :]: pending[n].clone() for n in fields if n.startswith(STATE)})
@@ -239,20 +279,25 @@ class Asynchronous(Strategy):
         pending = {k: v.clone() for k, v in server.pending.items()}
         who = replies.participants
         sent = replies[VERSION]
-        if not bool((sent == server.version).all()):
+        expected = started[who] if self.arrival_driven else torch.full_like(who, server.version)
+        if not bool((sent == expected).all()):
             raise EngineError(
                 f"Asynchronous: replies of round {rnd + 1} say they were trained from versions "
-                f"{sorted(set(sent.tolist()))}, but version {server.version} was sent"
+                f"{sorted(set(sent.tolist()))}, but versions {sorted(set(expected.tolist()))} were sent"
             )
-        for name, rows in replies.individual.items():
-            if name != VERSION:
-                pending[name][who] = rows
-        for name, value in state_tensors(theta, START).items():
+        for name, value in state_tensors(theta, START).items():  # what this round's owners start from
             if name in pending:
-                pending[name][who] = value
-        lost = plan.participants[~torch.isin(plan.participants, who)]  # failed: idle until the next version
-        started[lost], arrival[lost] = -1, torch.inf
-        busy = int(torch.isfinite(arrival).sum())
+                pending[name][plan.participants] = value
+        for name, rows in replies.individual.items():
+            if name in pending:
+                pending[name][who] = rows
+        if self.arrival_driven:
+            arrival[who] = replies[ARRIVED]
+            lost = torch.tensor(sorted(replies.failures), dtype=torch.long)
+        else:
+            lost = plan.participants[~torch.isin(plan.participants, who)]
+        started[lost], arrival[lost] = -1, torch.inf  # failed: idle until the next version
+        busy = int(torch.isfinite(arrival).sum())  # arrived (measured) or working (simulated)
         if busy == 0:
             raise EngineError("Asynchronous: no owner is working: every job of the last versions failed")
         take = torch.sort(arrival, stable=True).indices[: min(self.buffer, busy)]  # ties: registration order
@@ -282,10 +327,12 @@ class Asynchronous(Strategy):
         started[take], arrival[take] = -1, torch.inf
         restart = started < 0
         started[restart] = version
-        arrival[restart] = now + durations(self.speeds, self.work, ctx)[restart]
+        if not self.arrival_driven:
+            arrival[restart] = now + durations(self.speeds, self.work, ctx)[restart]
         state = AsyncServer(new_inner, version, now, started, arrival, restart, pending, [*server.log, log])
         tf = tau.to(torch.float64)
-        metrics = {**metrics, "sim_time": now, "buffered": len(take)}
+        clock = "wall_time" if self.arrival_driven else "sim_time"
+        metrics = {**metrics, clock: now, "buffered": len(take)}
         metrics.update(staleness_mean=float(tf.mean()), staleness_max=int(tau.max()))
         return state, metrics
 

@@ -6,6 +6,10 @@ owner, in registration order, e.g. measured on the real machines) or drawn from 
 (:class:`LogUniform`), so a replay is a function of the seed alone. ``work`` is ``"unit"`` (every
 job costs 1: speeds are jobs per unit of time) or ``"points"`` (an owner's job costs its share of
 the data, ``n_k`` over the mean ``n``: a full-data local step's cost grows with its rows).
+
+``speeds="measured"`` (:data:`MEASURED`) replays nothing: the owners' replies are timed as they
+really arrive, on an engine that returns them so (:class:`fedgp.engines.arrivals.Arrivals`: a
+Flower grid).
 """
 
 from __future__ import annotations
@@ -23,10 +27,12 @@ from fedgp.errors import InputError, InputTypeError
 from fedgp.messages import Configurable, ServerContext
 from fedgp.rng import generator
 
-__all__ = ["SpeedDraw", "LogUniform", "check_speeds", "durations", "WORK"]
+__all__ = ["SpeedDraw", "LogUniform", "check_speeds", "durations", "WORK", "MEASURED"]
 
 #: What one job of an owner costs (module docstring).
 WORK = ("unit", "points")
+#: ``speeds`` of owners timed as their replies really arrive (module docstring).
+MEASURED = "measured"
 
 
 class SpeedDraw(Configurable, ABC):
@@ -53,10 +59,12 @@ class LogUniform(SpeedDraw):
         return torch.from_numpy(self.spread**u)
 
 
-def check_speeds(speeds: Sequence[float] | SpeedDraw | None) -> tuple[float, ...] | SpeedDraw | None:
-    """``speeds`` as stored: ``None`` (all 1), a draw, or a tuple of finite numbers > 0 (a bad one is
-    named by its position)."""
-    if speeds is None or isinstance(speeds, SpeedDraw):
+def check_speeds(
+    speeds: Sequence[float] | SpeedDraw | str | None,
+) -> tuple[float, ...] | SpeedDraw | str | None:
+    """``speeds`` as stored: ``None`` (all 1), a draw, :data:`MEASURED`, or a tuple of finite numbers
+    > 0 (a bad one is named by its position)."""
+    if speeds is None or isinstance(speeds, SpeedDraw) or (isinstance(speeds, str) and speeds == MEASURED):
         return speeds
     if isinstance(speeds, (np.ndarray, torch.Tensor)):  # measured speeds often come as an array
         speeds = np.asarray(speeds.cpu() if isinstance(speeds, torch.Tensor) else speeds, dtype=float)
@@ -65,8 +73,9 @@ def check_speeds(speeds: Sequence[float] | SpeedDraw | None) -> tuple[float, ...
         speeds = speeds.tolist()
     if isinstance(speeds, (str, bytes)) or not isinstance(speeds, Sequence):
         raise InputTypeError(
-            "Asynchronous: speeds must be None (all equal), one number per client, or a draw such as "
-            f"fedgp.strategies.LogUniform(spread=10); got {type(speeds).__name__}"
+            "Asynchronous: speeds must be None (all equal), one number per client, a draw such as "
+            f"fedgp.strategies.LogUniform(spread=10), or {MEASURED!r} (timed as replies arrive, on "
+            f"Flower); got {speeds!r}"
         )
     out = []
     for i, v in enumerate(speeds):
@@ -78,9 +87,15 @@ def check_speeds(speeds: Sequence[float] | SpeedDraw | None) -> tuple[float, ...
     return tuple(out)
 
 
-def durations(speeds: tuple[float, ...] | SpeedDraw | None, work: str, ctx: ServerContext) -> torch.Tensor:
+def durations(
+    speeds: tuple[float, ...] | SpeedDraw | str | None, work: str, ctx: ServerContext
+) -> torch.Tensor:
     """``(K,)`` float64: how long one job of each registered owner lasts, ``work_k / speed_k``."""
     k = ctx.num_clients
+    if isinstance(speeds, str):
+        raise InputError(
+            f"Asynchronous: speeds={MEASURED!r} has no simulated durations; its replies are timed"
+        )
     if speeds is None:
         rate = torch.ones(k, dtype=torch.float64)
     elif isinstance(speeds, SpeedDraw):

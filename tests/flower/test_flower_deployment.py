@@ -20,6 +20,8 @@ must own are changed: the addresses and ports (free ones), a short run, and each
   key), and the status says it failed, with exit status 1;
 * section 5's client-level DP with secure aggregation at rate 0.5 runs on the three nodes: the
   round that drew one node is skipped and accounted, and the run finishes.
+* on three nodes of which one waits 4 s before each training task (node config ``train-delay``), an
+  asynchronous FGPR run measured as replies arrive steps without waiting for it.
 
 Every process the test starts is killed, by PID (the guide's ``&`` processes are found by their
 working folder). Telemetry and update checks are off (there is no network).
@@ -182,9 +184,12 @@ def wait_for(predicate, timeout: float, what: str, poll: float = 1.0):
     raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
 
 
-def start_deployment(root: Path, capture: bool = True, stock: bool = False) -> tuple[Deployment, callable]:
+def start_deployment(
+    root: Path, capture: bool = True, stock: bool = False, node_config: dict[str, str] | None = None
+) -> tuple[Deployment, callable]:
     """Sections 1 to 4 of the guide: credentials, app, SuperLink, keys, three SuperNodes (Flower's
-    own ``flower-supernode`` with ``stock``, else ``fedgp flower supernode`` as the guide says).
+    own ``flower-supernode`` with ``stock``, else ``fedgp flower supernode`` as the guide says);
+    ``node_config`` adds settings to an owner's node config (``{"plant-c": "train-delay=2"}``).
     Returns the deployment and ``run(out, **run_config)`` (section 5, waiting for the model).
     Also used by benchmarks/engine_overhead.py."""
     root.mkdir(parents=True, exist_ok=True)
@@ -208,6 +213,9 @@ def start_deployment(root: Path, capture: bool = True, stock: bool = False) -> t
                     f'{owner}.csv\\"', f'{owner}.csv\\" capture-dir=\\"$PWD/capture/{owner}\\"'
                 )
             assert nodes.count("capture-dir") == len(OWNERS)
+        for owner, extra in (node_config or {}).items():
+            nodes = nodes.replace(f'{owner}.csv\\"', f'{owner}.csv\\" {extra}')
+            assert extra in nodes, owner
         dep.bash(nodes)
         wait_for(
             lambda: dep.bash("flwr supernode list fedgp").count("online") == len(OWNERS), 180, "online nodes"
@@ -405,5 +413,52 @@ def test_the_same_app_runs_in_flowers_simulation_runtime_as_the_guide_says(tmp_p
         reference = in_process({"rounds": 3, "stop": "none"}, list(OWNERS), tables)
         for key, value in reference.state.items():
             torch.testing.assert_close(model.state[key], value, rtol=1e-10, atol=0)
+    finally:
+        dep.close()
+
+
+@pytest.mark.slow
+def test_an_asynchronous_run_on_the_deployment_does_not_wait_for_its_slow_node(tmp_path):
+    """Asynchronous FGPR measured as replies arrive (``speeds="measured"``, B = 2) on the three
+    SuperNodes, plant-c slowed by ``train-delay``: the server steps on the two fast nodes' replies
+    without waiting for it (a synchronous round could not end before plant-c's reply, so eight rounds
+    would take at least eight delays), consumes plant-c's fewer replies stale and weighed down, and the
+    model it writes predicts finitely."""
+    from fedgp.messages import config_json
+    from fedgp.strategies import FGPR, Asynchronous
+
+    delay, rounds = 4.0, 8
+    root = tmp_path / "asynchronous"
+    dep, run = start_deployment(root, capture=False, node_config={"plant-c": f"train-delay={delay}"})
+    try:
+        strategy = Asynchronous(FGPR(local_steps=2, batch_size=16), buffer=2, speeds="measured")
+        out = root / "model"
+        config = f"out-dir='{out}' rounds={rounds} stop='none' timeout=60.0"
+        config += f" strategy-config='{config_json(strategy)}'"  # JSON in a TOML literal string
+        dep.bash(f'flwr run fedgp-app fedgp --run-config "{config.replace(chr(34), chr(92) + chr(34))}"')
+        wait_for(
+            lambda: (out / "model.fedgp").exists() or (out / "error.txt").exists(),
+            300,
+            "the model",
+            poll=0.05,
+        )
+        assert not (out / "error.txt").exists(), (out / "error.txt").read_text()
+        history = pd.read_csv(out / "history.csv")
+        assert len(history) == rounds and (history["failed"] == 0).all(), history
+        assert history["wall_time"].iloc[-1] < rounds * delay, history["wall_time"]
+        model = fedgp.load(out / "model.fedgp")
+        arrivals = model.server_state.arrivals(model.roster.ids)
+        per_owner = arrivals["client"].value_counts()
+        assert per_owner.get("plant-c", 0) < min(per_owner["plant-a"], per_owner["plant-b"]), per_owner
+        slow = arrivals[arrivals["client"] == "plant-c"]
+        assert len(slow) >= 1 and (slow["staleness"] > 0).all() and (slow["weight"] < 1).all(), arrivals
+        assert (history["staleness_max"] > 0).any()
+        from fedgp.data import ClientData
+
+        X = torch.tensor([[0.1, -0.5, 0.9], [0.0, 0.0, 0.0]], dtype=torch.float64)
+        for owner, table in owner_tables(root).items():  # each owner, from its own rows
+            own = ClientData(table[["x1", "x2", "x3"]].to_numpy(), table["y"].to_numpy(), id=owner)
+            mean, var = model.predict(X, own)
+            assert torch.isfinite(mean).all() and (var > 0).all(), owner
     finally:
         dep.close()
