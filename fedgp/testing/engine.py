@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 
@@ -48,7 +49,7 @@ from fedgp.messages import (
 )
 from fedgp.rng import generator
 from fedgp.run import Faults, FitResult, fit
-from fedgp.strategies import FGPR, IFCA, FederatedClustering
+from fedgp.strategies import FGPR, IFCA, Asynchronous, FederatedClustering
 from fedgp.strategies import clustered as C
 from fedgp.strategies.fgpr import STATE
 from fedgp.synthetic import gp_federation
@@ -202,6 +203,21 @@ class EngineContract:
             for engine in (self.reference(spec, data.federation), self.make_engine(spec, data.federation))
         ]
         assert results[1].state.max_relative_difference(results[0].state) < RTOL
+
+    def test_an_asynchronous_replay_equals_sequential(self, gp) -> None:
+        """The buffered asynchronous server's simulated schedule (owners of unequal speed, stale
+        replies rebased) runs through the engine's ordinary tasks to the reference engine's state and
+        arrivals, to 1e-8."""
+        strategy = Asynchronous(
+            FGPR(local_steps=2, batch_size=8), buffer=3, speeds=(1.0, 0.3, 2.0, 0.5, 1.0, 0.8, 0.2)
+        )
+        results = [
+            self.fit(gp, strategy, engine=engine, rounds=5)
+            for engine in (self.reference(gp.spec, gp.federation), self.make_engine(gp.spec, gp.federation))
+        ]
+        assert results[1].state.max_relative_difference(results[0].state) < RTOL
+        pd.testing.assert_frame_equal(results[1].server_state.arrivals(), results[0].server_state.arrivals())
+        assert int(results[0].history["staleness_max"].max()) > 0  # stale replies were rebased
 
     # -- attacks (forged in fedgp.run.exchange, on the engine's outcome) -------------------------
     @pytest.mark.parametrize(
