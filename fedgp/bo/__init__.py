@@ -2,7 +2,8 @@
 
 * :class:`Owner` — an owner's objective, search box and evaluations (:mod:`~fedgp.bo.owner`);
 * :class:`BOLoop` and :class:`BOResult` — the loop, one iteration at a time, and its history
-  (:mod:`~fedgp.bo.loop`); callbacks :class:`BOProgress`, :class:`Budget` (:mod:`~fedgp.bo.callbacks`);
+  (:mod:`~fedgp.bo.loop`); callbacks :class:`BOProgress`, :class:`Budget` (:mod:`~fedgp.bo.callbacks`)
+  and :class:`BOCheckpoint` (a stopped loop resumes where it was; :mod:`~fedgp.bo.checkpoint`);
 * methods (:class:`Method`): :class:`FederatedBO` (a fedgp strategy learns the shared
   hyper-parameters, warm-started every iteration; owners propose on their personalised posteriors),
   :class:`LocalBO` (BoTorch's ``SingleTaskGP`` refitted per owner), :class:`FTS` (federated Thompson
@@ -17,6 +18,7 @@ Needs the ``botorch`` extra.
 
 from fedgp.bo.acquisition import ACQUISITIONS, Acquisition, acquisition_seed
 from fedgp.bo.callbacks import BOCallback, BOProgress, Budget
+from fedgp.bo.checkpoint import BOCheckpoint
 from fedgp.bo.dp_fts_de import DPFTSDE
 from fedgp.bo.features import FourierFeatures, WeightPosterior
 from fedgp.bo.federated import FederatedBO, WarmStart
@@ -35,6 +37,7 @@ __all__ = [
     "BOCallback",
     "BOProgress",
     "Budget",
+    "BOCheckpoint",
     "Method",
     "FederatedBO",
     "WarmStart",

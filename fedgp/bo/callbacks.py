@@ -23,6 +23,11 @@ class BOCallback:
     """Override the moments you need; each gets the loop (``loop.owners``, ``loop.iteration``,
     ``loop.history``, ``loop.stop(reason)``)."""
 
+    def restore(self, loop) -> bool:
+        """Before the start: put back a state written earlier (:class:`~fedgp.bo.BOCheckpoint`);
+        ``True`` when the loop resumes from it, then its starting points are not evaluated again."""
+        return False
+
     def on_start(self, loop) -> None:
         """After the owners' first evaluations."""
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fedgp.bo.acquisition import Acquisition, acquisition_seed
@@ -40,6 +41,8 @@ if TYPE_CHECKING:
 __all__ = ["FederatedBO", "WarmStart"]
 
 ENGINES = ("sequential", "batched")
+#: FederatedBO's part of a BO checkpoint folder.
+SAVED = "federated.fedgp"
 
 
 @dataclass
@@ -122,15 +125,17 @@ class FederatedBO(Method):
         self.batch_proposals = bool(batch_proposals)
         self.result: FitResult | None = None
 
-    def _fit(self, loop, rounds: int) -> dict[str, Any]:
-        """``rounds`` more rounds on the owners' data as they are now, from the last server state."""
+    def _fit(self, loop, rounds: int, last: FitResult | None = None) -> dict[str, Any]:
+        """``rounds`` more rounds on the owners' data as they are now, from the last server state
+        (``self.result``'s, or ``last``'s)."""
         federation = Federation([ClientData(o.X.clone(), o.y.clone(), id=o.id) for o in loop.owners])
         callbacks: list[Callback] = [Progress(False), Evaluate(every=0)]
         done = 0
-        if self.result is not None:
-            history = self.result.history.to_dict("records")
+        last = self.result if last is None else last
+        if last is not None:
+            history = last.history.to_dict("records")
             done = len(history)
-            callbacks.append(WarmStart(done, self.result.server_state, history))
+            callbacks.append(WarmStart(done, last.server_state, history))
         run = Run(
             self.spec, federation, self.strategy, done + rounds, engine=self.engine, seed=loop.seed,
             transforms=self.transforms, stop=None, callbacks=callbacks,
@@ -172,3 +177,12 @@ class FederatedBO(Method):
 
     def update(self, loop, iteration: int) -> dict[str, Any]:
         return self._fit(loop, self.rounds)
+
+    def checkpoint(self, folder: Path, key: bytes | str | None = None) -> None:
+        """The last federated fit (``federated.fedgp``, :meth:`FitResult.save`: its server state,
+        round count and history; no owner's rows)."""
+        self.result.save(Path(folder) / SAVED, key=key)
+
+    def resume(self, loop, iteration: int, folder: Path, key: bytes | str | None = None) -> None:
+        """The last fit's state back, bound to the owners' restored rows (a run of no new round)."""
+        self._fit(loop, 0, last=FitResult.load(Path(folder) / SAVED, key=key))

@@ -86,6 +86,13 @@ class FTS(Method):
         self._share(loop, 0)
         return {}
 
+    def resume(self, loop, iteration: int, folder, key=None) -> None:
+        """The shared features and the agents' draws are functions of the seed and the owners' rows:
+        drawn again as ``start`` and ``update(iteration)`` drew them."""
+        self.start(loop)
+        if iteration:
+            self._share(loop, iteration)
+
     def _own_draw(self, owner, rng: np.random.Generator):
         features = FourierFeatures.sample(
             self.target_features, owner.dim, self.lengthscale, self.outputscale, rng

@@ -34,6 +34,7 @@ class LocalBO(Method):
     """Every owner on its own: ``acquisition`` as :class:`~fedgp.bo.FederatedBO`'s."""
 
     name = "local"
+    stateless = True  # refits on the owners' rows every iteration
 
     def __init__(self, acquisition=None):
         import_extra("botorch", "fedgp.bo.LocalBO")

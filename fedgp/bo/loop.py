@@ -100,14 +100,16 @@ class BOLoop:
         self.started = False
 
     def start(self) -> BOLoop:
-        """Evaluate the owners' starting points, start the method and the callbacks."""
-        for k, owner in enumerate(self.owners):
-            missing = self.initial - len(owner.y)
-            if missing > 0:
-                owner.evaluate(uniform_points(owner.bounds, missing, self.seed, "bo initial", k))
-        began = time.perf_counter()
-        extra = self.method.start(self)
-        self._record(0, extra, 0.0, time.perf_counter() - began)
+        """Evaluate the owners' starting points, start the method and the callbacks; or, when a
+        callback restores a checkpoint (:class:`~fedgp.bo.BOCheckpoint`), take up where it was."""
+        if not any([callback.restore(self) for callback in self.callbacks]):
+            for k, owner in enumerate(self.owners):
+                missing = self.initial - len(owner.y)
+                if missing > 0:
+                    owner.evaluate(uniform_points(owner.bounds, missing, self.seed, "bo initial", k))
+            began = time.perf_counter()
+            extra = self.method.start(self)
+            self._record(0, extra, 0.0, time.perf_counter() - began)
         self.started = True
         for callback in self.callbacks:
             callback.on_start(self)

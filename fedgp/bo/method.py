@@ -9,9 +9,12 @@ four methods in one harness, so they are compared on the same owners, starting p
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any, Protocol
 
 import torch
+
+from fedgp.errors import InputError
 
 __all__ = ["Method", "LoopView"]
 
@@ -41,6 +44,20 @@ class Method:
     def update(self, loop: LoopView, iteration: int) -> dict[str, Any]:
         """After the owners evaluated ``iteration``'s points; returns extra history columns."""
         return {}
+
+    #: True for a method that keeps nothing between iterations but what the owners' rows say (it
+    #: resumes from a checkpoint with no state of its own).
+    stateless: bool = False
+
+    def checkpoint(self, folder: Path, key: bytes | str | None = None) -> None:
+        """Write what the method needs to go on into ``folder`` (:class:`~fedgp.bo.BOCheckpoint`);
+        nothing by default."""
+
+    def resume(self, loop: LoopView, iteration: int, folder: Path, key: bytes | str | None = None) -> None:
+        """Take up after ``iteration`` from ``folder``, the owners' rows already restored: a stateless
+        method has nothing to do; any other must say how (refused by default)."""
+        if not self.stateless:
+            raise InputError(f"{type(self).__name__} does not resume from a BO checkpoint")
 
     def close(self) -> None:
         """Release what the method holds (an engine): the loop calls it when it ends."""

@@ -12,6 +12,7 @@ class RandomSearch(Method):
     """Uniform points, drawn from ``(seed, owner, iteration)``."""
 
     name = "random"
+    stateless = True
 
     def propose(self, loop, iteration: int) -> list:
         return [
