@@ -3,6 +3,7 @@
     OMP_NUM_THREADS=1 FEDGP_DATA=../shared/datasets .venv/bin/python benchmarks/owner_scale.py gains
     ... benchmarks/owner_scale.py synthetic grunfeld fertility cmapss   (one or more, each under 10 min)
     ... benchmarks/owner_scale.py --table                               (the .md from the CSVs)
+    ... benchmarks/owner_scale.py --lengthscales                        (owner_scale_lengthscales.csv)
 
 ``gains`` is study 5(c): 12 owners of one GP draw in four groups, gains 1 and 10 by noise sd 0.05
 and 0.5, with offsets (:func:`fedgp.experiments.owner_scale.gain_owners`). The others are the
@@ -24,13 +25,16 @@ import torch
 
 from fedgp.experiments.convergence import FEDERATIONS
 from fedgp.experiments.metrics import markdown_table
-from fedgp.experiments.owner_scale import CANDIDATES, gain_owners, group_of, scale_study
+from fedgp.experiments.owner_scale import CANDIDATES, gain_owners, group_of, scale_spec, scale_study
+from fedgp.run import Evaluate, Progress, fit
+from fedgp.strategies import FGPR
 
 OUT = Path(__file__).resolve().parents[1] / "results"
 SOURCES = {"gains": lambda seed: gain_owners(population=0, split=seed), **FEDERATIONS}
 SEEDS = (0, 1, 2)
 COMMAND = "OMP_NUM_THREADS=1 FEDGP_DATA=../shared/datasets .venv/bin/python benchmarks/owner_scale.py"
 MODEL = "own sd, personal scale"
+LENGTHSCALE = "covar_module.base_kernel.lengthscale"
 
 
 #: The heterogeneous benchmark's federations: the candidates that decide the acceptance lines, the
@@ -104,6 +108,25 @@ def coverage_groups(frame: pd.DataFrame) -> pd.DataFrame:
     return table.reset_index()
 
 
+def lengthscales() -> pd.DataFrame:
+    """The learned shared lengthscale per split seed of Grunfeld and fertility, under ``"auto"`` (and
+    which outcome it picked) and under the scale model: does a split seed move the model?"""
+    rows = []
+    for name in ("grunfeld", "fertility"):
+        for seed in SEEDS:
+            federation = SOURCES[name](seed)
+            for label in ("auto (fit's default)", MODEL):
+                candidate = CANDIDATES[label]
+                strategy = FGPR(personal=candidate.personal)
+                quiet = [Progress(False), Evaluate(every=0)]
+                result = fit(scale_spec(), federation, strategy, rounds=100, seed=seed,
+                             transforms=candidate.transforms, callbacks=quiet)  # fmt: skip
+                rows.append({"federation": name, "seed": seed, "candidate": label,
+                             "outcome": result.transforms["outcome"],
+                             "lengthscale": float(result.state[LENGTHSCALE])})  # fmt: skip
+    return pd.DataFrame(rows)
+
+
 def table() -> None:
     frames = [pd.read_csv(path) for path in sorted(OUT.glob("owner_scale_*.csv"))]
     frame = pd.concat(frames, ignore_index=True)
@@ -137,6 +160,10 @@ if __name__ == "__main__":
     torch.set_num_threads(1)
     if "--table" in sys.argv:
         table()
+    elif "--lengthscales" in sys.argv:
+        frame = lengthscales()
+        frame.to_csv(OUT / "owner_scale_lengthscales.csv", index=False)
+        print(frame.to_string())
     else:
         for name in sys.argv[1:]:
             run(name)
