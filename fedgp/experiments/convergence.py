@@ -25,11 +25,12 @@ from __future__ import annotations
 
 import copy
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
 import torch
+from linear_operator.utils.errors import NanError, NotPSDError
 
 from fedgp.data import ClientData, Federation
 from fedgp.errors import MLEError, import_extra
@@ -42,7 +43,10 @@ from fedgp.strategies import FGPR, Strategy
 
 __all__ = [
     "summed_log_likelihood",
+    "lbfgs",
     "central_optimum",
+    "central_personal_optimum",
+    "summed_personal_log_likelihood",
     "federations",
     "CONFIGS",
     "StateTrace",
@@ -60,9 +64,10 @@ def summed_log_likelihood(spec: GPSpec, state: HyperState, clients: list[ClientD
         return -sum(float(minibatch_nll(model, c.X, c.y, prior_weight=0.0)) * c.n for c in clients)
 
 
-def _lbfgs(model, params: list[torch.Tensor], clients: list[ClientData]) -> None:
+def lbfgs(models, params: list[torch.Tensor], clients: list[ClientData]) -> None:
     """Minimise the per-point summed NLL in place (L-BFGS, strong Wolfe, restarted until its
-    tolerances stop it at once)."""
+    tolerances stop it at once). ``models``: one model for every client, or one per client."""
+    models = models if isinstance(models, (list, tuple)) else [models] * len(clients)
     total = sum(c.n for c in clients)
     optimizer = torch.optim.LBFGS(
         params, max_iter=300, tolerance_grad=1e-10, tolerance_change=1e-13, line_search_fn="strong_wolfe"
@@ -70,7 +75,9 @@ def _lbfgs(model, params: list[torch.Tensor], clients: list[ClientData]) -> None
 
     def closure() -> torch.Tensor:
         optimizer.zero_grad()
-        value = sum(minibatch_nll(model, c.X, c.y, prior_weight=0.0) * c.n for c in clients) / total
+        value = (
+            sum(minibatch_nll(m, c.X, c.y, prior_weight=0.0) * c.n for m, c in zip(models, clients)) / total
+        )
         value.backward()
         return value
 
@@ -84,24 +91,62 @@ def central_optimum(
     """The θ maximising :func:`summed_log_likelihood` and its value: L-BFGS (strong Wolfe) from the
     spec's start and from ``restarts - 1`` random raw starts (N(0, 1.5²) around it); the best wins.
     A yardstick only: it pools the data, which a federation never does."""
-    spec = spec.for_data(clients)
+    states, value = central_personal_optimum(spec, clients, frozenset(), restarts, seed)
+    return states[0], value
+
+
+def _tie(models: Sequence[torch.nn.Module], raw_name: str) -> torch.nn.Parameter:
+    """Make every model hold the first model's parameter ``raw_name`` (one tensor shared by all)."""
+    shared = models[0].get_parameter(raw_name)
+    owner, _, leaf = raw_name.rpartition(".")
+    for model in models[1:]:
+        model.get_submodule(owner)._parameters[leaf] = shared
+    return shared
+
+
+def central_personal_optimum(
+    spec: GPSpec, clients: Sequence[ClientData], personal: frozenset[str], restarts: int = 3, seed: int = 0
+) -> tuple[list[HyperState], float]:
+    """Each owner's state maximising ``Σ_k log p(y_k | X_k, θ, φ_k)``: θ the shared hyper-parameters,
+    φ_k owner k's values of the ``personal`` ones (state names). L-BFGS (strong Wolfe) on the pooled
+    sum from the spec's start and from ``restarts - 1`` random raw starts (N(0, 1.5²) around it); the
+    best wins. With no personal names it is FGPR's objective; with all of them, the owners alone.
+    A yardstick only: it pools the data, which a federation never does."""
+    spec = spec.for_data(list(clients))
+    trainable = [p for p in spec.params if p.trainable]
     rng = torch.Generator().manual_seed(seed)
-    best: tuple[HyperState, float] | None = None
+    best: tuple[list[HyperState], float] | None = None
     for restart in range(restarts):
-        model = spec.build()
-        params = [model.get_parameter(p.raw_name) for p in spec.params if p.trainable]
+        models = [spec.build() for _ in clients]
+        params = [_tie(models, p.raw_name) for p in trainable if p.name not in personal]
+        params += [m.get_parameter(p.raw_name) for m in models for p in trainable if p.name in personal]
         if restart:
             with torch.no_grad():
                 for p in params:
                     p.add_(1.5 * torch.randn(p.shape, generator=rng, dtype=p.dtype))
-        _lbfgs(model, params, clients)
-        state = spec.read(model)
-        value = summed_log_likelihood(spec, state, clients)
+        try:
+            lbfgs(models, params, list(clients))
+        except (NanError, NotPSDError):  # a restart that wandered where a kernel matrix breaks
+            continue
+        states = [spec.read(m) for m in models]
+        value = summed_personal_log_likelihood(spec, states, clients)
         if math.isfinite(value) and (best is None or value > best[1]):
-            best = (state, value)
+            best = (states, value)
     if best is None:
-        raise MLEError("central_optimum: every restart ended at a non-finite likelihood")
+        raise MLEError("central_personal_optimum: every restart ended at a non-finite likelihood")
     return best
+
+
+def summed_personal_log_likelihood(spec: GPSpec, states: Sequence[HyperState], clients) -> float:
+    """``Σ_k log p(y_k | X_k, state_k)``: each owner its own exact GP under its own state."""
+    spec = spec.for_data(list(clients))
+    total = 0.0
+    for state, c in zip(states, clients):
+        model = spec.build()
+        spec.load(model, state)
+        with torch.no_grad():
+            total -= float(minibatch_nll(model, c.X, c.y, prior_weight=0.0)) * c.n
+    return total
 
 
 # -- the federations --------------------------------------------------------------------------------

@@ -44,6 +44,13 @@ def shared_prior(result: Any, X: torch.Tensor) -> tuple[torch.Tensor, torch.Tens
             "the experts' priors differ in the data's units: BCM and rBCM do not apply; use "
             "combine='gpoe' or 'poe', or fit with Transforms(outcome=Standardize())"
         )
+    own = sorted(n for n in result.strategy.personal_names(result.spec) if not n.startswith("likelihood."))
+    if own:
+        raise InputError(
+            f"each owner keeps its own {', '.join(own)} (personal hyper-parameters), so the experts' priors "
+            "of f differ and the server holds none of them: BCM and rBCM do not apply; use combine='gpoe' "
+            "or 'poe', or predict per client"
+        )
     model = result.spec.build()
     result.spec.load(model, state)
     Xt = result.transform.inputs(X.to(result.spec.dtype))

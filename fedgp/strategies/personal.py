@@ -3,7 +3,9 @@
 A strategy's ``personal`` setting names them as a state names them (``"likelihood.noise_covar.noise"``),
 as GPyTorch's ``state_dict`` does (``"likelihood.noise_covar.raw_noise"``), or by an alias:
 ``"noise"``, ``"outputscale"``, ``"lengthscale"`` (every hyper-parameter of that last name) and
-``"mean"`` (every hyper-parameter of the mean module, e.g. a constant mean's offset). An owner trains
+``"mean"`` (every hyper-parameter of the mean module, e.g. a constant mean's offset) and ``"scale"``
+(what carries an owner's units: the outputscale, the noise and the mean's hyper-parameters, those
+the spec has; :mod:`fedgp.experiments.owner_scale`). An owner trains
 its personal values on its own likelihood with the shared ones, keeps them
 (:mod:`fedgp.strategies.memory`) and conditions on them; they are never in a reply.
 """
@@ -27,7 +29,12 @@ ALIASES = {
     "outputscale": "every kernel's outputscale",
     "lengthscale": "every kernel's lengthscale",
     "mean": "every hyper-parameter of the mean module",
+    "scale": "an owner's units: its outputscale, noise and mean hyper-parameters (those the spec has)",
 }
+
+#: What ``"scale"`` stands for: the hyper-parameters an owner's units move (measuring y as m + c·y
+#: moves the mean by m and c, the outputscale and the noise by c²).
+SCALE = ("outputscale", "noise", "mean")
 
 
 def as_names(names, who: str) -> tuple[str, ...]:
@@ -59,7 +66,7 @@ def personal_names(spec: GPSpec, names: Iterable[str], who: str) -> frozenset[st
     listing the spec's names and the aliases."""
     out: set[str] = set()
     for name in names:
-        found = _matches(spec, name)
+        found = _expanded(spec, name)
         if not found:
             known = ", ".join(repr(p.name) for p in spec.params)
             raise InputError(
@@ -68,6 +75,13 @@ def personal_names(spec: GPSpec, names: Iterable[str], who: str) -> frozenset[st
             )
         out.update(found)
     return frozenset(out)
+
+
+def _expanded(spec: GPSpec, name: str) -> list[str]:
+    """``name``'s state names; ``"scale"``: those of :data:`SCALE` the spec has (at least one)."""
+    if name != "scale":
+        return _matches(spec, name)
+    return [found for alias in SCALE for found in _matches(spec, alias)]
 
 
 def with_kept(states: HyperState, names: frozenset[str], memory: ClientMemory) -> HyperState:
