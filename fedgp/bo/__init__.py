@@ -11,7 +11,9 @@
   distributed exploration), :class:`RandomSearch`;
 * :class:`Acquisition` — qLogEI, qUCB, Thompson sampling or your factory (:mod:`~fedgp.bo.acquisition`);
 * :class:`FourierFeatures`, :class:`WeightPosterior` (:mod:`~fedgp.bo.features`) and
-  :func:`shared_prior_owners` (:mod:`~fedgp.bo.synthetic`), a benchmark family.
+  :func:`shared_prior_owners` (:mod:`~fedgp.bo.synthetic`), a benchmark family;
+  :func:`cmapss_tuning_owners` and :class:`KernelRidgeTuning` (:mod:`~fedgp.bo.tuning`), the real-data
+  one: C-MAPSS engines tuning kernel ridge on their own data.
 
 Needs the ``botorch`` extra.
 """
@@ -29,6 +31,7 @@ from fedgp.bo.method import Method
 from fedgp.bo.owner import Owner
 from fedgp.bo.random_search import RandomSearch
 from fedgp.bo.synthetic import PriorDraw, shared_prior_owners
+from fedgp.bo.tuning import KernelRidgeTuning, cmapss_tuning_owners
 
 __all__ = [
     "Owner",
@@ -52,4 +55,6 @@ __all__ = [
     "WeightPosterior",
     "PriorDraw",
     "shared_prior_owners",
+    "KernelRidgeTuning",
+    "cmapss_tuning_owners",
 ]

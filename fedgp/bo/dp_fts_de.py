@@ -12,7 +12,11 @@ others, ``a`` held for ``a_iterations`` aggregations, then falling linearly to `
 (fresh features, its own posterior draw), else by maximising ``φ(x)ᵀ ω_{cell(x)}`` piecewise; the
 first proposal is always federated. ``private=False``: no sampling, clipping or noise (FTS-DE).
 
-The ε of the released cells is not reported here (fedgp's accountant is not wired to this method).
+Privacy: each release is the sampled Gaussian mechanism on the clipped draws (Poisson rate ``q``,
+noise multiplier ``z``; the paper's Theorem 1 accounts it with the moments accountant), one release
+at the start and one after every iteration. The history's ``epsilon`` column is the ε at ``delta``
+of every release so far, by dp-accounting's RDP accountant (:func:`fedgp.run.privacy.epsilon_spent`,
+the same as :class:`~fedgp.run.ClientDP`'s), so the two methods' ε compare on one scale.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from fedgp.bo.features import DTYPE
 from fedgp.bo.fts import FTS, maximise_draw
 from fedgp.errors import InputError
 from fedgp.rng import generator
+from fedgp.run.privacy import epsilon_spent
 
 __all__ = ["DPFTSDE", "de_weights", "private_cells", "cell_of"]
 
@@ -76,18 +81,24 @@ def cell_of(X: torch.Tensor, bounds: torch.Tensor, per_dim: int) -> torch.Tensor
 
 class DPFTSDE(FTS):
     """DP-FTS-DE (module docstring); ``q``, ``clip`` (S), ``z`` as the paper's, defaults its Landmine
-    setting (q = 0.35, S = 22, z = 1, M = 100, a = 16, b = 1, 10 then 30 iterations)."""
+    setting (q = 0.35, S = 22, z = 1, M = 100, a = 16, b = 1, 10 then 30 iterations); ``delta``: the
+    δ of the ε in the history."""
 
     name = "dp-fts-de"
 
     def __init__(
         self, lengthscale: float, outputscale: float = 1.0, noise: float = 1e-3, *, q: float = 0.35,
         clip: float = 22.0, z: float = 1.0, per_dim: int = 2, a: float = 16.0, b: float = 1.0,
-        a_iterations: int = 10, decay_iterations: int = 30, private: bool = True, **options,
+        a_iterations: int = 10, decay_iterations: int = 30, private: bool = True, delta: float = 1e-5,
+        **options,
     ):  # fmt: skip
         super().__init__(lengthscale, outputscale, noise, **options)
         if not 0 < q <= 1 or not clip > 0 or not z >= 0:
             raise InputError(f"DPFTSDE: need 0 < q <= 1, clip > 0, z >= 0; got q={q}, clip={clip}, z={z}")
+        if not 0 < delta < 1:
+            raise InputError(f"DPFTSDE: need 0 < delta < 1, got delta={delta}")
+        self.delta = float(delta)
+        self.releases = 0
         self.q, self.clip, self.z, self.per_dim, self.private = (
             float(q),
             float(clip),
@@ -108,6 +119,20 @@ class DPFTSDE(FTS):
             return
         rng = generator(loop.seed, "dp-fts-de server", iteration)
         self.cells = private_cells(draws, weights, self.q, self.clip, self.z, rng)
+        self.releases += 1
+
+    def _spent(self) -> dict:
+        """The ``epsilon`` history column: ε at ``delta`` of the releases so far (private runs only)."""
+        return {"epsilon": epsilon_spent(self.z, self.q, self.releases, self.delta)} if self.private else {}
+
+    def start(self, loop) -> dict:
+        self.releases = 0
+        super().start(loop)
+        return self._spent()
+
+    def update(self, loop, iteration: int) -> dict:
+        super().update(loop, iteration)
+        return self._spent()
 
     def propose(self, loop, iteration: int) -> list:
         out = []

@@ -53,3 +53,26 @@ def test_dp_fts_de_runs_in_the_harness():
     h = BOLoop(owners, method, 2, initial=4, seed=1).run().history
     assert method.cells.shape == (4, 50) and set(h["method"]) == {"dp-fts-de"}
     assert (h.groupby("owner")["evaluations"].max() == 6).all()
+
+
+@pytest.mark.parametrize("z", [1.0, 2.5])
+def test_epsilon_is_dp_accountings_for_every_release_so_far(z):
+    """A release at the start and after each iteration, each the Poisson-sampled Gaussian mechanism:
+    the history's ε is dp-accounting's RDP accountant's for that many, computed here with the library."""
+    import dp_accounting
+    from dp_accounting.rdp import RdpAccountant
+
+    owners = shared_prior_owners(3, seed=2)
+    method = DPFTSDE(0.15, q=0.35, z=z, delta=1e-5, features=20, target_features=20, candidates=50)
+    h = BOLoop(owners, method, 3, initial=3, seed=0).run().history
+    per_iteration = h.groupby("iteration")["epsilon"].first()
+    for iteration, epsilon in per_iteration.items():
+        accountant = RdpAccountant()
+        event = dp_accounting.PoissonSampledDpEvent(0.35, dp_accounting.GaussianDpEvent(z))
+        accountant.compose(dp_accounting.SelfComposedDpEvent(event, iteration + 1))
+        assert epsilon == pytest.approx(accountant.get_epsilon(1e-5), rel=1e-9)
+    assert per_iteration.is_monotonic_increasing
+    plain = DPFTSDE(0.15, private=False, features=20, target_features=20, candidates=50)
+    assert "epsilon" not in BOLoop(shared_prior_owners(3, seed=2), plain, 1, initial=3).run().history
+    with pytest.raises(Exception, match="delta"):
+        DPFTSDE(0.15, delta=0.0)
