@@ -134,6 +134,12 @@ class DPFTSDE(FTS):
         super().update(loop, iteration)
         return self._spent()
 
+    def resume(self, loop, iteration: int, folder, key=None) -> None:
+        """As FTS resumes, with the releases so far counted: one at the start and one per iteration
+        (the ε reported next composes them all)."""
+        super().resume(loop, iteration, folder, key)
+        self.releases = iteration + 1
+
     def propose(self, loop, iteration: int) -> list:
         out = []
         for k, owner in enumerate(loop.owners):
