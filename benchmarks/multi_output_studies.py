@@ -39,7 +39,9 @@ sensor is standardised by the federation's mean and sd of its observed training 
 ``FGPR.authors()`` (E = 5, M = 32 per sensor, lr 0.05), 100 rounds.
 
 Each run writes ``results/multi_output_<study>.csv`` (one row per seed, method, device/engine,
-output and test kind: RMSE, mean NLL, 95 % coverage, rows) and prints the per-output summary.
+output and test kind: RMSE, mean NLL, 95 % coverage, rows; C-MAPSS output o is the o-th of
+``--sensors``) and prints the per-output summary; ``report CSV...`` merges runs' CSVs (``--out``)
+and prints the tables, comparing each joint model with the independent fits on the seeds it ran.
 """
 
 from __future__ import annotations
@@ -387,9 +389,7 @@ def run_cmapss(args) -> pd.DataFrame:
                         )
         print(f"seed {seed} independent: {time.perf_counter() - start:.0f} s", flush=True)
         _save(records, args.out)
-    frame = pd.DataFrame.from_records(records)
-    frame["sensor"] = frame["output"].map(lambda o: args.sensors[o - 1])
-    return frame
+    return pd.DataFrame.from_records(records)  # output o is the sensor args.sensors[o - 1]
 
 
 # -- summary -------------------------------------------------------------------------------------
