@@ -140,6 +140,7 @@ def joint_metrics(result, fed: Federation, outputs: int, **keys) -> list:
 
 
 def single_metrics(result, fed: Federation, output: int, **keys) -> list:
+    """Each device's personalised posterior of one output at its own test rows."""
     out = []
     for k, c in enumerate(fed):
         if c.X_test is None:
@@ -153,7 +154,7 @@ def single_metrics(result, fed: Federation, output: int, **keys) -> list:
 class CentralMultitask(gpytorch.models.ExactGP):
     """GPyTorch's exact multitask GP (every output at every input, Kronecker form): a constant mean per
     output, ``MultitaskKernel(kernel, rank)`` = k(x, x') ⊗ (W Wᵀ + diag(v)), the model the joint FGPR
-    fit federates (:meth:`state` reads its values under a :class:`MultiOutputSpec`'s names)."""
+    fit federates (:meth:`state_values` reads its values under a :class:`MultiOutputSpec`'s names)."""
 
     def __init__(self, X, Y, likelihood, kernel, rank: int):
         super().__init__(X, Y, likelihood)
@@ -183,15 +184,17 @@ class CentralMultitask(gpytorch.models.ExactGP):
 
 def fit_central_multitask(X, Y, kernel, rank: int, iters: int, lr: float = 0.1) -> CentralMultitask:
     """Fit :class:`CentralMultitask` to ``(X, Y)`` (n, T) by Adam on the exact marginal likelihood,
-    starting from GPyTorch's defaults with W drawn from a fixed generator."""
+    from GPyTorch's defaults but with W drawn from a generator of its own and v at softplus(0), as
+    :class:`MultiOutputSpec` starts (so the fit does not depend on torch's global generator)."""
     likelihood = gpytorch.likelihoods.MultitaskGaussianLikelihood(
         num_tasks=Y.shape[1], rank=0, has_global_noise=False
     ).double()
     model = CentralMultitask(X, Y, likelihood, kernel, rank).double()
-    with torch.no_grad():
+    with torch.no_grad():  # GPyTorch draws W and v from torch's global generator; start as the spec does
         g = torch.Generator().manual_seed(0)
         W = model.covar_module.task_covar_module.covar_factor
         W.copy_(torch.randn(W.shape, generator=g, dtype=W.dtype) / max(rank, 1) ** 0.5)
+        model.covar_module.task_covar_module.raw_var.zero_()
     model.train()
     optimizer = torch.optim.Adam(model.parameters(), lr=lr)
     mll = gpytorch.mlls.ExactMarginalLogLikelihood(likelihood, model)
@@ -218,7 +221,7 @@ def central_sarcos(fed: Federation, rank: int, subset: int, iters: int, **keys) 
     T = SARCOS_OUTPUTS
     X, Y = [], []
     for c in fed:
-        mean, std = torch.tensor(c.metadata["y_mean"]), torch.tensor(c.metadata["y_std"])
+        mean, std = (torch.tensor(c.metadata[key], dtype=torch.float64) for key in ("y_mean", "y_std"))
         X.append(c.X[c.X[:, -1] == 0, :-1])
         Y.append(c.y.reshape(-1, T) * std + mean)  # long form is input by input, all 7 present
     X, Y = torch.cat(X), torch.cat(Y)
@@ -237,7 +240,7 @@ def central_sarcos(fed: Federation, rank: int, subset: int, iters: int, **keys) 
     for c in fed:
         Xt = c.X_test[c.X_test[:, -1] == 0, :-1]
         mean, var = central_predict(model, Xt)
-        m_dev, s_dev = torch.tensor(c.metadata["y_mean"]), torch.tensor(c.metadata["y_std"])
+        m_dev, s_dev = (torch.tensor(c.metadata[key], dtype=torch.float64) for key in ("y_mean", "y_std"))
         mean = (mean * sd + mu - m_dev) / s_dev
         var = var * (sd / s_dev) ** 2
         Yt = c.y_test.reshape(-1, T)
