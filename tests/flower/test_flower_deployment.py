@@ -423,13 +423,19 @@ def test_an_asynchronous_run_on_the_deployment_does_not_wait_for_its_slow_node(t
     SuperNodes, plant-c slowed by ``train-delay``: the server steps on the two fast nodes' replies
     without waiting for it (a synchronous round could not end before plant-c's reply, so eight rounds
     would take at least eight delays), consumes plant-c's fewer replies stale and weighed down, and the
-    model it writes predicts finitely."""
+    model it writes predicts finitely. The fast nodes take ``pace`` s a job, so that the eight steps
+    outlast plant-c's first job on a quiet machine too (else it might never arrive within the run)."""
     from fedgp.messages import config_json
     from fedgp.strategies import FGPR, Asynchronous
 
-    delay, rounds = 4.0, 8
+    delay, pace, rounds = 4.0, 1.0, 8
     root = tmp_path / "asynchronous"
-    dep, run = start_deployment(root, capture=False, node_config={"plant-c": f"train-delay={delay}"})
+    paced = {
+        "plant-a": f"train-delay={pace}",
+        "plant-b": f"train-delay={pace}",
+        "plant-c": f"train-delay={delay}",
+    }
+    dep, run = start_deployment(root, capture=False, node_config=paced)
     try:
         strategy = Asynchronous(FGPR(local_steps=2, batch_size=16), buffer=2, speeds="measured")
         out = root / "model"
