@@ -51,6 +51,7 @@ class BOCheckpoint(BOCallback):
     key: bytes | str | None = None
 
     def __post_init__(self) -> None:
+        self._written: int | None = None  # the iteration last written
         self.path = Path(self.path)
         if isinstance(self.every, bool) or not isinstance(self.every, int) or self.every < 1:
             raise InputError(f"BOCheckpoint(every=...) must be an int >= 1, got {self.every!r}")
@@ -58,11 +59,13 @@ class BOCheckpoint(BOCallback):
 
     # -- writing ------------------------------------------------------------------------------------
     def on_iteration(self, loop, rows) -> None:
-        if loop.iteration % self.every == 0 or loop.done:
+        if loop.iteration % self.every == 0:
             self.write(loop)
 
     def on_end(self, loop) -> None:
-        self.write(loop)
+        """The last state, whatever ``every`` skipped (written once: not again by ``on_iteration``)."""
+        if self._written != loop.iteration:
+            self.write(loop)
 
     def write(self, loop) -> Path:
         """The loop's state now, into ``path`` (the method's part first: the loop file is the mark of
@@ -82,6 +85,7 @@ class BOCheckpoint(BOCallback):
         }
         target = self.path / LOOP_FILE
         write_atomically(target, seal(pack(_FORMAT, _VERSION, header, tensors), self.key))
+        self._written = loop.iteration
         return target
 
     # -- reading ------------------------------------------------------------------------------------
