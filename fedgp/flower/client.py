@@ -14,8 +14,10 @@ engine, which commits what a task staged only for the clients whose reply is as 
 back once the reply is ready (a task that fails on the node keeps what it had). It is never in a reply;
 a ``hello`` (a new run) empties it. A node restarted mid-run has lost its context state, the kept
 values with it, and refuses the run's later tasks (no ``hello`` received): its clients fail, the other
-nodes go on. The node cannot tell whether the server counted its reply, so a reply the server drops
-later (too late, or its node dropped by secure aggregation) has still moved its clients' values on.
+nodes go on. A ``personal`` task (``FitResult.client_state``) would reply an owner's own values: a
+node answers it only where it answers predictions (``allow_predict``), which give the noise away too.
+The node cannot tell whether the server counted its reply, so a reply the server drops later (too
+late, or its node dropped by secure aggregation) has still moved its clients' values on.
 """
 
 from __future__ import annotations
@@ -110,6 +112,12 @@ def _handle(
     engine = engine.build(spec, clients, keys=int(head["first_key"]) + torch.arange(len(clients)))
     engine.prepare(from_config(json.loads(str(run["strategy"]))), int(run["seed"]))
     keeps = engine.client_strategy.keeps_client_memory
+    if keeps and task.kind == "personal" and not predict(context):
+        # Its answer is an owner's own state; a prediction would give the same away (its noise).
+        raise InputError(
+            "this node does not reveal its owners' personal hyper-parameters (a personal task); "
+            "node config: allow-predict=true"
+        )
     if keeps:  # the engine is built per message; what its clients keep is the node's
         engine.memory.update(kept_memory(context))
     held = context.state.config_records.get(_TRANSFORM)
@@ -152,7 +160,8 @@ def client_app(
     ``engine``: how the node runs its clients (``"sequential"``, or ``"batched"`` for a silo with
     many, or a config of either); ``mods``: Flower mods wrapped around every message;
     ``allow_predict``: whether the node answers ``predict`` tasks (a posterior at points the server
-    chooses), or a function of the node's context deciding it (fedgp's app: ``allow-predict`` in the
+    chooses) and, for a strategy with personal hyper-parameters, ``personal`` tasks (an owner's own
+    values), or a function of the node's context deciding it (fedgp's app: ``allow-predict`` in the
     node config, off by default).
     """
     app = ClientApp(mods=list(mods))

@@ -174,3 +174,38 @@ def test_nodes_running_their_owners_batched_keep_their_values_as_the_batched_eng
     batched = _fit(Batched(check=False), transforms=None)
     flower = _fit(Flower(num_nodes=NODES, node_engine=Batched(check=False)), transforms=None)
     assert _gap(flower, batched) == 0.0
+
+
+def test_a_node_that_answers_no_prediction_reveals_no_personal_value():
+    """With ``allow_predict=False`` (fedgp's app's default) a node trains and scores its owners under
+    their own noise but refuses a ``personal`` task, whose answer is an owner's own state; with a
+    strategy that keeps nothing on the nodes the same node still answers it (the shared state)."""
+    from fedgp.flower import client_app
+    from fedgp.flower.grid_engine import GridEngine
+    from fedgp.flower.local import LocalGrid
+
+    federation = two_noise_levels(n=25, owners=OWNERS)
+    spec = fedgp.GPSpec().for_data(list(federation))
+    shards = [list(federation)[: OWNERS // 2], list(federation)[OWNERS // 2 :]]
+    app = client_app(lambda ctx: (spec, shards[ctx.node_config["partition-id"]]), allow_predict=False)
+    contexts = {
+        node: Context(
+            run_id=0, node_id=node, node_config={"partition-id": i}, state=RecordDict(), run_config={}
+        )
+        for i, node in enumerate((1000, 1001))
+    }
+    grid = LocalGrid({node: (app, context) for node, context in contexts.items()})
+    for strategy in (PERSONAL, FGPR(local_steps=2)):
+        engine = GridEngine(grid, spec)
+        result = fedgp.fit(
+            spec, None, strategy, rounds=2, engine=engine, seed=0, transforms=None, callbacks=QUIET
+        )
+        assert len(result.evaluate()) == OWNERS
+        if strategy.personal:
+            assert all(kept_memory(context) for context in contexts.values())
+            with pytest.raises(
+                fedgp.EngineError, match="does not reveal its owners' personal.*allow-predict"
+            ):
+                result.client_state(0)
+        else:
+            assert NOISE in result.client_state(0)
