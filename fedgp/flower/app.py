@@ -214,6 +214,13 @@ class AppSettings:
                 raise InputError(f"run config 'strategy-config' is not JSON ({err})") from None
             if not isinstance(strategy, Strategy):
                 raise InputError(f"run config 'strategy-config' describes a {type(strategy).__name__}")
+            if strategy.keeps_client_memory:  # refused before any round, not after the last
+                raise InputError(
+                    "run config 'strategy-config': its owners keep personal hyper-parameters, which stay "
+                    "on their nodes; the app's model.fedgp holds the server's state only and would predict "
+                    "every owner under the initial values. Run it with fedgp.flower.server_app (state, "
+                    "history and each owner's test metrics, no model file)"
+                )
             return strategy
         settings = {
             "local-steps": "local_steps",

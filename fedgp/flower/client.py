@@ -7,6 +7,17 @@ in the ``hello`` query and the node keeps in its context state — runs the task
 message names, and replies with their outcome: individual fields, the node's sum of the summed
 fields (masked, under secure aggregation: :mod:`fedgp.flower.secagg`), failures. Only records
 cross, both ways.
+
+What the node's clients keep between tasks (:mod:`fedgp.strategies.memory`: personal
+hyper-parameters) lives in its context state too, as a record's bytes: loaded into each message's
+engine, which commits what a task staged only for the clients whose reply is as declared, and written
+back once the reply is ready (a task that fails on the node keeps what it had). It is never in a reply;
+a ``hello`` (a new run) empties it. A node restarted mid-run has lost its context state, the kept
+values with it, and refuses the run's later tasks (no ``hello`` received): its clients fail, the other
+nodes go on. A ``personal`` task (``FitResult.client_state``) would reply an owner's own values: a
+node answers it only where it answers predictions (``allow_predict``), which give the noise away too.
+The node cannot tell whether the server counted its reply, so a reply the server drops later (too
+late, or its node dropped by secure aggregation) has still moved its clients' values on.
 """
 
 from __future__ import annotations
@@ -26,15 +37,34 @@ from fedgp.errors import EngineError, InputError, MissingFileError
 from fedgp.flower.records import KIND_OF, outcome_to_content, task_from_content
 from fedgp.flower.secagg import RECORD, handle_stage, mask_reply
 from fedgp.messages import from_config, task_from_bytes, task_to_bytes
+from fedgp.messages.records import Record, record_from_bytes, record_to_bytes
 from fedgp.messages.remote import fields_from_json
 from fedgp.models.spec import GPSpec
 from fedgp.transforms import DataTransform
 
-__all__ = ["client_app", "node_engine", "npz_loader", "read_npz_clients", "save_npz_clients"]
+__all__ = ["client_app", "kept_memory", "node_engine", "npz_loader", "read_npz_clients", "save_npz_clients"]
 
 Loader = Callable[[Context], tuple[GPSpec, Sequence[ClientData]]]
 _STATE = "fedgp.run"
 _TRANSFORM = "fedgp.transform"
+_MEMORY = "fedgp.memory"
+
+
+def kept_memory(context: Context) -> dict[int, dict[str, torch.Tensor]]:
+    """What the node's clients keep between tasks, by client key (empty before any is kept)."""
+    held = context.state.config_records.get(_MEMORY)
+    if held is None:
+        return {}
+    store: dict[int, dict[str, torch.Tensor]] = {}
+    for name, value in record_from_bytes(bytes(held["record"])).tensors.items():
+        key, _, kept = name.partition("/")
+        store.setdefault(int(key), {})[kept] = value
+    return store
+
+
+def _keep_memory(context: Context, store: dict[int, dict[str, torch.Tensor]]) -> None:
+    tensors = {f"{key}/{name}": value for key, kept in store.items() for name, value in kept.items()}
+    context.state.config_records[_MEMORY] = ConfigRecord({"record": record_to_bytes(Record(tensors))})
 
 
 def node_engine(engine: str | Sequential | Batched) -> Sequential | Batched:
@@ -71,6 +101,7 @@ def _handle(
             {"strategy": str(head["strategy"]), "seed": int(head["seed"])}
         )
         context.state.config_records.pop(_TRANSFORM, None)  # a new run: the data as they are
+        context.state.config_records.pop(_MEMORY, None)  # and nothing kept by its clients
     elif task.kind == "transform":  # the run's units, held for every later message of the run
         context.state.config_records[_TRANSFORM] = ConfigRecord({"task": task_to_bytes(task)})
     if _STATE not in context.state.config_records:
@@ -80,6 +111,15 @@ def _handle(
     clients = list(clients)
     engine = engine.build(spec, clients, keys=int(head["first_key"]) + torch.arange(len(clients)))
     engine.prepare(from_config(json.loads(str(run["strategy"]))), int(run["seed"]))
+    keeps = engine.client_strategy.keeps_client_memory
+    if keeps and task.kind == "personal" and not predict(context):
+        # Its answer is an owner's own state; a prediction would give the same away (its noise).
+        raise InputError(
+            "this node does not reveal its owners' personal hyper-parameters (a personal task); "
+            "node config: allow-predict=true"
+        )
+    if keeps:  # the engine is built per message; what its clients keep is the node's
+        engine.memory.update(kept_memory(context))
     held = context.state.config_records.get(_TRANSFORM)
     if held is not None:  # the engine is built per message; the units are the run's
         units = task_from_bytes(bytes(held["task"]))
@@ -104,6 +144,8 @@ def _handle(
             {"ids": json.dumps([c.id for c in clients]), "partition": json.dumps(partition),
              "columns": json.dumps(columns)}
         )  # fmt: skip
+    if keeps and task.kind != "hello":  # the reply is ready: the node keeps what the task committed
+        _keep_memory(context, engine.memory)
     return Message(content, reply_to=message)
 
 
@@ -118,7 +160,8 @@ def client_app(
     ``engine``: how the node runs its clients (``"sequential"``, or ``"batched"`` for a silo with
     many, or a config of either); ``mods``: Flower mods wrapped around every message;
     ``allow_predict``: whether the node answers ``predict`` tasks (a posterior at points the server
-    chooses), or a function of the node's context deciding it (fedgp's app: ``allow-predict`` in the
+    chooses) and, for a strategy with personal hyper-parameters, ``personal`` tasks (an owner's own
+    values), or a function of the node's context deciding it (fedgp's app: ``allow-predict`` in the
     node config, off by default).
     """
     app = ClientApp(mods=list(mods))

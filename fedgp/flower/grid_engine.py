@@ -104,6 +104,8 @@ class GridEngine(Engine, Arrivals):
     """
 
     name = "flower"
+    #: Each node keeps its own clients' personal values in its context state (:mod:`fedgp.flower.client`).
+    keeps_client_memory = True
 
     def __init__(
         self, grid: Grid, spec: GPSpec, timeout: float | None = None, secure: SecureAggregation | None = None

@@ -136,6 +136,7 @@ class FlowerEngine(Engine, Arrivals):
     """
 
     name = "flower"
+    keeps_client_memory = True  # each node keeps its clients' values (fedgp.flower.client)
 
     def __init__(
         self,

@@ -31,10 +31,14 @@ Build = Callable[[Context], tuple[GPSpec, Strategy, dict[str, Any]]]
 def write_outputs(result: FitResult, folder: str | Path) -> None:
     """``model.fedgp`` (:meth:`FitResult.save`: what ``fedgp.load`` reads), ``state.json`` (the
     learned state, constrained values as nested lists), ``history.csv``, ``failures.csv`` and
-    ``evaluate.csv`` (per-client test metrics, if clients have test data)."""
+    ``evaluate.csv`` (per-client test metrics, if clients have test data). With personal
+    hyper-parameters (``FGPR(personal=...)``) no ``model.fedgp``: each owner's own values stay on
+    its node, and a file of the server's state would predict every owner under the initial ones;
+    ``evaluate.csv`` has each owner scored by its node under its own."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    result.save(folder / "model.fedgp")
+    if not result.strategy.keeps_client_memory:
+        result.save(folder / "model.fedgp")
     state = {k: v.tolist() for k, v in result.state.items()}
     (folder / "state.json").write_text(json.dumps(state, indent=1))
     result.history.to_csv(folder / "history.csv", index=False)

@@ -25,6 +25,8 @@ def _load(context):
 
 
 def strategy(name: str):
+    if name == "personal":  # each owner keeps its own noise on its node
+        return fedgp.strategies.FGPR(batch_size=8, local_steps=3, personal=("noise",))
     if name == "ifca":
         return fedgp.strategies.IFCA(num_clusters=2, batch_size=8, local_steps=2)
     return fedgp.strategies.FGPR(batch_size=8, local_steps=3)
@@ -40,7 +42,8 @@ def _build(context):
         "timeout": float(config.get("timeout", 60.0)),
         "callbacks": [fedgp.run.Evaluate(every=0)],
     }
-    return federation().spec, strategy(str(config.get("strategy", "fgpr"))), options
+    name = config.get("strategy", os.environ.get("FEDGP_FLOWER_STRATEGY", "fgpr"))
+    return federation().spec, strategy(str(name)), options
 
 
 clientapp = client_app(_load)

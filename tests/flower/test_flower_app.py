@@ -24,6 +24,8 @@ from fedgp.cli import main as cli  # noqa: E402
 from fedgp.errors import InputError  # noqa: E402
 from fedgp.flower import app as flower_app  # noqa: E402
 from fedgp.flower.local import LocalGrid  # noqa: E402
+from fedgp.messages import config_json  # noqa: E402
+from fedgp.strategies import FGPR  # noqa: E402
 
 OWNERS = ["plant_A", "plant_B", "plant_C", "plant_D", "plant_E", "plant_F"]
 
@@ -298,6 +300,10 @@ def test_a_warm_start_the_app_cannot_continue_is_one_line_naming_the_key(tmp_pat
         ({"secure-aggregation": "[0.6]"}, "secure-aggregation settings must be a JSON object"),
         ({"secure-aggregation": '{"threshold": 0.3}'}, "SecureAggregation.threshold must be in [0.5, 1"),
         ({"clusters": 3}, "run config 'clusters' applies to strategy 'ifca', not to 'fgpr'"),
+        (
+            {"strategy-config": config_json(FGPR(personal=("noise",)))},
+            "run config 'strategy-config': its owners keep personal hyper-parameters, which stay on their",
+        ),
     ],
 )
 def test_bad_run_config_is_refused_naming_the_key(config, message):

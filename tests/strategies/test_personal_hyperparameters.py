@@ -217,7 +217,7 @@ def test_what_cannot_keep_personal_values_refuses(tmp_path):
         fit(strategy, fed, rounds=1, callbacks=[Checkpointing(tmp_path / "c", resume=True)])
 
     class Forgetful(SequentialEngine):
-        keeps_client_memory = False  # as the Ray and Flower engines, for now
+        keeps_client_memory = False  # as the Ray engine, for now
 
     with pytest.raises(InputError, match="'sequential' engine does not keep"):
         fit(strategy, fed, Forgetful(fedgp.GPSpec(), list(fed)), rounds=1)
