@@ -5,15 +5,19 @@ ones as under FGPR, and they are in no reply. The accountant is unchanged."""
 import math
 from dataclasses import replace
 
+import gpytorch
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import fedgp
 from fedgp.engines import Sequential
 from fedgp.errors import InputError
 from fedgp.messages import Replies, ServerContext, Task
 from fedgp.run import ClientDP, Progress
+from fedgp.run.privacy import probe_context
 from fedgp.strategies import DPFGPR, FGPR
 from fedgp.strategies.private import UPDATE
 
@@ -179,5 +183,29 @@ def test_engines_agree_on_a_private_run_with_personal_values(equal):
 def test_a_strategy_with_nothing_shared_is_refused_naming_why(equal):
     spec, fed = equal
     everything = FGPR(personal=("noise", "outputscale", "lengthscale"))
-    with pytest.raises(InputError, match=r"ClientDP does not apply to FGPR\(personal=.*every trainable"):
+    refused = r"ClientDP does not apply to FGPR\(personal=.*every trainable hyper-parameter is personal"
+    with pytest.raises(InputError, match=refused):
         _fit(spec, fed, ClientDP(everything, noise=1.0, delta=1e-3))
+
+
+SPEC = fedgp.GPSpec(mean=gpytorch.means.ConstantMean()).for_data(
+    [fedgp.data.ClientData(torch.zeros(3, 1), torch.arange(3.0), id=0)]
+)
+NAMES = [p.name for p in SPEC.params]
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    chosen=st.sets(st.sampled_from(NAMES), max_size=len(NAMES) - 1), at=st.sampled_from(["server", "clients"])
+)
+def test_the_private_reply_is_every_shared_update_summed_and_no_personal_one(chosen, at):
+    """Whatever proper subset is personal, ClientDP's strategy declares a summed update of every
+    shared hyper-parameter and nothing of a personal one (the run's contract checks replies
+    against this)."""
+    shares = {"noise_shares": 2} if at == "clients" else {}
+    private = ClientDP(FGPR(personal=tuple(sorted(chosen))), noise=1.0, delta=1e-3, noise_at=at, **shares)
+    strategy = private.build(SPEC, rounds=2)
+    declared = strategy.reply_fields(probe_context(SPEC))
+    assert set(declared) == {UPDATE + n for n in NAMES if n not in chosen}
+    assert all(f.summed for f in declared.values())
+    assert strategy.personal_names(SPEC) == frozenset(chosen) and strategy.keeps_client_memory == bool(chosen)
