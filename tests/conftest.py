@@ -41,3 +41,21 @@ _hypothesis_settings.load_profile(
     os.environ.get("FEDGP_HYPOTHESIS")
     or ("ci" if os.environ.get("CI", "").strip().lower() == "true" else "dev")
 )
+
+
+@pytest.fixture
+def sent_records(monkeypatch):
+    """Every record an in-process engine turns into bytes (``loopback=True``: each message and
+    reply), in order: what would cross the wire."""
+    import fedgp.engines.base as engine_base
+
+    sent: list[bytes] = []
+    original = engine_base.record_to_bytes
+
+    def capture(record):
+        data = original(record)
+        sent.append(data)
+        return data
+
+    monkeypatch.setattr(engine_base, "record_to_bytes", capture)
+    return sent

@@ -23,6 +23,18 @@ the run (predict, evaluate, a client's state): it runs them in this process, wit
 batched engine on the driver's copy of the data and every client keyed as on the actors, so the
 numbers are the actors' (to rounding). Started again (another run), it reloads its shards, starting
 Ray if it has to.
+
+Personal hyper-parameters (``FGPR(personal=...)``): each actor keeps its clients'
+:class:`~fedgp.strategies.memory.ClientMemory` between tasks, as the batched engine does in one
+process; it never travels to the driver during the run (replies hold the shared values only). At
+:meth:`RayEngine.close` each actor hands its shard's memory to the driver, whose in-process engine
+then answers predict and a client's state with every owner's own values (in a simulation the driver
+plays every owner already: it holds their data). An actor that dies (or misses its deadline) is
+replaced, and what its clients kept is lost with it: they start again from the server's values, as
+new owners do, with a :class:`~fedgp.errors.FedGPWarning` naming them. The alternative, failing them
+for the rest of the run, would drop their data from the shared fit for a loss that concerns only
+their own values, and leave them without a model at the end; a copy on the driver would move the
+owners' values off their host during the run.
 """
 
 from __future__ import annotations
@@ -46,6 +58,7 @@ from fedgp.errors import FedGPWarning, InputError, import_extra
 from fedgp.messages import (
     Field,
     Outcome,
+    Record,
     Roster,
     Task,
     config_json,
@@ -121,6 +134,14 @@ class _Host:
             task_from_bytes(task), torch.tensor(rows, dtype=torch.long), fields_from_json(fields)
         )
         return record_to_bytes(outcome_to_record(out, engine.keys))
+
+    def memory(self, key: int) -> bytes:
+        """What the shard's clients keep (:mod:`fedgp.strategies.memory`), as a record of
+        ``"<client key>/<name>"`` tensors: asked once, when the engine closes."""
+        kept = self.engines[key].memory
+        return record_to_bytes(
+            Record({f"{k}/{n}": v for k, values in kept.items() for n, v in values.items()})
+        )
 
     def drop(self, key: int) -> None:
         self.engines.pop(key, None)
@@ -204,6 +225,7 @@ class RayEngine(Engine):
     """
 
     name = "ray"
+    keeps_client_memory = True  # on the actors (module docstring)
 
     def __init__(
         self,
@@ -261,6 +283,8 @@ class RayEngine(Engine):
             ]
             self._loaded.extend([None] * len(self.shards))
             self._strategy: str | None = None
+            self._keeps_memory = False  # the run's strategy keeps client memory (on the actors)
+            self._memory: dict[int, dict[str, torch.Tensor]] = {}  # the actors' memory, after close
             self._transform: Task | None = None
             self._modules: list[str] = []
             for i in range(len(self.shards)):
@@ -297,8 +321,8 @@ class RayEngine(Engine):
 
             local = BatchedEngine(self.spec, self.clients, self.seed, **{**self.options, "check": False})
             if self._strategy is not None:  # else its run says start must come first
-                local.seed = self.seed
-                local.client_strategy = from_config(json.loads(self._strategy))
+                local.prepare(from_config(json.loads(self._strategy)), self.seed)
+                local.memory.update(self._memory)  # what the actors' clients kept, brought back at close
             if self._transform is not None:  # the run's units, as the actors held them
                 local.run(self._transform, torch.arange(len(self.clients)), {})
             self._local = local
@@ -321,15 +345,55 @@ class RayEngine(Engine):
 
     def _host(self, i: int) -> Any:
         actor = _POOL[i] if i < len(_POOL) else None
-        return actor if actor is not None and actor is self._loaded[i] else self._load(i)
+        if actor is not None and actor is self._loaded[i]:
+            return actor
+        if self._loaded[i] is not None:  # replaced under this run (another engine's restart)
+            self._forget(i)
+        return self._load(i)
 
     def restart(self, i: int) -> None:
-        """Replace shard ``i``'s actor by a new one and reload its shard."""
+        """Replace shard ``i``'s actor by a new one and reload its shard (its clients' memory is lost)."""
         ray = _ray()
         if i < len(_POOL) and _POOL[i] is not None:
             ray.kill(_POOL[i], no_restart=True)
             _POOL[i] = None
+        self._forget(i)
         self._load(i)
+
+    def _forget(self, i: int, why: str = "was replaced") -> None:
+        """Say that shard ``i``'s clients lost what they kept (module docstring: they restart from
+        the server's values)."""
+        if not self._keeps_memory:
+            return
+        lost = [self.ids[p] for p in self.shards[i].tolist()]
+        shown = ", ".join(map(repr, lost[:5])) + (f" and {len(lost) - 5} more" if len(lost) > 5 else "")
+        warnings.warn(
+            f"Ray worker {i} {why}: the personal values its {len(lost)} clients kept are lost ({shown}); "
+            "they start again from the server's values, as new owners do",
+            FedGPWarning,
+            stacklevel=3,
+        )
+
+    def _gather_memory(self) -> None:
+        """Bring every shard's client memory to the driver (at close: the run is over)."""
+        ray = _ray()
+        self._memory = {}
+        if not self._keeps_memory:
+            return
+        for i, actor in enumerate(self._loaded):
+            if not ray.is_initialized():  # stopped under the engine (shutdown()): the actors are gone
+                self._forget(i, "was stopped before the engine closed")
+                continue
+            try:
+                record = record_from_bytes(ray.get(actor.memory.remote(self.key), timeout=self.timeout))
+            except (ray.exceptions.RayError, TimeoutError, AttributeError):
+                self._forget(i, "was lost before the engine closed")
+                if i < len(_POOL) and _POOL[i] is actor:  # the next engine starts a new one
+                    _POOL[i] = None
+                continue
+            for name, value in record.tensors.items():
+                key, _, hyper = name.partition("/")
+                self._memory.setdefault(int(key), {})[hyper] = value
 
     def kill(self, i: int) -> None:
         """Kill shard ``i``'s actor, as a crash would (for tests of failure handling)."""
@@ -342,6 +406,8 @@ class RayEngine(Engine):
             self._closed, self._local = False, None
             self._finalizer = weakref.finalize(self, _drop, self.key, self._loaded)
         self.seed, self._transform = seed, None  # registration resets the actors' units
+        # and their clients' memory: nothing kept yet, so an actor replaced since the last run loses nothing
+        self._keeps_memory, self._memory = False, {}
         self._strategy = config_json(strategy.client_view())
         self._modules = _modules(json.loads(self._strategy))
         refs = [
@@ -349,6 +415,7 @@ class RayEngine(Engine):
             for i in range(len(self.shards))
         ]
         parts = [roster_from_record(record_from_bytes(r)) for r in ray.get(refs)]
+        self._keeps_memory = strategy.keeps_client_memory
         return Roster(
             [cid for p in parts for cid in p.ids],
             torch.cat([p.sizes for p in parts]),
@@ -386,7 +453,10 @@ class RayEngine(Engine):
         """Free this engine's shards on the actors (also done when the engine is garbage collected)
         and stop Ray if this engine started it, unless ``keep_alive``. The engine still answers
         tasks afterwards, in this process (what a :class:`~fedgp.run.FitResult` asks after the
-        run); :meth:`start` brings the shards back."""
+        run), with what the clients kept brought back from the actors; :meth:`start` brings the
+        shards back."""
+        if not self._closed:
+            self._gather_memory()
         self._closed = True
         self._finalizer()
         self._stop_ray()

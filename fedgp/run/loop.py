@@ -138,7 +138,7 @@ class Run:
             raise InputError(
                 f"{type(strategy).__name__}: its clients keep values of their own between rounds "
                 f"(personal hyper-parameters), which the {self.engine.name!r} engine does not keep yet; "
-                "use engine='sequential' or 'batched'"
+                "use engine='sequential', 'batched', 'ray' or 'flower'"
             )
         if getattr(strategy, "arrival_driven", False) and not isinstance(self.engine, Arrivals):
             self.close()

@@ -98,9 +98,11 @@ def refusal(strategy: Strategy, ctx: ServerContext) -> str | None:
        its own (its plan: Poisson sampling, the same fixed weight for everyone): what it does there
        would be silently dropped;
     4. its ``aggregator`` is given: a robust rule looks at each client's reply;
-    5. it has ``personal`` hyper-parameters, which DPFGPR would clip and share as the others.
+    5. every trainable hyper-parameter is ``personal``: there is no shared update.
 
-    DPFGPR's own checks follow (the mean in raw space, no ``clients_per_round``)."""
+    Other ``personal`` hyper-parameters are covered: they stay with their owners, and DPFGPR clips and
+    noises the shared ones' update only (:mod:`fedgp.strategies.private`). DPFGPR's own checks
+    follow (the mean in raw space, no ``clients_per_round``)."""
     name = type(strategy).__name__
     declared = strategy.reply_fields(ctx)
     fgpr = FGPR().reply_fields(ctx)  # what DPFGPR replaces by the clipped update
@@ -129,11 +131,11 @@ def refusal(strategy: Strategy, ctx: ServerContext) -> str | None:
             "a robust rule looks at each client's reply (a median, Krum), which the noise on the sum does "
             "not cover; the clipping already bounds any one client's influence"
         )
-    elif strategy.personal:
+    elif strategy.personal and not set(ctx.spec.trainable_names) - strategy.personal_names(ctx.spec):
         name = f"{name}(personal={strategy.personal!r})"
         why = (
-            "DPFGPR clips and noises the update of every trainable hyper-parameter; it does not yet "
-            "leave personal ones with their owners"
+            "every trainable hyper-parameter is personal, so there is no shared update to clip and noise: "
+            "each owner trains alone (fit it without ClientDP, or leave some hyper-parameter shared)"
         )
     else:
         return None
@@ -235,7 +237,9 @@ class ClientDP:
         delta: δ; must be below 1/K (K clients), or releasing one client's data outright would be
             within the guarantee.
         clip: C, the L2 bound on a client's update per round (GPyTorch's raw parameters of the
-            standardised model; an FGPR step's update is of order ``lr`` times a per-point gradient).
+            standardised model; an FGPR step's update is of order ``lr`` times a per-point gradient),
+            over the shared hyper-parameters: personal ones stay with their owners, unreleased, so
+            C is the sensitivity the accountant assumes either way.
         noise: z, the noise multiplier (std of the noise on the sum: z C); ``None`` to calibrate.
         rate: q, each client's probability of joining a round (Poisson sampling); 1 = everyone.
             Sampling amplifies privacy: at q < 1 a round costs much less than at q = 1.

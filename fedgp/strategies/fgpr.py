@@ -96,7 +96,7 @@ class FGPR(Strategy):
             ones are averaged. An owner starts from the spec's initial values, conditions on its own
             values (``result.predict(X, client=k)``), and a new client on the initial ones, which
             the global state (``result.state``) keeps for them. Needs an engine that keeps its
-            clients' memory (``sequential``, ``batched``).
+            clients' memory (``sequential``, ``batched``, ``ray``).
     """
 
     local_steps: int | None = 1

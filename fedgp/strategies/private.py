@@ -30,6 +30,15 @@ attacks on floating-point noise (Mironov 2012).
 
 Nothing else leaves a participant during training: no loss, no size. A client's personalised
 posterior is computed on its own data and never leaves it.
+
+Personal hyper-parameters (``FGPR(personal=...)``) stay with their owners as under FGPR: each
+participant trains them with the shared ones from its own kept values and keeps the result
+(:mod:`fedgp.strategies.memory`); its reply, clipping and noise cover the *shared* hyper-parameters
+only, and the server's personal values (what a new owner starts from) never move. The accounting is
+unchanged: what is released is the noised sum of the clipped shared updates, and one client moves it
+by at most ``clip`` (the L2 bound on its shared update vector) whatever its personal values, which
+shape its update but are never released (like its posterior, they are the owner's own, outside what
+the guarantee covers).
 """
 
 from __future__ import annotations
@@ -59,7 +68,9 @@ from fedgp.messages import (
 from fedgp.models.state import HyperState
 from fedgp.rng import generator
 from fedgp.strategies.base import ClientOps, Strategy
-from fedgp.strategies.fgpr import FGPR, STATE
+from fedgp.strategies.fgpr import FGPR, STATE, _keep
+from fedgp.strategies.memory import memory_of
+from fedgp.strategies.personal import keep, with_kept
 from fedgp.strategies.server import ServerState
 
 __all__ = ["DPFGPR", "clip_updates"]
@@ -132,6 +143,15 @@ class DPFGPR(Strategy):
                 "accountant must know the sampling"
             )
 
+    @property
+    def keeps_client_memory(self) -> bool:
+        """Owners keep the inner FGPR's personal hyper-parameters between rounds."""
+        return self.inner.keeps_client_memory
+
+    def personal_names(self, spec) -> frozenset[str]:
+        """The inner FGPR's personal hyper-parameters: never clipped, noised or replied."""
+        return self.inner.personal_names(spec)
+
     # -- server -----------------------------------------------------------------------------------
     def initialize(self, ctx: ServerContext, rng: np.random.Generator) -> HyperState | ServerState:
         return self.inner.initialize(ctx, rng)
@@ -145,14 +165,16 @@ class DPFGPR(Strategy):
         return RoundPlan(participants, weights, shared=shared, replies=self.reply_fields(ctx))
 
     def reply_fields(self, ctx: ServerContext) -> dict[str, Field]:
-        """Each participant's clipped update, summed: the server sees only the sum, then noised."""
-        return state_fields(ctx.spec, UPDATE, summed=True)
+        """Each participant's clipped update of the shared hyper-parameters, summed: the server sees
+        only the sum, then noised. Personal ones are in no reply."""
+        personal = {UPDATE + name for name in self.personal_names(ctx.spec)}
+        return {k: f for k, f in state_fields(ctx.spec, UPDATE, summed=True).items() if k not in personal}
 
     def aggregate(
         self, rnd: int, server, plan: RoundPlan, replies: Replies, ctx: ServerContext
     ) -> tuple[Any, dict[str, Any]]:
         spec, theta = ctx.spec, self.global_state(server)
-        raw = spec.to_raw(theta)
+        raw, personal = spec.to_raw(theta), self.personal_names(spec)
         noise = self._noise_generator(ctx.seed, rnd)
         expected = self.rate * ctx.num_clients
         # The share of the noise's variance the server adds: all of it, or what the clients' shares lack.
@@ -163,6 +185,9 @@ class DPFGPR(Strategy):
         )
         mean = {}
         for p in spec.params:
+            if p.name in personal:  # the owners' own: no update, no noise; the server's value stays
+                mean[p.name] = raw[p.name]
+                continue
             total = replies.sums.get(f"{UPDATE}{p.name}", torch.zeros_like(raw[p.name])).to(raw[p.name])
             if (
                 p.trainable and topup > 0
@@ -171,11 +196,12 @@ class DPFGPR(Strategy):
                     total.shape, generator=noise, dtype=total.dtype
                 )
             mean[p.name] = raw[p.name] + total / expected
-        average = spec.from_raw(HyperState(mean, spec.event_shapes))
+        average = _keep(spec.from_raw(HyperState(mean, spec.event_shapes)), theta, personal)
         metrics = {"noise_topup": topup} if self.noise_at == "clients" else {}
-        if self.inner.server_optimizer is not None:
-            return self.inner.server_optimizer.step(spec, server, average), metrics
-        return average, metrics
+        if self.inner.server_optimizer is None:
+            return average, metrics
+        new = self.inner.server_optimizer.step(spec, server, average)
+        return (replace(new, theta=_keep(new.theta, theta, personal)) if personal else new), metrics
 
     def _noise_generator(self, seed: int, rnd: int) -> torch.Generator:
         if self.reproducible:
@@ -195,10 +221,22 @@ class DPFGPR(Strategy):
 
     # -- client -----------------------------------------------------------------------------------
     def local_update(self, ops: ClientOps, task: Task) -> dict[str, torch.Tensor]:
+        """Train from the broadcast state (with the owner's own personal values, which it keeps);
+        reply the clipped update of the shared hyper-parameters, plus a noise share with
+        ``noise_at="clients"``."""
         start = read_state(task.shared.tensors, ops.spec, STATE).expand(len(ops.indices))
+        personal = self.personal_names(ops.spec)
+        if personal:
+            memory = memory_of(ops)
+            start = with_kept(start, personal, memory)
         trained = ops.train(start, self.inner.local_training(task.round)).states
+        if personal:
+            keep(trained, personal, memory)
         before, after = ops.spec.to_raw(start), ops.spec.to_raw(trained)
-        delta = HyperState({k: after[k] - before[k] for k in after}, ops.spec.event_shapes)
+        shared = [k for k in after if k not in personal]
+        delta = HyperState(
+            {k: after[k] - before[k] for k in shared}, {k: ops.spec.event_shapes[k] for k in shared}
+        )
         clipped, _ = clip_updates(delta, self.clip)
         if self.noise_at == "clients" and self.noise > 0:
             clipped = self._noise_share(clipped, ops, task.round)

@@ -16,6 +16,9 @@ import torch
 
 import fedgp
 from fedgp.engines import Batched, Ray
+from fedgp.engines.sequential import SequentialEngine
+from fedgp.run import Progress
+from fedgp.run.exchange import ask
 from fedgp.testing import EngineContract
 
 if os.environ.get("CI", "").strip().lower() == "true":
@@ -115,6 +118,174 @@ def test_more_workers_than_cores_warns_with_the_count(user_ray, monkeypatch):
     monkeypatch.setattr("os.cpu_count", lambda: 1)
     with pytest.warns(fedgp.errors.FedGPWarning, match=r"num_workers=2\) on a machine with 1 CPUs"):
         RayEngine(draws.spec, draws.federation, num_workers=2)
+
+
+# -- personal hyper-parameters: each actor keeps its clients' memory ----------------------------------------
+NOISE = "likelihood.noise_covar.noise"
+PERSONAL = fedgp.strategies.FGPR(batch_size=8, local_steps=2, personal=("noise",))
+
+
+def _personal_fit(draws, engine, rounds=4, callbacks=()):
+    """A personal-noise fit; each round's per-client states (asked of the clients, as a result asks)
+    are recorded in the result's ``per_round``."""
+    per_round = []
+
+    def record(run):
+        out = ask(run, "personal", torch.arange(len(draws.federation)))
+        per_round.append({k: v.clone() for k, v in out.individual.items()})
+
+    result = fedgp.fit(draws.spec, draws.federation, PERSONAL, engine=engine, rounds=rounds, seed=4,
+                       callbacks=[Progress(False), record, *callbacks])  # fmt: skip
+    result.per_round = per_round
+    return result
+
+
+def _assert_same_personal_fit(result, reference, draws, rtol=1e-8):
+    """Every round's shared state (history) and every client's state, the final predictions."""
+    columns = [c for c in reference.history if c in reference.state]
+    pd.testing.assert_frame_equal(result.history[columns], reference.history[columns], rtol=rtol)
+    assert len(result.per_round) == len(reference.per_round)
+    for ours, ref in zip(result.per_round, reference.per_round):
+        assert set(ours) == set(ref)
+        for name in ref:
+            torch.testing.assert_close(ours[name], ref[name], rtol=rtol, atol=1e-12)
+    X = torch.linspace(-0.5, 1.5, 7, dtype=torch.float64)[:, None]
+    for client in range(len(draws.federation)):
+        for a, b in zip(result.predict(X, client, True), reference.predict(X, client, True)):
+            torch.testing.assert_close(a, b, rtol=rtol, atol=1e-12)
+        torch.testing.assert_close(result.client_state(client)[NOISE], reference.client_state(client)[NOISE],
+                                   rtol=rtol, atol=1e-12)  # fmt: skip
+
+
+def test_personal_noise_on_ray_is_the_sequential_fit_every_round_and_after_close(user_ray):
+    """FGPR(personal=("noise",)): the actors keep each owner's noise between rounds, so every round's
+    states and the predictions after fit (the engine closed by fit: the memory came back to the
+    driver) are the sequential engine's; each owner's noise is its own."""
+    draws = _draws()
+    reference = _personal_fit(draws, "sequential")
+    result = _personal_fit(draws, Ray(num_workers=2, shard=Batched(compiled=False)))
+    _assert_same_personal_fit(result, reference, draws)
+    assert len({float(result.client_state(k)[NOISE]) for k in range(6)}) == 6
+    assert result.state[NOISE] == draws.spec.initial_state()[NOISE]  # the server never learns them
+
+
+def test_the_memory_stays_on_the_actors_until_the_engine_closes(user_ray):
+    """During the run the driver holds no client's personal values; predictions of the open engine
+    (on the actors) and of the closed one (in the driver, with the memory brought back) agree."""
+    from fedgp.engines.ray import RayEngine
+
+    draws = _draws()
+    engine = RayEngine(draws.spec, draws.federation, num_workers=2, shard={"compiled": False})
+    on_driver = []
+    result = _personal_fit(
+        draws, engine, rounds=3, callbacks=[lambda run: on_driver.append(dict(engine._memory))]
+    )
+    assert on_driver == [{}] * 3 and engine._local is None
+    X = torch.linspace(0, 1, 5, dtype=torch.float64)[:, None]
+    on_actors = [result.predict(X, k) for k in range(6)]
+    engine.close()
+    assert sorted(engine._memory) == list(range(6)) and all(
+        set(m) == {NOISE} for m in engine._memory.values()
+    )
+    for k in range(6):
+        for ours, ref in zip(result.predict(X, k), on_actors[k]):
+            torch.testing.assert_close(ours, ref, rtol=1e-8, atol=1e-12)
+    _assert_same_personal_fit(result, _personal_fit(draws, "sequential", rounds=3), draws)
+
+
+class _Crashing(SequentialEngine):
+    """The sequential engine with a dead Ray worker's effect: after ``crash()`` the next task fails
+    the ``lost`` clients, and they have lost what they kept."""
+
+    def crash(self, lost):
+        self.lost = lost
+        for key in lost:
+            self.memory.pop(key, None)
+
+    def run(self, task, clients, fields):
+        lost, self.lost = getattr(self, "lost", []), []
+        hit = torch.isin(clients, torch.tensor(lost, dtype=torch.long))
+        out = super().run(task, clients[~hit], fields)
+        out.failures.update(dict.fromkeys(clients[hit].tolist(), "worker 0 lost"))
+        return out
+
+
+def test_a_dead_workers_clients_lose_their_personal_values_and_restart_from_the_servers(user_ray):
+    """A worker killed after round 1: its clients fail round 2 and, their memory gone with the actor,
+    train from the server's values again (the docstring's choice), with a warning naming them; the
+    run equals the sequential engine's where those clients fail round 2 and forget what they kept."""
+    from fedgp.engines.ray import RayEngine
+
+    draws = _draws()
+    engine = RayEngine(draws.spec, draws.federation, num_workers=2, shard={"compiled": False})
+    lost = engine.shards[0].tolist()
+    reference_engine = _Crashing(draws.spec, list(draws.federation))
+
+    def crash(which):
+        def after_round_1(run):
+            if run.completed == 1:
+                which()
+
+        return after_round_1
+
+    with pytest.warns(
+        fedgp.errors.FedGPWarning, match=r"worker 0 was replaced: the personal values its 3 clients"
+    ):
+        result = _personal_fit(draws, engine, callbacks=[crash(lambda: engine.kill(0))])
+    reference = _personal_fit(
+        draws, reference_engine, callbacks=[crash(lambda: reference_engine.crash(lost))]
+    )
+    engine.close()
+    assert result.history["failed"].tolist() == reference.history["failed"].tolist() == [0, 3, 0, 0]
+    _assert_same_personal_fit(result, reference, draws)
+    unbroken = _personal_fit(draws, "sequential")
+    for k in lost:  # what they kept mattered: without the crash they end elsewhere
+        assert not torch.allclose(result.client_state(k)[NOISE], unbroken.client_state(k)[NOISE], rtol=1e-6)
+
+
+def test_a_worker_lost_before_close_leaves_its_clients_the_servers_values(user_ray):
+    """The memory comes back at close from the actors alive then; a dead one's clients answer
+    under the server's values afterwards (with a warning), the others under their own."""
+    from fedgp.engines.ray import RayEngine
+
+    draws = _draws()
+    engine = RayEngine(draws.spec, draws.federation, num_workers=2, shard={"compiled": False})
+    result = _personal_fit(draws, engine, rounds=2)
+    before = [result.client_state(k)[NOISE] for k in range(6)]
+    engine.kill(0)
+    with pytest.warns(fedgp.errors.FedGPWarning, match="worker 0 was lost before the engine closed"):
+        engine.close()
+    lost = engine.shards[0].tolist()
+    for k in range(6):
+        now = result.client_state(k)[NOISE]
+        if k in lost:
+            assert torch.equal(now, result.state[NOISE]) and not torch.equal(now, before[k])
+        else:
+            assert torch.equal(now, before[k])
+
+
+def test_a_private_run_with_personal_noise_on_ray_is_the_sequential_one(user_ray):
+    """ClientDP(FGPR(personal=...)), the noise drawn from the seed by the clients: the actors' owners
+    keep their own noise and draw the sequential engine's shares."""
+    draws = _draws()
+    private = fedgp.run.ClientDP(PERSONAL, noise=0.7, rate=0.8, delta=1e-3, reproducible=True,
+                                 noise_at="clients", noise_shares=2)  # fmt: skip
+    runs = [
+        fedgp.fit(
+            draws.spec,
+            draws.federation,
+            private,
+            engine=engine,
+            rounds=3,
+            seed=4,
+            callbacks=[Progress(False)],
+        )
+        for engine in ("sequential", Ray(num_workers=2, shard=Batched(compiled=False)))
+    ]
+    assert runs[0].state.max_relative_difference(runs[1].state) < 1e-8
+    for k in range(6):
+        torch.testing.assert_close(runs[1].client_state(k)[NOISE], runs[0].client_state(k)[NOISE],
+                                   rtol=1e-8, atol=1e-12)  # fmt: skip
 
 
 # -- Ray's lifetime ----------------------------------------------------------------------------------------

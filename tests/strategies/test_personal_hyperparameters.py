@@ -16,13 +16,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import fedgp
-import fedgp.engines.base as engine_base
 from fedgp.data import ClientData, Federation
 from fedgp.engines import Sequential
 from fedgp.engines.sequential import SequentialEngine
 from fedgp.errors import CheckpointError, InputError
 from fedgp.messages import ServerContext
-from fedgp.run import Checkpointing, ClientDP, Progress
+from fedgp.run import Checkpointing, Progress
 from fedgp.strategies import FGPR
 from fedgp.strategies.personal import ALIASES
 from fedgp.testing.engine import Saboteur
@@ -87,18 +86,10 @@ def _floats(t: torch.Tensor) -> list[bytes]:
     return [struct.pack("<d", v) for v in t.detach().to(torch.float64).flatten().tolist()]
 
 
-def test_no_reply_holds_a_personal_value(monkeypatch):
+def test_no_reply_holds_a_personal_value(sent_records):
     """Through bytes (loopback), no reply names a personal field or holds a personal value's
     bytes, while the shared values are there."""
-    sent: list[bytes] = []
-    original = engine_base.record_to_bytes
-
-    def capture(record):
-        data = original(record)
-        sent.append(data)
-        return data
-
-    monkeypatch.setattr(engine_base, "record_to_bytes", capture)
+    sent = sent_records
     fed = two_noise_levels(n=25, owners=4)
     engine = Sequential(loopback=True).build(fedgp.GPSpec(), list(fed), 0)
     strategy = FGPR(local_steps=2, personal=("noise", "outputscale"))
@@ -211,13 +202,11 @@ def test_what_cannot_keep_personal_values_refuses(tmp_path):
     result = fit(strategy, fed, rounds=1)
     with pytest.raises(InputError, match="personal hyper-parameters"):
         result.save(tmp_path / "model.fedgp")
-    with pytest.raises(InputError, match="ClientDP does not apply.*personal"):
-        fit(ClientDP(strategy, clip=1.0, noise=1.0, rate=1.0, reproducible=True), fed, rounds=1)
     with pytest.raises(CheckpointError, match="personal hyper-parameters"):
         fit(strategy, fed, rounds=1, callbacks=[Checkpointing(tmp_path / "c", resume=True)])
 
     class Forgetful(SequentialEngine):
-        keeps_client_memory = False  # as the Ray engine, for now
+        keeps_client_memory = False  # as an engine that keeps no client memory
 
     with pytest.raises(InputError, match="'sequential' engine does not keep"):
         fit(strategy, fed, Forgetful(fedgp.GPSpec(), list(fed)), rounds=1)

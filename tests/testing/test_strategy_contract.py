@@ -10,6 +10,7 @@ import torch
 from fedgp.aggregators import CoordinateMedian
 from fedgp.models import GPSpec, ZeroKernel
 from fedgp.strategies import (
+    DPFGPR,
     FGPR,
     IFCA,
     FederatedClustering,
@@ -44,6 +45,20 @@ class TestFGPRPersonalContract(StrategyContract):
 
     strategy = FGPR(local_steps=2, batch_size=8, personal=("noise", "covar_module.raw_outputscale"))
     expected_replies = TRAINED
+
+
+class TestDPFGPRPersonalContract(StrategyContract):
+    """Client-level DP with personal noise and outputscale: only the shared update, clipped, summed."""
+
+    strategy = DPFGPR(
+        FGPR(local_steps=2, batch_size=8, personal=("noise", "covar_module.raw_outputscale")),
+        clip=0.5,
+        noise=0.5,
+        reproducible=True,
+        noise_at="clients",
+        noise_shares=2,
+    )
+    expected_replies = {"update/*": "summed"}
 
 
 class TestIFCAModelAveragingContract(StrategyContract):
