@@ -178,3 +178,13 @@ def test_engine_auto_picks_the_batched_engine_for_a_multi_output_spec(owners):
         spec = SPECS[name]()
         assert batched_path_reason(spec.for_data(owners), owners.n_features) is None
         assert isinstance(fedgp.engines.auto_engine(spec, list(owners)), fedgp.engines.Batched)
+
+
+def test_float32_minibatches_stay_close_to_float64(owners):
+    """The Hadamard path in float32 minibatches (states and optimiser stay float64)."""
+    spec, strategy = SPECS["icm-output-noise"](), FGPR(local_steps=3, batch_size=8)
+    exact = fedgp.fit(spec, owners, strategy, engine="sequential", rounds=2, seed=0)
+    single = fedgp.engines.Batched(minibatch_dtype=torch.float32)
+    approx = fedgp.fit(spec, owners, strategy, engine=single, rounds=2, seed=0)
+    assert approx.state["task_covar_module.covar_factor"].dtype == torch.float64
+    assert exact.state.max_relative_difference(approx.state) < 1e-3
