@@ -18,17 +18,18 @@ other kernels, for matrices that need jitter, for GPUs without the fused round, 
 reference the compiled paths are tested against.
 
 It computes exactly what the sequential engine computes (same minibatches, same optimiser,
-float64): tests hold the two engines to 1e-8. Unequal client sizes are handled by padding with
-an identity block (exact: it adds nothing to the log-determinant or the quadratic form) and
-unequal step counts by masking the optimiser step. Clients are processed in chunks, so memory is
-bounded whatever the number of clients; full-data evaluations are further grouped by size under a
-memory budget. GPyTorch priors enter the loss as in the sequential engine (``BatchedGP.nll``) and
-``active_dims`` are applied as GPyTorch's ``Kernel.__call__`` does. At construction the engine
-checks itself against GPyTorch on a random case; a spec it cannot reproduce (another likelihood,
-e.g. ``FixedNoiseGaussianLikelihood``, or a kernel whose ``forward`` does not broadcast over
-parameter batches) is evaluated client by client with GPyTorch instead
-(:class:`~fedgp.engines.per_client.PerClientOps`), with a one-time warning: the sequential
-engine's numbers, without the speed-up.
+float64): tests hold the two engines to 1e-8. Unequal client sizes are handled by padding with an
+identity block (exact: it adds nothing to the log-determinant or the quadratic form) and unequal
+step counts by masking the optimiser step. Clients are processed in chunks, so memory is bounded
+whatever the number of clients; full-data evaluations are further grouped by size under a memory
+budget. GPyTorch priors enter the loss as in the sequential engine (``BatchedGP.nll``) and
+``active_dims`` are applied as GPyTorch's ``Kernel.__call__`` does; a multi-output spec has a
+tensor path of its own (:mod:`fedgp.engines.hadamard_gp`). At construction the engine checks
+itself against GPyTorch on a random case; a spec it cannot reproduce (another likelihood, e.g.
+``FixedNoiseGaussianLikelihood``, or a kernel whose ``forward`` does not broadcast over parameter
+batches) is evaluated client by client with GPyTorch instead
+(:class:`~fedgp.engines.per_client.PerClientOps`), with a one-time warning: the sequential engine's
+numbers, without the speed-up.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ from fedgp.data.client import ClientData
 from fedgp.engines import cpus, rounds
 from fedgp.engines import fused as fused_round
 from fedgp.engines.base import InProcessEngine
+from fedgp.engines.hadamard_gp import batched_gp, case_inputs, task_columns
 from fedgp.engines.per_client import PerClientOps, predict_alone
 from fedgp.engines.sequential import SequentialOps
 from fedgp.engines.tensor_gp import NOISE, BatchedGP, cholesky
@@ -167,7 +169,7 @@ class BatchedEngine(InProcessEngine):
 
     def abandoned(self) -> None:
         """A cut-off task may still use the GPyTorch model and modules: later tasks get new ones."""
-        self.model, self.gp = None, self.gp and BatchedGP(self.spec, self.gp.compiled).to(self.device)
+        self.model, self.gp = None, self.gp and batched_gp(self.spec, self.gp.compiled).to(self.device)
 
     def ops(self, clients: torch.Tensor, rnd: int) -> BatchedOps | PerClientOps:
         if self.gp is None:
@@ -451,6 +453,7 @@ class BatchedOps:
                 lengths = torch.tensor([len(t) for t in tests])
                 Xs = torch.nn.utils.rnn.pad_sequence(tests, batch_first=True).to(X.device)
             else:
+                self.gp.check_rows(X_new, "predict: X_new")
                 Xs = torch.as_tensor(X_new, dtype=X.dtype, device=X.device).expand(len(clients), *X_new.shape)
                 lengths = torch.full((len(clients),), X_new.shape[0])
             sub = {k: v[group.to(X.device)] for k, v in raw.items()}
@@ -461,7 +464,7 @@ class BatchedOps:
                 n = int(lengths[j])
                 joint = None if cov is None else cov[j, :n, :n].clone()
                 out[pos] = Prediction(
-                    mean[j, :n].clone(), var_f[j, :n].clone(), var_f[j, :n] + noise[j], joint
+                    mean[j, :n].clone(), var_f[j, :n].clone(), var_f[j, :n] + noise[j, :n], joint
                 )
         return out  # type: ignore[return-value]
 
@@ -481,7 +484,7 @@ class BatchedOps:
         prior = self.gp.kernel(raw, Xs - shift, Xs - shift, diag=True)
         var_f = (prior - (V * V).sum(-2)).clamp_min(0.0)
         cov = self.gp.kernel(raw, Xs, Xs) - V.transpose(-1, -2) @ V if full_cov else None
-        return mean, var_f, self.gp.noise_variance(raw).unsqueeze(-1), cov
+        return mean, var_f, self.gp.row_noise(raw, Xs), cov
 
 
 def batched_path_reason(spec: GPSpec, d: int, compiled: bool | None = None) -> str | None:
@@ -490,7 +493,7 @@ def batched_path_reason(spec: GPSpec, d: int, compiled: bool | None = None) -> s
     if spec.variational:
         return "a sparse variational GP (VariationalGPSpec) runs client by client with GPyTorch"
     try:
-        BatchedGP(spec, compiled)
+        batched_gp(spec, compiled)
         check_against_gpytorch(spec, compiled=compiled, d=d)
     except UnsupportedSpec as err:
         return str(err)
@@ -503,7 +506,7 @@ def _batched_gp(spec: GPSpec, compiled: bool | None, check: bool, d: int, device
     reason = batched_path_reason(spec, d, compiled) if check or spec.variational else None
     if reason is None:
         try:
-            return BatchedGP(spec, compiled).to(device)
+            return batched_gp(spec, compiled).to(device)
         except UnsupportedSpec as err:
             reason = str(err)
     if compiled:
@@ -525,13 +528,9 @@ def check_against_gpytorch(
     gradients on a random case with ``d`` input features for this spec (guards against kernels
     whose ``forward`` does not broadcast over parameter batches, priors it cannot read ...)."""
     g = torch.Generator().manual_seed(seed)
-    d = _input_dim(spec) if d is None else d
+    d = _input_dim(spec) + task_columns(spec) if d is None else d
     clients = [
-        ClientData(
-            torch.rand(n, d, generator=g, dtype=torch.float64),
-            torch.randn(n, generator=g, dtype=torch.float64),
-            id=i,
-        )
+        ClientData(case_inputs(spec, n, d, g), torch.randn(n, generator=g, dtype=torch.float64), id=i)
         for i, n in enumerate((7, 5))
     ]
     raw = spec.to_raw(spec.initial_state())

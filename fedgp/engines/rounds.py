@@ -13,6 +13,7 @@ import importlib.util
 import torch
 
 from fedgp.engines import compiled, fused
+from fedgp.engines.hadamard_gp import MULTI_OUTPUT_NOT_FUSED
 from fedgp.errors import InputError
 
 __all__ = ["choose", "local_round"]
@@ -32,6 +33,8 @@ def choose(
     cpu = device.type == "cpu"
     if gp is None:
         why = "the spec runs client by client with GPyTorch"
+    elif getattr(gp, "multi_output", False):
+        why = MULTI_OUTPUT_NOT_FUSED
     elif cpu and not compiled.available():
         why = "numba is not installed"
     elif cpu and not gp.compiled:

@@ -23,7 +23,15 @@ from fedgp.errors import FactorizationError, InputError, UnsupportedSpec
 from fedgp.models.objective import CHOLESKY_JITTER, CHOLESKY_MAX_TRIES
 from fedgp.models.spec import ExactGPModel, GPSpec
 
-__all__ = ["BatchedGP", "StationaryGram", "GaussianNLL", "cholesky", "stationary_fast_path", "NOISE"]
+__all__ = [
+    "BatchedGP",
+    "StationaryGram",
+    "GaussianNLL",
+    "cholesky",
+    "stationary_fast_path",
+    "stationary_kernel",
+    "NOISE",
+]
 
 #: The raw name of a GaussianLikelihood's homoskedastic noise, the one noise the tensor path models.
 NOISE = "likelihood.noise_covar.raw_noise"
@@ -108,20 +116,23 @@ def stationary_fast_path(spec: GPSpec) -> tuple[str | None, str, float | None] |
     """``(outputscale name or None, lengthscale name, ν or None)`` when the kernel is a (scaled)
     RBF or Matérn-3/2, -5/2 without active_dims; else ``None`` (GPyTorch's forward). Priors are
     added to the loss separately (:meth:`BatchedGP.nll`)."""
-    kernel = spec.kernel
-    scale = None
+    return stationary_kernel(spec.kernel)
+
+
+def stationary_kernel(kernel, prefix: str = "covar_module.") -> tuple[str | None, str, float | None] | None:
+    """:func:`stationary_fast_path` for one kernel module whose state names start with ``prefix``
+    (a multi-output spec's input kernels: ``covar_module.`` or ``covar_module.kernels.<q>.``)."""
+    outer, scale = kernel, None
     if type(kernel) is gpytorch.kernels.ScaleKernel:
-        scale, kernel = "covar_module.outputscale", kernel.base_kernel
-        prefix = "covar_module.base_kernel."
-    else:
-        prefix = "covar_module."
+        scale, kernel = prefix + "outputscale", kernel.base_kernel
+        prefix = prefix + "base_kernel."
     if type(kernel) is gpytorch.kernels.RBFKernel:
         nu = None
     elif type(kernel) is gpytorch.kernels.MaternKernel and kernel.nu in (1.5, 2.5):
         nu = kernel.nu
     else:
         return None
-    if any(getattr(m, "active_dims", None) is not None for m in spec.kernel.modules()):
+    if any(getattr(m, "active_dims", None) is not None for m in outer.modules()):
         return None
     return scale, prefix + "lengthscale", nu
 
@@ -135,7 +146,7 @@ class BatchedGP:
             raise UnsupportedSpec(
                 f"its tensor path evaluates mean(x) and kernel(x, x') of an ExactGPModel; this spec builds "
                 f"a {type(model).__name__} (a multi-output spec's kernel multiplies a task covariance "
-                "indexed by X's last column, which the tensor path does not read)"
+                "indexed by X's last column: fedgp.engines.hadamard_gp.HadamardBatchedGP evaluates it)"
             )
         if type(model.likelihood) is not gpytorch.likelihoods.GaussianLikelihood or NOISE not in {
             p.raw_name for p in spec.params
@@ -144,19 +155,23 @@ class BatchedGP:
                 "its tensor path supports GaussianLikelihood with one homoskedastic noise; "
                 f"got {type(model.likelihood).__name__}"
             )
-        self.spec = spec
-        self.module = _MeanKernel(model)
-        self.has_priors = any(True for _ in self.module.named_priors())
-        for p in self.module.parameters():
-            p.requires_grad_(False)
-        self.noise = next(p for p in spec.params if p.raw_name == NOISE)
-        self.parameter_free_mean = not any(True for _ in self.module.mean_module.parameters())
+        self._adopt(spec, _MeanKernel(model))
         self.fast = stationary_fast_path(spec)
         if compiled and (self.fast is None or not compiled_step.available()):
             why = "numba is not installed" if self.fast is not None else "the kernel is not RBF/Matérn"
             raise InputError(f"compiled=True needs an RBF or Matérn kernel and numba; {why}")
         # The compiled minibatch step (fedgp.engines.compiled) by default wherever it applies.
         self.compiled = self.fast is not None and compiled_step.available() and compiled is not False
+
+    def _adopt(self, spec: GPSpec, module: gpytorch.Module) -> None:
+        """Evaluate ``spec`` through ``module`` (its modules under the model's names), frozen: the
+        parameters come from the state each call."""
+        self.spec, self.module = spec, module
+        self.has_priors = any(True for _ in module.named_priors())
+        for p in module.parameters():
+            p.requires_grad_(False)
+        self.noise = next(p for p in spec.params if p.raw_name == NOISE)
+        self.parameter_free_mean = not any(True for _ in module.mean_module.parameters())
 
     def to(self, device: torch.device) -> BatchedGP:
         """The modules' buffers (priors' parameters, active_dims) moved to ``device``; returns self."""
@@ -214,12 +229,24 @@ class BatchedGP:
             K = self.kernel(raw, X, X) + noise.reshape(-1, 1, 1) * torch.eye(
                 X.shape[-2], dtype=X.dtype, device=X.device
             )
-        n = X.shape[-2]
-        eye = torch.eye(n, dtype=X.dtype, device=X.device)
-        if mask is not None:
-            pair = mask.unsqueeze(-1) & mask.unsqueeze(-2)
-            K = torch.where(pair, K, eye)
-        return K
+        return self.pad_identity(K, mask)
+
+    @staticmethod
+    def pad_identity(K: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        """``K`` with the padded rows/columns (``mask`` False) replaced by the identity's: exact, they
+        add nothing to the log-determinant or the quadratic form."""
+        if mask is None:
+            return K
+        eye = torch.eye(K.shape[-1], dtype=K.dtype, device=K.device)
+        return torch.where(mask.unsqueeze(-1) & mask.unsqueeze(-2), K, eye)
+
+    def row_noise(self, raw: dict[str, torch.Tensor], X: torch.Tensor) -> torch.Tensor:
+        """``(rows, n)`` observation-noise variance at each of the rows ``X`` (one noise per row here)."""
+        return self.noise_variance(raw).unsqueeze(-1).expand(-1, X.shape[-2])
+
+    def check_rows(self, X: torch.Tensor, where: str) -> None:
+        """Refuse inputs this GP cannot read, naming ``where`` (a multi-output GP checks the output
+        column); nothing to check for one output."""
 
     def nll(self, raw, X, y, mask, client_ids) -> torch.Tensor:
         """Per-point exact NLL ``-log p(y | X) / n - w log p(θ)`` per row (padded points excluded;

@@ -4,6 +4,7 @@ own Hadamard multitask model, and federated on owners that miss outputs."""
 from __future__ import annotations
 
 import math
+import warnings
 
 import gpytorch
 import pytest
@@ -14,6 +15,8 @@ from hypothesis import strategies as st
 import fedgp
 from fedgp.data.client import ClientData, Federation
 from fedgp.data.outputs import long_form, outputs_client
+from fedgp.engines.batched import BatchedEngine
+from fedgp.engines.hadamard_gp import HadamardBatchedGP
 from fedgp.engines.tensor_gp import BatchedGP
 from fedgp.errors import FedGPWarning, InputError, InputTypeError, UnsupportedSpec
 from fedgp.models.multioutput import MultiOutputSpec, output_rows
@@ -367,16 +370,20 @@ def test_federated_owners_learn_the_outputs_correlation_and_predict_what_they_la
     assert sum(nll_all) / 4 < sum(nll_independent) / 4 - 0.5
 
 
-def test_batched_engine_runs_a_multi_output_spec_client_by_client():
-    """The batched engine's tensor path does not read the output column: it refuses the spec (so even
-    Batched(check=False) cannot compute the wrong kernel), says why, and gives the sequential result."""
+def test_batched_engine_runs_a_multi_output_spec_as_one_program():
+    """The single-output tensor path does not read the output column: it refuses the spec (so even
+    Batched(check=False) cannot compute the wrong kernel); the batched engine evaluates it with the
+    Hadamard tensor path instead (no client-by-client fallback) and gives the sequential result
+    (tests/engines/test_batched_multioutput.py holds the rest)."""
     spec = MultiOutputSpec(gpytorch.kernels.RBFKernel(), outputs=2)
     with pytest.raises(UnsupportedSpec, match="HadamardGPModel"):
         BatchedGP(spec)
     fed = _correlated_owners()
     sequential = fedgp.fit(spec, fed, rounds=3, engine="sequential", seed=0)
-    with pytest.warns(FedGPWarning, match="client by client"):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FedGPWarning)
         batched = fedgp.fit(spec, fed, rounds=3, engine="batched", seed=0)
+    assert isinstance(BatchedEngine(spec, fed, 0).gp, HadamardBatchedGP)
     assert batched.state.allclose(sequential.state, rtol=1e-10)
 
 
