@@ -1,0 +1,284 @@
+"""Personal hyper-parameters through the doors that save: ``FitResult.save``/``fedgp.load``,
+``Checkpointing(resume=True)`` and the engine's memory read out and put back (issue 52, item 2)."""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import fedgp
+from fedgp.data import ClientData
+from fedgp.engines.base import Engine
+from fedgp.engines.sequential import SequentialEngine
+from fedgp.errors import CheckpointError, EngineError, InputError, UnknownClientError
+from fedgp.experiments.owner_scale import OWN_SD, scale_spec
+from fedgp.messages.container import unpack, unseal
+from fedgp.run import Checkpointing, Progress
+from fedgp.run.checkpoint import load_checkpoint, save_checkpoint
+from fedgp.run.saved import VERSION, WITH_PERSONAL
+from fedgp.strategies import FGPR, Asynchronous
+from tests.export.test_file_bounds import refused, reseal
+from tests.strategies.test_personal_hyperparameters import NOISE, OUTPUTSCALE, two_noise_levels
+
+QUIET = [Progress(False)]
+PERSONAL = FGPR(local_steps=2, batch_size=16, personal=("noise", "outputscale"))
+
+
+def fit(federation, strategy=PERSONAL, engine="sequential", rounds=3, callbacks=(), **options):
+    return fedgp.fit(
+        fedgp.GPSpec(), federation, strategy=strategy, rounds=rounds, engine=engine, seed=0,
+        transforms=None, callbacks=[*QUIET, *callbacks], **options,
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def fed():
+    return two_noise_levels(n=20, owners=4)
+
+
+@pytest.fixture(scope="module")
+def fitted(fed):
+    return fit(
+        fed, FGPR(local_steps=2, batch_size=16, personal=("noise", "outputscale"), clients_per_round=3)
+    )
+
+
+@pytest.fixture(scope="module")
+def saved(fitted, tmp_path_factory):
+    return fitted.save(tmp_path_factory.mktemp("personal") / "model.fedgp")
+
+
+def header_of(path: Path) -> dict:
+    header, _ = unpack(
+        unseal(path.read_bytes(), str(path)), "fit-result", (VERSION, WITH_PERSONAL), str(path)
+    )
+    return header
+
+
+def test_a_loaded_model_predicts_every_owner_bit_for_bit_as_the_fitted_one(fed, fitted, saved):
+    loaded = fedgp.load(saved)
+    assert header_of(saved)["version"] == WITH_PERSONAL
+    kept = fitted.personal_values()
+    assert 0 < len(kept) and set(kept) == set(loaded.personal_values())
+    X = torch.linspace(0, 4, 7, dtype=torch.float64)[:, None]
+    for k, owner in enumerate(fed):
+        a, b = fitted.posterior(X, k), loaded.posterior(X, owner)
+        assert torch.equal(a.mean, b.mean) and torch.equal(a.variance(True), b.variance(True)), owner.id
+        assert loaded.client_state(owner) == fitted.client_state(k)
+    differ = {float(v[NOISE]) for v in kept.values()}
+    assert len(differ) == len(kept)  # each owner its own: not the shared value read back
+    # another id is a new client: the initial values, as the fitted model gives a new client
+    new = ClientData(fed[0].X, fed[0].y, id="new")
+    assert loaded.client_state(new)[NOISE] == fitted.client_state(new)[NOISE] == fitted.state[NOISE]
+    again = fedgp.load(loaded.save(saved.parent / "again.fedgp"))
+    assert all(torch.equal(again.personal_values()[o][n], kept[o][n]) for o in kept for n in kept[o])
+
+
+def test_the_owner_scale_model_round_trips_on_the_batched_engine(tmp_path):
+    """``personal=("scale",)`` under each owner's own sd, fitted on the batched engine (its
+    predictions computed by its batched path): the loaded model's agree to 1e-12."""
+    fed = two_noise_levels(n=20, owners=4)
+    result = fedgp.fit(
+        scale_spec(), fed, FGPR(local_steps=2, personal=("scale",)), rounds=3, engine="batched", seed=0,
+        transforms=OWN_SD, callbacks=QUIET,
+    )  # fmt: skip
+    loaded = fedgp.load(result.save(tmp_path / "scale.fedgp"))
+    X = torch.linspace(0, 4, 5, dtype=torch.float64)[:, None]
+    for k, owner in enumerate(fed):
+        a, b = result.predict(X, k, observation_noise=True), loaded.predict(X, owner, observation_noise=True)
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+
+
+def test_a_plain_model_still_writes_the_earlier_version(fed, tmp_path):
+    plain = fit(fed, FGPR(local_steps=2), rounds=1)
+    path = plain.save(tmp_path / "plain.fedgp")
+    assert header_of(path)["version"] == VERSION and "personal" not in header_of(path)
+    assert fedgp.load(path).personal_values() == {}
+
+
+def _entry(header: dict, name: str) -> dict:
+    return header["personal"]["__dict__"][name]["__dict__"]
+
+
+DAMAGE = ("unknown client", "twice", "shared name", "no name", "nan", "outside", "shape", "rows")
+
+
+def damaged(kind: str, row: int, saved: Path, where: Path, name: str = NOISE) -> Path:
+    """``saved`` with one kind of damage to its owners' personal values, sealed again."""
+    header = header_of(saved)
+    ids = _entry(header, name)["ids"]
+    row = row % len(ids)
+    reference = _entry(header, name)["values"]["__tensor__"]
+
+    def edit_header(h):
+        entry = _entry(h, name)
+        if kind == "unknown client":
+            entry["ids"][row] = "stranger"
+        elif kind == "twice":
+            entry["ids"][row] = entry["ids"][row - 1]
+        elif kind in ("shared name", "no name"):
+            other = "covar_module.base_kernel.lengthscale" if kind == "shared name" else "smoothness"
+            h["personal"]["__dict__"][other] = h["personal"]["__dict__"].pop(name)
+
+    def edit_tensors(t):
+        values = t[reference].clone()
+        if kind == "nan":
+            values[row] = float("nan")
+        elif kind == "outside":
+            values[row] = -1.0
+        elif kind == "shape":
+            values = values.reshape(len(ids), -1).expand(len(ids), 2).clone()
+        elif kind == "rows":
+            values = values[:-1].clone()
+        t[reference] = values
+
+    return reseal(saved, where, header_fn=edit_header, tensor_fn=edit_tensors)
+
+
+@settings(max_examples=25, deadline=None)
+@given(kind=st.sampled_from(DAMAGE), row=st.integers(0, 10), name=st.sampled_from((NOISE, OUTPUTSCALE)))
+def test_damaged_personal_values_are_refused_naming_file_field_and_client(saved, kind, row, name):
+    ids = _entry(header_of(saved), name)["ids"]
+    owner = ids[row % len(ids)]
+    with tempfile.TemporaryDirectory() as folder:
+        path = damaged(kind, row, saved, Path(folder) / "crafted.fedgp", name)
+        renamed = {"shared name": "covar_module.base_kernel.lengthscale", "no name": "smoothness"}
+        field = renamed.get(kind, name)
+        phrases = [f"personal[{field!r}]"]
+        phrases += {
+            "unknown client": ["client 'stranger' is not one of this model's clients"],
+            "twice": [f"client {ids[row % len(ids) - 1]!r} appears twice"],
+            "shared name": ["is not one of this model's personal hyper-parameters"],
+            "no name": ["is not one of this model's personal hyper-parameters"],
+            "nan": ["not finite", f"for client {owner!r}"],
+            "outside": ["outside its domain", f"for client {owner!r}"],
+            "shape": ["has shape (2,)", f"each of its {len(ids)} clients [{ids[0]!r}"],
+            "rows": [f"holds {len(ids) - 1} rows for its {len(ids)} clients"],
+        }[kind]
+        refused(path, *phrases)
+
+
+@pytest.mark.parametrize(
+    "edit, phrase",
+    [
+        (lambda h: h.update(version=VERSION), "a file of version 4 holds no owners' personal values"),
+        (lambda h: (h.pop("personal"), h.update(version=VERSION)), "holds none of their values"),
+        (lambda h: h.pop("personal"), "lacks ['personal']"),
+        (lambda h: h["personal"].update({"__dict__": 3}), "personal"),
+    ],
+)
+def test_a_file_without_the_owners_values_is_refused(saved, tmp_path, edit, phrase):
+    refused(reseal(saved, tmp_path / "crafted.fedgp", header_fn=edit), phrase)
+
+
+def test_a_plain_strategys_file_with_personal_values_is_refused(fed, saved, tmp_path):
+    def plain(h):
+        h["strategy"] = json.loads(json.dumps(FGPR(local_steps=2, batch_size=16).to_config()))
+
+    refused(reseal(saved, tmp_path / "crafted.fedgp", header_fn=plain), "its strategy keeps none")
+
+
+class Nodes(SequentialEngine):
+    """An engine whose clients keep their values where this process cannot read them (as a
+    deployment's nodes do): the base :class:`Engine`'s memory doors."""
+
+    read_client_memory = Engine.read_client_memory
+    write_client_memory = Engine.write_client_memory
+
+
+def test_a_deployments_result_refuses_to_save_saying_the_nodes_keep_their_values(fed, tmp_path):
+    result = fit(fed, engine=Nodes(fedgp.GPSpec(), list(fed)), rounds=1)
+    with pytest.raises(InputError, match="keep their personal hyper-parameters.*cannot read them") as info:
+        result.save(tmp_path / "model.fedgp")
+    assert "predict on the deployment" in str(info.value)
+    assert not (tmp_path / "model.fedgp").exists()
+    with pytest.raises(InputError, match="cannot read"):
+        result.personal_values()
+
+
+def test_the_engines_memory_reads_out_and_goes_back_in(fed, fitted):
+    engine = fitted.engine
+    kept = engine.read_client_memory()
+    assert set(kept) <= set(fed.ids) and all(set(v) == {NOISE, OUTPUTSCALE} for v in kept.values())
+    owner = next(iter(kept))
+    kept[owner][NOISE].fill_(9.0)  # a copy: the engine's own is untouched
+    assert engine.read_client_memory()[owner][NOISE] != 9.0
+    fresh = SequentialEngine(fedgp.GPSpec(), list(fed))
+    fresh.write_client_memory(fitted.personal_values())
+    again = fresh.read_client_memory()
+    assert set(again) == set(fitted.personal_values())
+    with pytest.raises(UnknownClientError, match="'stranger'"):
+        fresh.write_client_memory({"stranger": {NOISE: torch.ones(1, dtype=torch.float64)}})
+    with pytest.raises(EngineError, match="cannot give"):
+        Nodes(fedgp.GPSpec(), list(fed)).write_client_memory(kept)
+
+    class Forgetful(Nodes):
+        keeps_client_memory = False  # clients that keep nothing have nothing to read
+
+    assert Forgetful(fedgp.GPSpec(), list(fed)).read_client_memory() == {}
+
+
+# -- checkpoints -------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "strategy",
+    [
+        FGPR(local_steps=2, batch_size=8, personal=("noise", "outputscale"), clients_per_round=3),
+        Asynchronous(
+            FGPR(local_steps=2, batch_size=8, personal=("noise",)), buffer=2, speeds=(1.0, 3.0, 0.5, 2.0)
+        ),
+    ],
+    ids=["fgpr", "asynchronous"],
+)
+def test_a_resumed_run_with_personal_values_ends_as_the_unbroken_one(fed, tmp_path, strategy, monkeypatch):
+    path = tmp_path / "run.ckpt"
+    full = fit(fed, strategy, rounds=6)
+    fit(fed, strategy, rounds=3, callbacks=[Checkpointing(path)])
+    resumed = fit(fed, strategy, rounds=6, callbacks=[Checkpointing(path, every=None, resume=True)])
+    assert resumed.state == full.state and resumed.history.equals(full.history)
+    a, b = full.personal_values(), resumed.personal_values()
+    assert set(a) == set(b) and all(torch.equal(a[o][n], b[o][n]) for o in a for n in a[o])
+    # a resume that did not give the clients back their values would not
+    monkeypatch.setattr(SequentialEngine, "write_client_memory", lambda self, kept: None, raising=False)
+    forgot = fit(fed, strategy, rounds=6, callbacks=[Checkpointing(path, every=None, resume=True)])
+    assert not forgot.history.equals(full.history)
+
+
+@pytest.mark.parametrize(
+    "edit, phrases",
+    [
+        (lambda kept: kept.update(stranger=kept.pop(next(iter(kept)))), ["client 'stranger'"]),
+        (lambda kept: next(iter(kept.values()))[NOISE].fill_(float("nan")), ["not finite", "for client"]),
+        (lambda kept: next(iter(kept.values())).update(smoothness=torch.ones(1)), ["'smoothness' is not"]),
+    ],
+)
+def test_a_damaged_checkpoints_client_memory_is_refused_naming_file_field_and_client(
+    fed, tmp_path, edit, phrases
+):
+    path = tmp_path / "run.ckpt"
+    fit(fed, rounds=2, callbacks=[Checkpointing(path)])
+    checkpoint = load_checkpoint(path)
+    from fedgp.run.kept import read_kept
+
+    names = PERSONAL.personal_names(fedgp.GPSpec())
+    kept = read_kept(checkpoint.client_memory, fedgp.GPSpec(), names, fed.ids, "client_memory")
+    edit(kept)
+    checkpoint.client_memory = kept
+    save_checkpoint(path, checkpoint)
+    with pytest.raises(CheckpointError) as info:
+        fit(fed, rounds=4, callbacks=[Checkpointing(path, every=None, resume=True)])
+    for phrase in [str(path), "client_memory[", *phrases]:
+        assert phrase in str(info.value), str(info.value)
+
+
+def test_a_checkpoint_without_the_clients_values_is_refused(fed, tmp_path):
+    path = tmp_path / "run.ckpt"
+    fit(fed, engine=Nodes(fedgp.GPSpec(), list(fed)), rounds=2, callbacks=[Checkpointing(path)])
+    assert load_checkpoint(path).client_memory is None  # the nodes' values: not this process's
+    with pytest.raises(CheckpointError, match="holds none"):
+        fit(fed, rounds=4, callbacks=[Checkpointing(path, every=None, resume=True)])
