@@ -7,6 +7,8 @@ import json
 import tempfile
 from pathlib import Path
 
+import numpy as np
+import pandas as pd
 import pytest
 import torch
 from hypothesis import given, settings
@@ -282,3 +284,55 @@ def test_a_checkpoint_without_the_clients_values_is_refused(fed, tmp_path):
     assert load_checkpoint(path).client_memory is None  # the nodes' values: not this process's
     with pytest.raises(CheckpointError, match="holds none"):
         fit(fed, rounds=4, callbacks=[Checkpointing(path, every=None, resume=True)])
+
+
+# -- the other doors ---------------------------------------------------------------------------------
+def test_fedgp_predict_gives_each_owner_of_a_personal_model_its_own_values(tmp_path):
+    """The command line reads a model folder of a fit with personal hyper-parameters (written as
+    ``fedgp fit`` writes one) and predicts each owner's rows as the fitted result does. (``fedgp fit``
+    itself has no ``--personal``; the scikit-learn estimator saves nothing of its own; ``FederatedBO``
+    refuses ``personal``: tests/bo/test_federated.py.)"""
+    from fedgp.cli import main
+    from fedgp.data.table import read_owner_table
+    from fedgp.layout import write_model_folder
+    from fedgp.presets import make_spec
+    from tests.test_cli import owners_frame
+
+    owners_frame().to_csv(tmp_path / "data.csv", index=False)
+    table = read_owner_table(tmp_path / "data.csv", group="owner", target="y")
+    result = fedgp.fit(make_spec(d=2), table.federation(), PERSONAL, rounds=3, seed=0, callbacks=QUIET)
+    columns = dict(group="owner", target="y", features=["x1", "x2"], owners=result.roster.ids,
+                   data=str(tmp_path / "data.csv"), test_fraction=None, seed=0)  # fmt: skip
+    write_model_folder(tmp_path / "m", result, columns)
+    new = owners_frame(sizes=(2, 3, 1), seed=7).drop(columns="y")
+    new.to_csv(tmp_path / "new.csv", index=False)
+    argv = ["predict", str(tmp_path / "m"), str(tmp_path / "new.csv"), "--data", str(tmp_path / "data.csv")]
+    assert main([*argv, "--out", str(tmp_path / "p"), "--quiet"]) == 0
+    pred = pd.read_csv(tmp_path / "p" / "predictions.csv", dtype={"owner": str})
+    noises = {float(v[NOISE]) for v in result.personal_values().values()}
+    assert len(noises) == 3  # three owners, three noises: a shared value would not pass below
+    for owner in ["north", "south", "007"]:
+        rows = pred["owner"] == owner
+        X = pred.loc[rows, ["x1", "x2"]].to_numpy()
+        mean, var = result.predict(X, client=owner, observation_noise=True)
+        np.testing.assert_allclose(pred.loc[rows, "mean"], mean.numpy(), rtol=1e-10)
+        np.testing.assert_allclose(pred.loc[rows, "sd"], var.sqrt().numpy(), rtol=1e-10)
+
+
+def test_the_scikit_learn_estimator_with_personal_values_saves_through_its_result(tmp_path):
+    """``FederatedGPRegressor`` takes a strategy with personal hyper-parameters; it has no file of its
+    own, and its ``result_`` saves them: the loaded model predicts each group as the estimator does."""
+    from fedgp.sklearn import FederatedGPRegressor
+    from tests.test_cli import owners_frame
+
+    frame = owners_frame()
+    X, y, groups = frame[["x1", "x2"]].to_numpy(), frame["y"].to_numpy(), frame["owner"].to_numpy()
+    est = FederatedGPRegressor(strategy=PERSONAL, rounds=3, engine="sequential", stop=None).fit(X, y, groups)
+    loaded = fedgp.load(est.result_.save(tmp_path / "model.fedgp"))
+    mean, std = est.predict(X, groups, return_std=True)
+    for owner in est.groups_:
+        rows = groups == owner
+        client = ClientData(X[rows], y[rows], id=owner)
+        pred = loaded.posterior(X[rows], client)
+        np.testing.assert_array_equal(pred.mean.numpy(), mean[rows])
+        np.testing.assert_array_equal(pred.variance_y.sqrt().numpy(), std[rows])
