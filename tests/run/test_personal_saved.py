@@ -73,6 +73,8 @@ def test_a_loaded_model_predicts_every_owner_bit_for_bit_as_the_fitted_one(fed, 
         a, b = fitted.posterior(X, k), loaded.posterior(X, owner)
         assert torch.equal(a.mean, b.mean) and torch.equal(a.variance(True), b.variance(True)), owner.id
         assert loaded.client_state(owner) == fitted.client_state(k)
+        noise = loaded.to_gpytorch(owner).likelihood.noise  # the exports condition on it too
+        assert torch.equal(noise, fitted.to_gpytorch(k).likelihood.noise)
     differ = {float(v[NOISE]) for v in kept.values()}
     assert len(differ) == len(kept)  # each owner its own: not the shared value read back
     # another id is a new client: the initial values, as the fitted model gives a new client
