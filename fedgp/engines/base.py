@@ -95,6 +95,28 @@ class Engine(ABC):
         (:mod:`fedgp.engines.cpus`); none of its own by default."""
         return contextlib.nullcontext()
 
+    def read_client_memory(self) -> dict[Any, dict[str, torch.Tensor]]:
+        """What each client keeps between tasks (:mod:`fedgp.strategies.memory`: its personal
+        hyper-parameters), by client id: ``{id: {state name: float64 tensor of its event shape}}``,
+        copies, for the clients that keep anything. A saved result and a checkpoint hold it. An engine
+        whose clients keep nothing gives ``{}``; one whose clients keep values where this process
+        cannot read them (a deployment's nodes) raises :class:`~fedgp.errors.EngineError` saying so."""
+        if not self.keeps_client_memory:
+            return {}
+        raise EngineError(
+            f"the {self.name!r} engine's clients keep their own values (personal hyper-parameters) "
+            "where this process cannot read them: each keeps its own"
+        )
+
+    def write_client_memory(self, kept: Mapping[Any, Mapping[str, torch.Tensor]]) -> None:
+        """Set what the clients keep to ``kept`` (as :meth:`read_client_memory` gives it), replacing
+        what they kept: a resumed run's clients continue from the values they had."""
+        if kept:
+            raise EngineError(
+                f"the {self.name!r} engine cannot give its clients the values they kept (personal "
+                "hyper-parameters)"
+            )
+
     def close(self) -> None:  # noqa: B027 - optional hook: in-process engines hold nothing to release
         """Release workers, processes or connections (nothing for in-process engines). ``fit`` closes
         the engines it builds when the run ends; their :class:`~fedgp.run.FitResult` may still send
@@ -193,6 +215,24 @@ class InProcessEngine(Engine):
     @abstractmethod
     def ops(self, clients: torch.Tensor, rnd: int) -> ClientOps:
         """Client operations on the data of ``clients`` (positions) for round ``rnd``."""
+
+    def read_client_memory(self) -> dict[Any, dict[str, torch.Tensor]]:
+        ids = self.ids
+        return {
+            ids[self._position_of_key[key]]: {name: value.clone() for name, value in values.items()}
+            for key, values in self.memory.items()
+            if values
+        }
+
+    def write_client_memory(self, kept: Mapping[Any, Mapping[str, torch.Tensor]]) -> None:
+        memory = {}
+        for cid, values in kept.items():
+            if cid not in self._positions:
+                raise UnknownClientError(f"no client with id {cid!r} here to keep its values")
+            key = int(self.keys[self._positions[cid]])
+            memory[key] = {name: value.detach().to(torch.float64).clone() for name, value in values.items()}
+        self.memory.clear()
+        self.memory.update(memory)
 
     def data_changed(self) -> None:  # noqa: B027 - optional hook
         """``clients`` were re-transformed: an engine holding copies of the data refreshes them."""

@@ -33,12 +33,20 @@ import pandas as pd
 import torch
 
 from fedgp.engines.base import Engine
-from fedgp.errors import CheckpointError, InputError, InputTypeError, MissingFileError
+from fedgp.errors import (
+    CheckpointError,
+    EngineError,
+    FileFormatError,
+    InputError,
+    InputTypeError,
+    MissingFileError,
+)
 from fedgp.messages import Roster, ServerContext
 from fedgp.messages.container import check_key
 from fedgp.models.state import HyperState
 from fedgp.run.checkpoint import Checkpoint, fingerprint_mismatches, load_checkpoint, save_checkpoint
 from fedgp.run.evaluation import evaluate_clients, mean_metrics
+from fedgp.run.kept import read_kept
 from fedgp.run.progress import end_early, progress_bar
 from fedgp.run.stopping import StopRule, state_rows
 from fedgp.run.stored import history_problems, server_problems
@@ -317,9 +325,11 @@ class Checkpointing(Callback):
 
     A resumed run ends bit-identical to an unbroken one: every random draw is a function of
     ``(seed, stream, round, client)``, and the checkpoint holds the round count, the server state,
-    the history and the stopping rule's memory. It also holds a fingerprint of the run (spec,
-    strategy, data, engine, seed, faults, stopping rule, evaluation); resuming with a different
-    one is refused, naming what differs. Files: :mod:`fedgp.run.checkpoint`.
+    the history, the stopping rule's memory and what the clients keep (their personal
+    hyper-parameters, by client id: :meth:`fedgp.engines.Engine.read_client_memory`). It also
+    holds a fingerprint of the run (spec, strategy, data, engine, seed, faults, stopping rule,
+    evaluation); resuming with a different one is refused, naming what differs. Files:
+    :mod:`fedgp.run.checkpoint`.
     """
 
     path: str | os.PathLike
@@ -348,12 +358,6 @@ class Checkpointing(Callback):
     def restore(self, run) -> None:
         if not self.resume:
             return
-        if run.strategy.keeps_client_memory:
-            raise CheckpointError(
-                "Checkpointing(resume=True): the clients keep values of their own between rounds "
-                "(personal hyper-parameters), which a checkpoint does not hold; a resumed run would "
-                "restart them from their initial values"
-            )
         if not Path(self.path).exists():
             raise MissingFileError(f"Checkpointing(resume=True): no checkpoint at {self.path}")
         ckpt = load_checkpoint(self.path, self.key)
@@ -377,6 +381,7 @@ class Checkpointing(Callback):
             )
         if problems:
             raise CheckpointError(f"checkpoint {self.path}: {'; '.join(problems[:3])}")
+        self._restore_memory(run, ckpt)
         run.resume_from(ckpt.completed_rounds, ckpt.server_state, ckpt.history, ckpt.failures)
         for callback in run.callbacks:
             if callback.checkpoint_key in ckpt.callbacks:
@@ -388,10 +393,45 @@ class Checkpointing(Callback):
                         f"{type(callback).__name__} can take back ({type(err).__name__}: {err})"
                     ) from err
 
+    def _restore_memory(self, run, ckpt: Checkpoint) -> None:
+        """Give the clients back what they kept (personal hyper-parameters), checked against the run
+        as a saved result's are (:mod:`fedgp.run.kept`)."""
+        keeps = run.strategy.keeps_client_memory
+        if keeps and ckpt.client_memory is None:
+            raise CheckpointError(
+                f"checkpoint {self.path}: the clients keep values of their own between rounds (personal "
+                "hyper-parameters), but the checkpoint holds none (its engine's clients keep them where this "
+                "process cannot read them, or an earlier fedgp wrote it): a resumed run would restart "
+                "them from their initial values"
+            )
+        if not keeps and ckpt.client_memory is not None:
+            raise CheckpointError(
+                f"checkpoint {self.path}: holds client_memory, but this run's clients keep none"
+            )
+        if keeps:
+            try:
+                names = run.strategy.personal_names(run.spec)
+                kept = read_kept(ckpt.client_memory, run.spec, names, run.roster.ids, "client_memory")
+            except FileFormatError as err:
+                raise CheckpointError(f"checkpoint {self.path}: {err}") from None
+            run.engine.write_client_memory(kept)
+
     def on_round(self, run, row) -> None:
         if self.every and (run.completed % self.every == 0 or run.done):
             states = {c.checkpoint_key: c.state() for c in run.callbacks if c.checkpoint_key}
+            kept = _client_memory(run)
             checkpoint = Checkpoint(
-                run.completed, run.server, run.history, run.fingerprint(), run.failures, states
+                run.completed, run.server, run.history, run.fingerprint(), run.failures, states, kept
             )
             save_checkpoint(self.path, checkpoint, self.key)
+
+
+def _client_memory(run) -> dict | None:
+    """What the run's clients keep, for its checkpoint; ``None`` where they keep nothing, or keep it
+    where this process cannot read it (a deployment's nodes: resuming then refuses, saying so)."""
+    if not run.strategy.keeps_client_memory:
+        return None
+    try:
+        return run.engine.read_client_memory()
+    except EngineError:
+        return None

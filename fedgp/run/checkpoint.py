@@ -2,7 +2,8 @@
 that can run code when read.
 
 A checkpoint holds the completed round count, the server state, the history and failures so far,
-what the callbacks keep (the stopping rule's memory) and a *fingerprint* of the run it belongs to.
+what the callbacks keep (the stopping rule's memory), what the clients keep (their personal
+hyper-parameters, by client id: :mod:`fedgp.run.kept`) and a *fingerprint* of the run it belongs to.
 The RNG "state" is only the master seed, because every random draw is a function of
 ``(seed, stream, round, client)`` (see :mod:`fedgp.rng`).
 
@@ -32,6 +33,7 @@ from fedgp.files import write_atomically
 from fedgp.messages.codec import decode, encode
 from fedgp.messages.container import check_key, pack, seal, unpack, unseal
 from fedgp.models import limits
+from fedgp.run.kept import kept_record
 
 __all__ = ["Checkpoint", "save_checkpoint", "load_checkpoint", "fingerprint_mismatches", "FORMAT_VERSION"]
 
@@ -52,6 +54,10 @@ class Checkpoint:
     fingerprint: dict[str, str] = field(default_factory=dict)
     failures: list[dict[str, Any]] = field(default_factory=list)
     callbacks: dict[str, Any] = field(default_factory=dict)
+    #: What each client keeps between rounds (its personal hyper-parameters) by client id, as
+    #: :meth:`fedgp.engines.Engine.read_client_memory` gives it; ``None`` for a strategy that keeps
+    #: nothing. In the file: :mod:`fedgp.run.kept`'s record (checked against the run at resume).
+    client_memory: dict[Any, dict[str, torch.Tensor]] | None = None
 
 
 def save_checkpoint(path: str | os.PathLike, checkpoint: Checkpoint, key: bytes | str | None = None) -> None:
@@ -66,6 +72,9 @@ def save_checkpoint(path: str | os.PathLike, checkpoint: Checkpoint, key: bytes 
         "callbacks": encode(checkpoint.callbacks, tensors, "callbacks"),
         "fingerprint": {str(k): str(v) for k, v in checkpoint.fingerprint.items()},
     }
+    if checkpoint.client_memory is not None:
+        kept = checkpoint.client_memory
+        header["client_memory"] = encode(kept_record(kept, list(kept)), tensors, "client_memory")
     write_atomically(Path(path), seal(pack(_FORMAT, FORMAT_VERSION, header, tensors), key))
 
 
@@ -116,6 +125,8 @@ def _read(header: dict[str, Any], tensors: dict[str, torch.Tensor]) -> Checkpoin
         fingerprint=dict(fingerprint),
         failures=decode(header["failures"], tensors),
         callbacks=decode(header["callbacks"], tensors),
+        # decoded only: resume checks it against the run (fedgp.run.kept.read_kept)
+        client_memory=decode(header["client_memory"], tensors) if "client_memory" in header else None,
     )
     for name in ("history", "failures"):
         rows = getattr(out, name)

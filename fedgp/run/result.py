@@ -45,6 +45,7 @@ from fedgp.run.exchange import ask, personal_task, send_transform
 from fedgp.run.saved import read_result, write_result
 from fedgp.run.streaming import current_owner, grow, warm_spec
 from fedgp.strategies.base import Strategy
+from fedgp.strategies.memory import ClientMemory
 from fedgp.transforms import DataTransform
 
 if TYPE_CHECKING:
@@ -77,6 +78,9 @@ class FitResult:
     attackers: list = field(default_factory=list)  # ids of the clients an ``attack`` took over
     transform: DataTransform = field(default_factory=DataTransform)  # applied to every client's data
     feature_names: tuple[str, ...] | None = None  # the input columns, in the model's order
+    # each owner's personal hyper-parameters by client id, as a loaded result holds them (a fitted
+    # result's engine keeps them): see personal_values
+    owner_values: dict = field(default_factory=dict, repr=False, compare=False)
     _model: Any = field(default=None, init=False, repr=False, compare=False)  # new clients' GPyTorch model
     _context: Any = field(default=None, init=False, repr=False, compare=False)
     _conditioned: dict = field(default_factory=dict, init=False, repr=False, compare=False)
@@ -242,6 +246,9 @@ class FitResult:
             if self._model is None:  # one GPyTorch model, reloaded for each new client
                 self._model = self.spec.build()
             ops = SequentialOps(self.spec, self._model, data, 0, 0, self.seed)
+            kept = self.owner_values.get(client.id) if client.id is not None else None
+            if kept:  # a loaded result's owner, by its id: it conditions on its own values, as fitted
+                ops.memory = ClientMemory({0: dict(kept)}, ops.indices)
             units = (torch.tensor([offset], dtype=torch.float64), torch.tensor([scale], dtype=torch.float64))
             return handle(self.strategy.client_view(), ops, task, units, self.transform)
 
@@ -451,16 +458,42 @@ class FitResult:
         a string) seals the file with an HMAC-SHA256 under it, so that only a holder of the key can
         write a file that loads: without one, the file's SHA-256 detects damage, not forgery.
 
-        A strategy whose owners keep values of their own (personal hyper-parameters) is refused: the
-        file would hold only the shared values, and predict every owner under the initial ones."""
+        With personal hyper-parameters (``FGPR(personal=...)``) the file holds every owner's own
+        values too, keyed by its id (:meth:`personal_values`, :mod:`fedgp.run.kept`): the loaded
+        model predicts for a ``ClientData`` with an owner's id under that owner's values, as the fitted
+        one does, and for any other id under the initial ones. That is a simulation's file, where one
+        process plays every owner. In a deployment each node keeps its own values and the server has
+        none, so saving is refused there (a file of the shared values alone would predict every owner
+        under the initial ones)."""
         if self.strategy.keeps_client_memory:
-            raise InputError(
-                f"save: the owners keep their personal hyper-parameters ({type(self.strategy).__name__}"
-                f"(personal={getattr(self.strategy, 'personal', ())!r})), which a saved file cannot hold; "
-                "a loaded model would predict every owner under the initial values. Saving such a model "
-                "is not supported yet"
-            )
+            try:
+                self.personal_values()
+            except InputError as err:
+                raise InputError(f"save: {err}") from None
         return write_result(self, path, key)
+
+    def personal_values(self) -> dict[Any, dict[str, torch.Tensor]]:
+        """Each owner's personal hyper-parameters (``FGPR(personal=...)``) by client id:
+        ``{id: {state name: float64 tensor}}``, in the units of :attr:`state`, for the owners that keep
+        any (those that trained); ``{}`` when the strategy has none. In a simulation one process plays
+        every owner, so you hold them all: a fitted result reads them from its engine
+        (:meth:`fedgp.engines.Engine.read_client_memory`), a loaded one from its file. In a deployment
+        each node keeps its own and the server holds none: :class:`~fedgp.errors.InputError`."""
+        if self.engine is None or not self.strategy.keeps_client_memory:
+            return {owner: dict(values) for owner, values in self.owner_values.items()}
+        try:
+            return self.engine.read_client_memory()
+        except EngineError as err:
+            raise InputError(
+                f"the owners keep their personal hyper-parameters ({', '.join(sorted(self._personal))}) "
+                f"with them: {err}. A file of the shared values alone would predict every owner under "
+                "the initial ones; predict on the deployment, where each owner conditions on its own"
+            ) from None
+
+    @property
+    def _personal(self) -> frozenset[str]:
+        """The state names each owner keeps for itself."""
+        return self.strategy.personal_names(self.spec)
 
     @classmethod
     def load(cls, path: str | os.PathLike, *, key: bytes | str | None = None) -> FitResult:

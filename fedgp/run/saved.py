@@ -28,6 +28,11 @@ data's units is written. A file without it (written before fedgp kept them) give
 from its history's columns (:meth:`~fedgp.run.units.RoundStates.from_columns`): no value is lost
 either way, and a fedgp that does not know the field reads the file as it did, so it needs no new
 version.
+Version 5 is a version-4 file with the owners' personal hyper-parameters (``personal``,
+:mod:`fedgp.run.kept`: each owner's own values, keyed by its client id, which a simulation's user
+holds; a deployment's nodes keep theirs, and ``save`` refuses there). Only a result with personal
+hyper-parameters is written as version 5, so that a fedgp that does not know them refuses the file
+by its version rather than predict every owner under the initial values.
 A file of version 3 is still read, with a :class:`~fedgp.errors.FallbackWarning` saying what it
 lacks (no feature names: ``predict`` reads columns by position; no stop reason or privacy
 accounting); version 2 (a bare safetensors file) and any later version are refused, naming the
@@ -57,19 +62,24 @@ from fedgp.models import limits
 from fedgp.models.spec import GPSpec
 from fedgp.models.spec_io import build_spec, check_round_trip
 from fedgp.models.state import HyperState
+from fedgp.run.kept import kept_record, read_kept
 from fedgp.run.stored import history_problems, server_problems, state_problem
 from fedgp.run.units import RoundStates
 from fedgp.strategies.base import Strategy
 from fedgp.transforms import DataTransform
 
-__all__ = ["write_result", "read_result", "FORMAT", "VERSION"]
+__all__ = ["write_result", "read_result", "FORMAT", "VERSION", "WITH_PERSONAL"]
 
 #: What a saved result's header says it is.
 FORMAT = "fit-result"
 #: The version of a saved result's layout, written by ``save``.
 VERSION = 4
+#: The version of a file that holds the owners' personal hyper-parameters (``"personal"``,
+#: :mod:`fedgp.run.kept`): an older fedgp refuses it by its version rather than predict every owner
+#: under the initial values. A result without them is still written as :data:`VERSION`.
+WITH_PERSONAL = 5
 #: The versions ``load`` reads (3: no feature names, no history attrs but the transforms).
-READS = (3, 4)
+READS = (3, 4, 5)
 
 
 def _plain(value: Any, where: str) -> Any:
@@ -362,9 +372,28 @@ def write_result(result, path: str | os.PathLike, key: bytes | str | None = None
     tensors.update(result.transform.tensors())
     for name in ("sizes", "n_test", "dims"):
         tensors[f"roster/{name}"] = getattr(roster, name).detach().cpu().to(torch.long)
+    version = VERSION
+    if result.strategy.keeps_client_memory:  # each owner's own values, by its id
+        header["personal"] = _personal(result, tensors)
+        version = WITH_PERSONAL
     path = Path(path)
-    write_atomically(path, seal(pack(FORMAT, VERSION, header, tensors), key))
+    write_atomically(path, seal(pack(FORMAT, version, header, tensors), key))
     return path
+
+
+def _personal(result, tensors: dict[str, torch.Tensor]) -> dict:
+    """The owners' personal values as the file's ``personal`` record; what the file could not give
+    back (an owner that is not in the roster, a value that is no personal hyper-parameter) is refused."""
+    kept, ids = result.personal_values(), _ids(list(result.roster.ids))
+    names = result.strategy.personal_names(result.spec)
+    for owner, values in kept.items():
+        if owner not in ids or set(values) - names:
+            what = f"values {sorted(set(values) - names)}" if owner in ids else "values, but it is no client"
+            raise InputError(
+                f"cannot save this result: owner {owner!r} keeps {what} of the model's personal "
+                f"hyper-parameters {sorted(names)}"
+            )
+    return encode(kept_record(kept, ids), tensors, "personal")
 
 
 def read_result(path: str | os.PathLike, key: bytes | str | None = None) -> dict[str, Any]:
@@ -410,6 +439,8 @@ _HEADER = {
         "transforms"),
     4: ("spec", "strategy", "server_state", "roster", "seed", "history", "history_attrs", "failures",
         "attackers", "feature_names", "transforms"),
+    5: ("spec", "strategy", "server_state", "roster", "seed", "history", "history_attrs", "failures",
+        "attackers", "feature_names", "transforms", "personal"),
 }  # fmt: skip
 #: The tensors a saved result holds by name (the numbered rest are the header's ``__tensor__`` entries).
 _NAMED = {
@@ -496,6 +527,7 @@ def _read_parts(header: dict[str, Any], tensors: dict[str, torch.Tensor]) -> dic
     if not isinstance(attackers, list) or not all(isinstance(a, (int, str)) for a in attackers):
         raise FileFormatError("attackers must be a list of client ids")
     names = _read_names(header.get("feature_names"), roster, transform)
+    owner_values = _read_personal(header, tensors, spec, strategy, roster)
     problems = _unused(header, tensors) + history_problems(history, None if states is None else states.rounds)
     reference = strategy.initialize(ServerContext.from_roster(spec, roster, seed), np.random.default_rng(0))
     problems += server_problems(server, reference, spec)
@@ -504,8 +536,30 @@ def _read_parts(header: dict[str, Any], tensors: dict[str, torch.Tensor]) -> dic
     return dict(
         spec=spec, strategy=strategy, federation=None, server_state=server, history=history, seed=seed,
         engine=None, roster=roster, failures=failures, attackers=list(attackers), transform=transform,
-        feature_names=names,
+        feature_names=names, owner_values=owner_values,
     )  # fmt: skip
+
+
+def _read_personal(header: dict[str, Any], tensors: dict[str, torch.Tensor], spec, strategy, roster) -> dict:
+    """The owners' personal values (a version-5 file's), checked (:func:`~fedgp.run.kept.read_kept`);
+    a file whose strategy keeps them must hold them, and only such a file may."""
+    keeps, version = strategy.keeps_client_memory, header["version"]
+    if "personal" in header and version < WITH_PERSONAL:
+        raise FileFormatError(f"personal: a file of version {version} holds no owners' personal values")
+    if keeps and version < WITH_PERSONAL:
+        raise FileFormatError(
+            f"personal: its strategy's owners keep personal hyper-parameters, but the file (version "
+            f"{version}) holds none of their values"
+        )
+    if not keeps and version >= WITH_PERSONAL:
+        raise FileFormatError("personal: the file holds owners' personal values, but its strategy keeps none")
+    if not keeps:
+        return {}
+    try:
+        record = decode(header["personal"], tensors)
+    except Exception as err:  # noqa: BLE001 - a crafted reference: refuse, naming the field
+        raise FileFormatError(f"personal is not a record of the file's tensors ({err})") from None
+    return read_kept(record, spec, strategy.personal_names(spec), roster.ids, "personal")
 
 
 def _tensor(tensors: dict[str, torch.Tensor], key: str) -> torch.Tensor:

@@ -246,9 +246,9 @@ def test_damaged_and_foreign_files_are_refused(tmp_path):
     (tmp_path / "ckpt.st").write_bytes(seal(pack("checkpoint", 3, header, tensors)))
     with pytest.raises(fedgp.FileFormatError, match="is a fedgp 'checkpoint', not a 'fit-result'"):
         fedgp.load(tmp_path / "ckpt.st")
-    (tmp_path / "v5.st").write_bytes(seal(pack("fit-result", 5, header, tensors)))
-    with pytest.raises(fedgp.FileFormatError, match="format version 5; this fedgp reads version 3 or 4"):
-        fedgp.load(tmp_path / "v5.st")
+    (tmp_path / "v6.st").write_bytes(seal(pack("fit-result", 6, header, tensors)))
+    with pytest.raises(fedgp.FileFormatError, match="format version 6; this fedgp reads version 3 or 4 or 5"):
+        fedgp.load(tmp_path / "v6.st")
     with pytest.raises(fedgp.MissingFileError, match="no saved result at"):
         fedgp.load(tmp_path / "absent.st")
 
