@@ -54,7 +54,7 @@ import torch
 from fedgp.data.client import ClientData
 from fedgp.engines.base import Engine
 from fedgp.engines.batched import check_against_gpytorch
-from fedgp.errors import FedGPWarning, InputError, import_extra
+from fedgp.errors import FedGPWarning, InputError, UnknownClientError, import_extra
 from fedgp.messages import (
     Field,
     Outcome,
@@ -142,6 +142,17 @@ class _Host:
         return record_to_bytes(
             Record({f"{k}/{n}": v for k, values in kept.items() for n, v in values.items()})
         )
+
+    def keep(self, key: int, memory: bytes) -> None:
+        """Replace what the shard's clients keep by ``memory`` (a record as :meth:`memory` gives it):
+        a resumed run's clients continue from the values a checkpoint holds."""
+        kept: dict[int, dict[str, torch.Tensor]] = {}
+        for name, value in record_from_bytes(memory).tensors.items():
+            client, _, hyper = name.partition("/")
+            kept.setdefault(int(client), {})[hyper] = value
+        engine = self.engines[key]
+        engine.memory.clear()
+        engine.memory.update(kept)
 
     def drop(self, key: int) -> None:
         self.engines.pop(key, None)
@@ -394,6 +405,44 @@ class RayEngine(Engine):
             for name, value in record.tensors.items():
                 key, _, hyper = name.partition("/")
                 self._memory.setdefault(int(key), {})[hyper] = value
+
+    def read_client_memory(self) -> dict[Any, dict[str, torch.Tensor]]:
+        """Each client's kept values by id: asked of the actors during a run (a checkpoint), from
+        the driver's copy after :meth:`close` (a saved result)."""
+        if self._closed:
+            return self._in_process().read_client_memory()
+        if not self._keeps_memory:
+            return {}
+        ray, kept = _ray(), {}
+        for i in range(len(self.shards)):
+            record = record_from_bytes(ray.get(self._host(i).memory.remote(self.key), timeout=self.timeout))
+            for name, value in record.tensors.items():
+                key, _, hyper = name.partition("/")
+                kept.setdefault(self.ids[int(key)], {})[hyper] = value.detach().to(torch.float64).clone()
+        return kept
+
+    def write_client_memory(self, kept: Mapping[Any, Mapping[str, torch.Tensor]]) -> None:
+        """Give each actor its shard's clients' kept values (a resumed run), replacing theirs."""
+        if self._closed:
+            self._in_process().write_client_memory(kept)
+            return
+        positions = {cid: p for p, cid in enumerate(self.ids)}
+        unknown = [cid for cid in kept if cid not in positions]
+        if unknown:
+            raise UnknownClientError(f"no client with id {unknown[0]!r} here to keep its values")
+        ray, refs = _ray(), []
+        for i, members in enumerate(self.shards):
+            mine = set(members.tolist())
+            record = Record(
+                {
+                    f"{positions[cid]}/{name}": value.detach().to(torch.float64).clone()
+                    for cid, values in kept.items()
+                    if positions[cid] in mine
+                    for name, value in values.items()
+                }
+            )
+            refs.append(self._host(i).keep.remote(self.key, record_to_bytes(record)))
+        ray.get(refs, timeout=self.timeout)
 
     def kill(self, i: int) -> None:
         """Kill shard ``i``'s actor, as a crash would (for tests of failure handling)."""

@@ -288,6 +288,29 @@ def test_a_private_run_with_personal_noise_on_ray_is_the_sequential_one(user_ray
                                    rtol=1e-8, atol=1e-12)  # fmt: skip
 
 
+def test_a_ray_runs_owners_values_save_and_resume_as_the_sequential_runs(user_ray, tmp_path):
+    """The actors' kept values reach a checkpoint mid-run (asked of the actors) and a saved model
+    after it (the driver's copy); a run resumed on Ray gives them back to the actors and ends as the
+    unbroken sequential run, and the loaded model predicts every owner under its own values."""
+    draws, path = _draws(), tmp_path / "run.ckpt"
+    unbroken = _personal_fit(draws, "sequential")
+    _personal_fit(draws, Ray(num_workers=2, shard=Batched(compiled=False)), rounds=2,
+                  callbacks=[fedgp.run.Checkpointing(path)])  # fmt: skip
+    resume = fedgp.run.Checkpointing(path, every=None, resume=True)
+    resumed = fedgp.fit(draws.spec, draws.federation, PERSONAL, rounds=4, seed=4,
+                        engine=Ray(num_workers=2, shard=Batched(compiled=False)),
+                        callbacks=[Progress(False), resume])  # fmt: skip
+    a, b = unbroken.personal_values(), resumed.personal_values()
+    assert set(a) == set(b) == set(draws.federation.ids)
+    for owner in a:
+        torch.testing.assert_close(b[owner][NOISE], a[owner][NOISE], rtol=1e-8, atol=1e-12)
+    loaded = fedgp.load(resumed.save(tmp_path / "model.fedgp"))
+    X = torch.linspace(-0.5, 1.5, 7, dtype=torch.float64)[:, None]
+    for client in draws.federation:
+        for ours, ref in zip(loaded.predict(X, client, True), unbroken.predict(X, client.id, True)):
+            torch.testing.assert_close(ours, ref, rtol=1e-8, atol=1e-12)
+
+
 # -- Ray's lifetime ----------------------------------------------------------------------------------------
 # Each start of Ray starts fresh actors; without the compiled step they need not load numba (seconds less).
 FRESH = Ray(num_workers=2, shard=Batched(compiled=False))
