@@ -190,6 +190,9 @@ class DataTransform:
         """Inputs in the transformed units."""
         if self.x_offset is None:
             return X
+        width = self.x_offset.shape[-1]
+        if X.shape[-1] > width:  # an owner's own columns after the core, in its own units (own_features)
+            return torch.cat([self.inputs(X[..., :width]), X[..., width:]], -1)
         return (X - self.x_offset.to(X)) / self.x_scale.to(X)
 
     def apply(self, client: ClientData) -> tuple[ClientData, float, float]:

@@ -7,6 +7,7 @@ neither GPyTorch nor :mod:`fedgp.models`. Federations drawn from a model are in
 
 from fedgp.data.client import ClientData, Federation
 from fedgp.data.outputs import long_form, outputs_client
+from fedgp.data.owners import OwnerData, split_core
 from fedgp.data.partition import (
     ContinuousPartitioner,
     IidPartitioner,
@@ -18,6 +19,8 @@ from fedgp.data.partition import (
 __all__ = [
     "ClientData",
     "Federation",
+    "OwnerData",
+    "split_core",
     "IidPartitioner",
     "SizeSkewedPartitioner",
     "ContinuousPartitioner",

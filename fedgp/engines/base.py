@@ -276,7 +276,8 @@ class InProcessEngine(Engine):
         client would (a host that already registered its clients needs no second ``hello``)."""
         self.seed = seed
         self.client_strategy = from_config(strategy.client_view().to_config())
-        self._keeps_memory = self.client_strategy.keeps_client_memory  # asked once, not per task
+        # asked once, not per task; a spec whose owners keep a part of their own model keeps it too
+        self._keeps_memory = self.client_strategy.keeps_client_memory or self.spec.keeps_client_memory
         self.use_transform(DataTransform())  # a new run starts from the data as they are
         self.memory.clear()  # and from nothing kept by its clients
 

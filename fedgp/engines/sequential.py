@@ -12,17 +12,21 @@ from collections.abc import Mapping, Sequence
 import torch
 
 from fedgp.data.client import ClientData
+from fedgp.data.owners import OwnerData
 from fedgp.engines.base import InProcessEngine
 from fedgp.errors import InputError
 from fedgp.models.objective import factorization_guard, minibatch_nll
+from fedgp.models.own_features import OwnFeaturesSpec
 from fedgp.models.posterior import Prediction, predict_with_model
 from fedgp.models.spec import ExactGPModel, GPSpec
 from fedgp.models.state import HyperState
 from fedgp.rng import draw_minibatches
 from fedgp.strategies.base import TrainResult
 from fedgp.strategies.local import LocalTraining
+from fedgp.strategies.memory import ClientMemory, memory_of
+from fedgp.strategies.personal import keep, with_kept
 
-__all__ = ["SequentialEngine", "SequentialOps"]
+__all__ = ["SequentialEngine", "SequentialOps", "OwnerOps"]
 
 
 def _each(states: Mapping[str, torch.Tensor], events: Mapping[str, torch.Size]):
@@ -187,6 +191,77 @@ class SequentialOps:
         return [predict_with_model(self.model, self.X, self.y, X_new, self.client.id, full_cov)]
 
 
+class OwnerOps:
+    """:class:`~fedgp.strategies.base.ClientOps` for an owner with own columns
+    (:mod:`fedgp.models.own_features`): the strategy sees the shared spec's states only; the owner
+    completes them with its own part's values, which it keeps in its memory (``ops.memory``, as a
+    personal hyper-parameter is kept), trains them with the shared ones and never replies them."""
+
+    def __init__(self, spec: OwnFeaturesSpec, client: OwnerData, index: int, rnd: int, seed: int):
+        self.spec, self.clients, self.round, self.seed = spec, (client,), rnd, seed
+        self.owner = spec.for_owner(client.n_own)
+        own = client.own.to(spec.dtype)
+        # The own columns on the unit cube of the owner's own rows (a constant column as it is).
+        self._low, span = own.min(0).values, own.max(0).values - own.min(0).values
+        self._span = torch.where(span > 0, span, torch.ones_like(span))
+        test = None if client.X_test is None else self._joined(client.X_test, client.own_test)
+        whole = ClientData._unchecked(
+            X=self._joined(client.X, client.own),
+            y=client.y,
+            id=client.id,
+            X_test=test,
+            y_test=client.y_test,
+            noise=client.noise,
+            metadata=client.metadata,
+        )
+        self._ops = SequentialOps(self.owner, self.owner.build(), whole, index, rnd, seed)
+        self.indices, self.sizes = self._ops.indices, self._ops.sizes
+        self.memory: ClientMemory | None = None
+
+    def _joined(self, core: torch.Tensor, own: torch.Tensor) -> torch.Tensor:
+        own = (own.to(self.spec.dtype) - self._low) / self._span
+        return torch.cat([core.to(self.spec.dtype), own], -1)
+
+    def _full(self, states: HyperState) -> HyperState:
+        """The shared ``states`` (one per client) with the owner's own values: kept, or initial."""
+        if states.batch_shape != (1,):
+            raise InputError(
+                f"client {self.clients[0].id!r}: an owner with own features trains one state at a time "
+                f"(FGPR), got a batch {tuple(states.batch_shape)}"
+            )
+        start = self.owner.initial_state()
+        own = {k: start[k].unsqueeze(0) for k in self.owner.own_names}
+        full = HyperState({**states, **own}, self.owner.event_shapes)
+        return with_kept(full, self.owner.own_names, memory_of(self))
+
+    def _shared(self, states: HyperState) -> HyperState:
+        return HyperState({k: states[k] for k in self.spec.names}, self.spec.event_shapes)
+
+    def nll(self, states: HyperState) -> torch.Tensor:
+        """Per-point NLL under the shared states and the owner's own values."""
+        return self._ops.nll(self._full(states))
+
+    def gradient(self, states: HyperState, batch_size: int | None = None) -> tuple[torch.Tensor, HyperState]:
+        """Per-point NLL and its gradient in the shared hyper-parameters (the own ones held)."""
+        loss, grads = self._ops.gradient(self._full(states), batch_size)
+        return loss, self._shared(grads)
+
+    def train(self, states: HyperState, local: LocalTraining) -> TrainResult:
+        """Train the shared and the own hyper-parameters together; keep the own ones, return the shared."""
+        result = self._ops.train(self._full(states), local)
+        keep(result.states, self.owner.own_names, memory_of(self))
+        return TrainResult(self._shared(result.states), result.loss, result.steps)
+
+    def predict(
+        self, states: HyperState, X_new: torch.Tensor | None = None, full_cov: bool = False
+    ) -> list[Prediction]:
+        """The owner's posterior at ``X_new`` (core then own columns; default its test rows)."""
+        if X_new is not None:
+            X_new, width = torch.as_tensor(X_new), len(self.spec.core)
+            X_new = self._joined(X_new[:, :width], X_new[:, width:])
+        return self._ops.predict(self._full(states), X_new, full_cov)
+
+
 class SequentialEngine(InProcessEngine):
     """Runs clients one by one with a single reusable GPyTorch model.
 
@@ -224,4 +299,8 @@ class SequentialEngine(InProcessEngine):
             raise InputError(f"the sequential engine runs one client at a time, got {len(clients)}")
         i = int(clients[0])
         client, key = self.clients[i], int(self.keys[i])
+        if isinstance(self.spec, OwnFeaturesSpec) and isinstance(client, OwnerData):
+            ops = OwnerOps(self.spec, client, key, rnd, self.seed)
+            ops.memory = ClientMemory(self.memory, ops.indices)  # what it predicts with outside a task
+            return ops
         return SequentialOps(self.spec, self.model, client, key, rnd, self.seed, known=self.known(i))

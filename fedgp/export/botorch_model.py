@@ -23,6 +23,7 @@ import torch
 
 from fedgp.errors import InputTypeError, import_extra
 from fedgp.models.multioutput import MultiOutputSpec
+from fedgp.models.own_features import refuse_own_part
 
 if TYPE_CHECKING:
     from botorch.models import SingleTaskGP
@@ -100,6 +101,7 @@ def to_botorch(result, client: Any, trainable: bool = False) -> SingleTaskGP:
     botorch = _botorch()
     data = result.client_data(client)
     spec = result.spec
+    refuse_own_part(spec, data, "to_botorch")
     if spec.variational:
         raise InputTypeError(
             "to_botorch: exports a client's exact GP posterior; this result's model is a VariationalGPSpec"

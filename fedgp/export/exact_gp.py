@@ -26,6 +26,7 @@ import torch
 from fedgp.errors import InputTypeError
 from fedgp.export.multioutput import to_gpytorch_outputs
 from fedgp.models.multioutput import MultiOutputSpec
+from fedgp.models.own_features import refuse_own_part
 from fedgp.models.spec import NOISE, ExactGPModel
 from fedgp.models.state import HyperState
 
@@ -120,6 +121,7 @@ def to_gpytorch(result, client: Any) -> ExactGPModel:
     """
     data = result.client_data(client)
     spec = result.spec
+    refuse_own_part(spec, data, "to_gpytorch")
     if spec.variational:
         raise InputTypeError(
             "to_gpytorch: exports a client's exact GP posterior; this result's model is a VariationalGPSpec"

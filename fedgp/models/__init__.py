@@ -6,6 +6,7 @@ from fedgp.models.mle import MLEFit, fit_mle, maximize_likelihood, total_nll
 from fedgp.models.multifidelity import AR1, NARGP, mle_with_restarts
 from fedgp.models.multioutput import MultiOutputSpec, output_rows
 from fedgp.models.objective import exact_settings, minibatch_nll
+from fedgp.models.own_features import OwnFeaturesSpec
 from fedgp.models.posterior import Prediction, condition
 from fedgp.models.spec import ExactGPModel, GPSpec, ParamInfo, ZeroKernel
 from fedgp.models.state import HyperState
@@ -15,6 +16,7 @@ __all__ = [
     "GPSpec",
     "VariationalGPSpec",
     "MultiOutputSpec",
+    "OwnFeaturesSpec",
     "output_rows",
     "SparseVariationalGP",
     "ParamInfo",

@@ -282,6 +282,12 @@ class GPSpec:
         return frozenset()
 
     @property
+    def keeps_client_memory(self) -> bool:
+        """Whether each owner keeps a part of its own model between rounds, never sent (an
+        :class:`~fedgp.models.own_features.OwnFeaturesSpec`'s own kernels; none here)."""
+        return False
+
+    @property
     def conjugate(self) -> bool:
         """Whether the likelihood is Gaussian: the predictive of y is Gaussian and targets may be
         standardised (always, for an exact GP; a :class:`VariationalGPSpec` may take any likelihood)."""

@@ -21,6 +21,7 @@ from fedgp.errors import EngineError, FedGPWarning, InputError, RoundFailedError
 from fedgp.models.experts import SHARED_PRIOR_RULES, combine_experts
 from fedgp.models.multioutput import MultiOutputSpec
 from fedgp.models.objective import exact_settings
+from fedgp.models.own_features import OwnFeaturesSpec
 from fedgp.models.posterior import Prediction
 from fedgp.run.exchange import ask
 from fedgp.run.streaming import with_grown
@@ -73,6 +74,11 @@ def check_experts(result: Any) -> None:
         raise InputError(
             "combine= is built for one-output specs (its shared prior reads the kernel alone); a "
             "MultiOutputSpec predicts per client: predict(rows, client=...)"
+        )
+    if isinstance(result.spec, OwnFeaturesSpec):
+        raise InputError(
+            "combine= asks every owner at the same points, but an owner with own features predicts from "
+            "its own columns too, which a point no owner holds does not have: predict per owner (client=...)"
         )
     if result.engine is None:
         raise InputError(

@@ -29,11 +29,13 @@ from fedgp.engines.base import Engine
 from fedgp.engines.config import EngineConfig, build_engine
 from fedgp.errors import ConvergenceWarning, DivergenceWarning, InputError, InputTypeError, RoundFailedError
 from fedgp.messages import ServerContext
+from fedgp.models.own_features import OwnFeaturesSpec
 from fedgp.models.spec import GPSpec
 from fedgp.models.state import HyperState
 from fedgp.rng import generator
 from fedgp.run.callbacks import (
     Callback,
+    Checkpointing,
     Evaluate,
     Progress,
     StateColumns,
@@ -131,6 +133,8 @@ class Run:
         self.spec, self.strategy, self.rounds, self.seed = spec, strategy, rounds, seed
         self.transforms, self.faults, self.rule = Transforms.of(transforms), faults, resolve_stop(stop)
         self.callbacks = self._callbacks(callbacks)
+        if isinstance(spec, OwnFeaturesSpec) and federation is not None:
+            spec.check_federation(federation)  # its columns are the core: before an engine checks widths
         self.engine = build_engine(engine, spec, None if federation is None else list(federation), seed)
         self._owns_engine = not isinstance(engine, Engine)  # built here: closed by close()
         if strategy.keeps_client_memory and not self.engine.keeps_client_memory:
@@ -140,6 +144,8 @@ class Run:
                 f"(personal hyper-parameters), which the {self.engine.name!r} engine does not keep yet; "
                 "use engine='sequential', 'batched', 'ray' or 'flower'"
             )
+        if isinstance(spec, OwnFeaturesSpec):
+            self._check_own_features(federation, strategy)
         if getattr(strategy, "arrival_driven", False) and not isinstance(self.engine, Arrivals):
             self.close()
             raise InputError(
@@ -157,6 +163,31 @@ class Run:
         self.stop_reason: str | None = None
         self.divergence: str | None = None
         self._fingerprint: dict[str, str] | None = None
+
+    def _check_own_features(self, federation: Federation | None, strategy: Strategy) -> None:
+        """Owners with own features (:mod:`fedgp.models.own_features`) run under FGPR on the sequential
+        engine, whose ops complete each owner's model with its own part; refuse anything else, saying why."""
+        reason = None
+        if self.engine.name != "sequential":
+            reason = (
+                f"the {self.engine.name!r} engine evaluates every client's model from the shared spec alone "
+                "(it would leave the owners' own columns out); use engine='sequential'"
+            )
+        elif self.privacy is not None or type(strategy) is not FGPR:
+            reason = (
+                f"{type(self.privacy or strategy).__name__}: the owners' own parts are trained under "
+                "FGPR only (one state per owner, no noise added to replies); use strategy=FGPR(...)"
+            )
+        elif federation is None:
+            reason = "the federation's clients must be given (federation=spec.federation(clients))"
+        elif any(isinstance(c, Checkpointing) and c.resume for c in self.callbacks):
+            reason = (
+                "Checkpointing(resume=True): a checkpoint holds the shared state, not the owners' own parts, "
+                "which a resumed run would restart from their initial values"
+            )
+        if reason is not None:
+            self.close()
+            raise InputError(f"OwnFeaturesSpec: {reason}")
 
     def _callbacks(self, given: Iterable[Callback | Callable] | None) -> list[Callback]:
         given = () if given is None else given

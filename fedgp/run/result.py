@@ -21,6 +21,7 @@ import torch
 
 from fedgp.data.client import ClientData, Federation, _as_float_tensor, _check_finite
 from fedgp.data.names import align, check_names
+from fedgp.data.owners import OwnerData
 from fedgp.engines.base import Engine, InProcessEngine
 from fedgp.engines.sequential import SequentialOps
 from fedgp.engines.tasks import KINDS, handle
@@ -35,6 +36,7 @@ from fedgp.errors import (
 from fedgp.export.botorch_model import to_botorch
 from fedgp.export.exact_gp import to_gpytorch
 from fedgp.messages import Record, Roster, ServerContext, Task, check_reply, read_state
+from fedgp.models.own_features import OwnFeaturesSpec
 from fedgp.models.posterior import Prediction
 from fedgp.models.spec import ExactGPModel, GPSpec
 from fedgp.models.state import HyperState
@@ -358,8 +360,12 @@ class FitResult:
             name = "(combined prediction)"
         # Named columns in the model's order; then a copy (pandas and read-only arrays included),
         # checked for dtype and NaN/inf as data are.
-        if self.feature_names is not None:  # else X is read by position, as it is
-            X = align(X, self.feature_names, _where(name))
+        names = self.feature_names
+        own = None if isinstance(where, ClientData) or self.federation is None else self.federation[where]
+        if isinstance(self.spec, OwnFeaturesSpec) and isinstance(own, OwnerData):  # its own columns follow
+            names, d = (*names, *own.own_names), d + own.n_own
+        if names is not None:  # else X is read by position, as it is
+            X = align(X, names, _where(name))
         X = _as_float_tensor(X, name, "X")
         if X.dim() != 2 or X.shape[1] != d:
             whose = f"client {name!r}, whose model takes" if client is not None else "the model, which takes"

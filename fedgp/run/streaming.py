@@ -34,6 +34,7 @@ from fedgp.engines.base import InProcessEngine
 from fedgp.errors import InputError
 from fedgp.messages import read_state
 from fedgp.models import iterative
+from fedgp.models.own_features import refuse_own_part
 from fedgp.models.posterior import Prediction
 from fedgp.models.spec import GPSpec
 from fedgp.models.state import HyperState
@@ -142,6 +143,7 @@ def check_updatable(result: Any, client: Any) -> int:
             "there and fit again. update serves the owners of an in-process engine (sequential, batched)"
         )
     spec = result.spec
+    refuse_own_part(spec, result.federation[where], "update")
     if spec.variational or not spec.conjugate:
         raise InputError(
             f"update (client {cid!r}): the spec is variational ({type(spec).__name__}); a growing "

@@ -27,9 +27,12 @@ from fedgp.synthetic.multifidelity import (
     MultiFidelityProblem,
     multifidelity_federation,
 )
+from fedgp.synthetic.own_features import OWN_CORE, own_feature_owners
 from fedgp.synthetic.werner import BumpClusters, WernerDX, bump_federation, dx_federation
 
 __all__ = [
+    "OWN_CORE",
+    "own_feature_owners",
     "GPDraws",
     "MixedRegression",
     "example1_theta",
