@@ -37,7 +37,7 @@ COMPARED = ["iteration", "owner", "evaluations", "y", "best_observed", "round", 
 def node_config(name: str, i: int, report: str = "y,best_observed") -> dict:
     return {"bo-objective": f"tests.flower.bo_objectives:{name}", "bo-owner": name,
             "bo-bounds": json.dumps(bo_objectives.BOUNDS), "bo-report": report,
-            "partition-id": i}  # fmt: skip
+            "partition-id": i, "bo-optimum": 1.0}  # fmt: skip
 
 
 def grid(run: dict = RUN, report: str = "y,best_observed", mods=(), order=NAMES) -> LocalGrid:
@@ -59,7 +59,7 @@ def on_flower(run: dict = RUN, secure=None, **kwargs):
 
 def in_process(run: dict = RUN, order=NAMES):
     settings_, bo = bo_settings(run)
-    owners = [Owner(name, getattr(bo_objectives, name), bo_objectives.BOUNDS) for name in order]
+    owners = [Owner(name, getattr(bo_objectives, name), bo_objectives.BOUNDS, optimum=1.0) for name in order]
     return BOLoop(owners, method(settings_, bo, 2), bo["bo-iterations"], initial=bo["bo-initial"],
                   seed=settings_["seed"]).run()  # fmt: skip
 
@@ -70,14 +70,16 @@ def reference():
 
 
 def test_the_loop_on_flower_nodes_is_the_in_process_loop_bit_for_bit(reference):
-    result = on_flower()
+    result = on_flower(report="y,best_observed,regret")  # every column the in-process history has
     assert len(result.failures) == 0
-    flower, local = result.history[COMPARED], reference.history[COMPARED]
-    assert flower.equals(local), (flower, local)
+    flower, local = result.history[[*COMPARED, "regret"]], reference.history[[*COMPARED, "regret"]]
+    assert flower.equals(local) and flower["regret"].notna().all(), (flower, local)
     for key, value in reference.method.result.state.items():
         assert torch.equal(result.method.result.state[key], value), key
     later = result.history["iteration"] > 0
-    assert (result.history.loc[later, "seconds_propose"] > 0).all() and result.history["regret"].isna().all()
+    assert (result.history.loc[later, "seconds_propose"] > 0).all()
+    # A column a node does not declare is NaN: the default run reports no regret.
+    assert on_flower({**RUN, "bo-iterations": 1}).history["regret"].isna().all()
 
 
 #: Client-level DP whose noise is drawn from the run's seed (``reproducible``: voids the guarantee, so
