@@ -29,6 +29,7 @@ from fedgp.errors import InputError, InputTypeError, import_extra
 from fedgp.models.spec import GPSpec
 from fedgp.rng import generator
 from fedgp.run.callbacks import Callback, Evaluate, Progress
+from fedgp.run.faults import Faults
 from fedgp.run.loop import Run
 from fedgp.run.privacy import ClientDP
 from fedgp.run.result import FitResult
@@ -66,6 +67,7 @@ class FederatedBO(Method):
     an :class:`~fedgp.bo.Acquisition`) on their personalised posteriors. ``engine``: ``"batched"``
     (default) or ``"sequential"``; ``transforms``: as :func:`fedgp.fit` (default ``None``: the
     hyper-parameters stay in the objectives' units from one iteration to the next).
+    ``faults``: as :func:`fedgp.fit` (e.g. ``Faults(min_contributors=2)``).
     ``batch_proposals=True``: all owners' proposals in one BoTorch optimisation
     (:mod:`fedgp.bo.batched`; ``"qlogei"`` or ``"qucb"``, FGPR-style shared states, no transforms).
 
@@ -89,6 +91,7 @@ class FederatedBO(Method):
         transforms: Any = None,
         acquisition: Acquisition | str | Any = "qlogei",
         batch_proposals: bool = False,
+        faults: Faults | None = None,
     ):
         import_extra("botorch", "fedgp.bo.FederatedBO")  # before the first fit's rounds, not after
         if not isinstance(spec, GPSpec):
@@ -123,12 +126,26 @@ class FederatedBO(Method):
                 f"{self.acquisition.name!r}"
             )
         self.batch_proposals = bool(batch_proposals)
+        self.faults = faults
         self.result: FitResult | None = None
 
     def _fit(self, loop, rounds: int, last: FitResult | None = None) -> dict[str, Any]:
         """``rounds`` more rounds on the owners' data as they are now, from the last server state
         (``self.result``'s, or ``last``'s)."""
         federation = Federation([ClientData(o.X.clone(), o.y.clone(), id=o.id) for o in loop.owners])
+        return self.fit_rounds(federation, self.engine, loop.seed, rounds, last)
+
+    def fit_rounds(
+        self,
+        federation: Federation | None,
+        engine: Any,
+        seed: int,
+        rounds: int,
+        last: FitResult | None = None,
+    ) -> dict[str, Any]:
+        """``rounds`` more rounds of the strategy on ``engine`` (a name, or an engine such as a Flower
+        grid's, whose nodes hold the data: ``federation`` ``None``), warm-started from the last server
+        state (``self.result``'s, or ``last``'s); the history columns of the last round."""
         callbacks: list[Callback] = [Progress(False), Evaluate(every=0)]
         done = 0
         last = self.result if last is None else last
@@ -137,8 +154,8 @@ class FederatedBO(Method):
             done = len(history)
             callbacks.append(WarmStart(done, last.server_state, history))
         run = Run(
-            self.spec, federation, self.strategy, done + rounds, engine=self.engine, seed=loop.seed,
-            transforms=self.transforms, stop=None, callbacks=callbacks,
+            self.spec, federation, self.strategy, done + rounds, engine=engine, seed=seed,
+            transforms=self.transforms, faults=self.faults, stop=None, callbacks=callbacks,
         )  # fmt: skip
         try:
             with run.engine.thread_setting(), warnings.catch_warnings():

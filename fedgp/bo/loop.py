@@ -43,12 +43,14 @@ def uniform_points(bounds: torch.Tensor, n: int, seed: int, stream: str, *path: 
 class BOResult:
     """What a loop leaves: ``history`` (one row per iteration and owner), the ``owners`` with all
     their evaluations, the ``method`` (e.g. :class:`~fedgp.bo.FederatedBO`, whose ``result`` is the
-    last federated fit), and why it stopped."""
+    last federated fit), why it stopped, and (on Flower, :class:`~fedgp.bo.FlowerBO`) the owners
+    dropped with the reason."""
 
     history: pd.DataFrame
     owners: list[Owner]
     method: Method
     stop_reason: str | None = None
+    failures: pd.DataFrame | None = None
 
     def summary(self) -> pd.DataFrame:
         """Per iteration: the owners' mean and median simple regret and mean best value."""
@@ -59,7 +61,34 @@ class BOResult:
         )
 
 
-class BOLoop:
+class _Driven:
+    """What every BO loop does around its iterations (this module's and Flower's,
+    :class:`~fedgp.bo.deployment.FlowerBO`): stop when asked, run to the end."""
+
+    def stop(self, reason: str) -> None:
+        """End the loop after the current iteration, saying why."""
+        self.stop_reason = reason
+
+    def finish(self) -> BOResult:
+        """Tell the callbacks, close the method, return the result."""
+        for callback in self.callbacks:
+            callback.on_end(self)
+        self.method.close()
+        return self._result()
+
+    def run(self) -> BOResult:
+        """``start``, ``step`` until done, ``finish``."""
+        self.start()
+        try:
+            while not self.done:
+                self.step()
+        except BaseException:
+            self.method.close()
+            raise
+        return self.finish()
+
+
+class BOLoop(_Driven):
     """``owners`` (a list of :class:`~fedgp.bo.Owner`, same input width) optimised by ``method`` for
     ``iterations`` iterations after ``initial`` starting points each; ``callbacks``: as
     :mod:`fedgp.bo.callbacks` (a :class:`~fedgp.bo.Budget`, :class:`~fedgp.bo.BOProgress`, your own
@@ -161,24 +190,5 @@ class BOLoop:
         self.history.extend(rows)
         return rows
 
-    def stop(self, reason: str) -> None:
-        """End the loop after the current iteration, saying why."""
-        self.stop_reason = reason
-
-    def finish(self) -> BOResult:
-        """Tell the callbacks, close the method, return the result."""
-        for callback in self.callbacks:
-            callback.on_end(self)
-        self.method.close()
+    def _result(self) -> BOResult:
         return BOResult(pd.DataFrame(self.history), self.owners, self.method, self.stop_reason)
-
-    def run(self) -> BOResult:
-        """``start``, ``step`` until done, ``finish``."""
-        self.start()
-        try:
-            while not self.done:
-                self.step()
-        except BaseException:
-            self.method.close()
-            raise
-        return self.finish()

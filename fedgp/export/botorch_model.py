@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from botorch.models import SingleTaskGP
     from botorch.models.transforms import Standardize
 
-__all__ = ["to_botorch", "fixed_standardize"]
+__all__ = ["to_botorch", "botorch_model", "fixed_standardize"]
 
 
 def _botorch():
@@ -98,7 +98,7 @@ def to_botorch(result, client: Any, trainable: bool = False) -> SingleTaskGP:
         names the input columns in the order the model takes them (the fit's, ``None`` when the data
         were unnamed): BoTorch takes plain tensors, so build them in this order (bounds too).
     """
-    botorch = _botorch()
+    _botorch()
     data = result.client_data(client)
     spec = result.spec
     refuse_own_part(spec, data, "to_botorch")
@@ -114,9 +114,21 @@ def to_botorch(result, client: Any, trainable: bool = False) -> SingleTaskGP:
             "result.to_gpytorch(client) (GPyTorch's Hadamard multitask model) or "
             "result.predict(rows, client=...)"
         )
-    gp = spec.build()
-    spec.load(gp, result.client_state(client))
     X, y, inputs, outcome = _transforms(result, data, spec.dtype)
+    model = botorch_model(spec, result.client_state(client), X, y, inputs, outcome, trainable)
+    model.feature_names = getattr(result, "feature_names", None)  # BoTorch has no model card: an attribute
+    return model
+
+
+def botorch_model(
+    spec, state, X: torch.Tensor, y: torch.Tensor, inputs=None, outcome=None, trainable: bool = False
+) -> SingleTaskGP:
+    """``spec``'s GP with ``state`` loaded, conditioned on ``(X, y)`` (the model's units unless
+    ``inputs``/``outcome`` transforms map them), as a frozen BoTorch ``SingleTaskGP`` in eval mode:
+    :func:`to_botorch`'s model, built where the rows are (a Flower node proposes on it)."""
+    botorch = _botorch()
+    gp = spec.build()
+    spec.load(gp, state)
     model = botorch.models.SingleTaskGP(
         X,
         y.unsqueeze(-1),
@@ -127,7 +139,6 @@ def to_botorch(result, client: Any, trainable: bool = False) -> SingleTaskGP:
         input_transform=inputs,
     )
     model.requires_grad_(False)
-    model.feature_names = getattr(result, "feature_names", None)  # BoTorch has no model card: an attribute
     if trainable:
         named = dict(model.named_parameters())
         for p in spec.params:

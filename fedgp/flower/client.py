@@ -32,17 +32,26 @@ from flwr.app import ConfigRecord, Context, Message
 from flwr.clientapp import ClientApp
 
 from fedgp.data.client import ClientData
+from fedgp.engines.base import Engine
 from fedgp.engines.config import Batched, Sequential
 from fedgp.errors import EngineError, InputError, MissingFileError
 from fedgp.flower.records import KIND_OF, outcome_to_content, task_from_content
 from fedgp.flower.secagg import RECORD, handle_stage, mask_reply
-from fedgp.messages import from_config, task_from_bytes, task_to_bytes
+from fedgp.messages import Outcome, Task, from_config, task_from_bytes, task_to_bytes
 from fedgp.messages.records import Record, record_from_bytes, record_to_bytes
 from fedgp.messages.remote import fields_from_json
 from fedgp.models.spec import GPSpec
 from fedgp.transforms import DataTransform
 
-__all__ = ["client_app", "kept_memory", "node_engine", "npz_loader", "read_npz_clients", "save_npz_clients"]
+__all__ = [
+    "client_app",
+    "kept_memory",
+    "node_engine",
+    "npz_loader",
+    "read_npz_clients",
+    "run_on_node",
+    "save_npz_clients",
+]
 
 Loader = Callable[[Context], tuple[GPSpec, Sequence[ClientData]]]
 _STATE = "fedgp.run"
@@ -104,6 +113,40 @@ def _handle(
         context.state.config_records.pop(_MEMORY, None)  # and nothing kept by its clients
     elif task.kind == "transform":  # the run's units, held for every later message of the run
         context.state.config_records[_TRANSFORM] = ConfigRecord({"task": task_to_bytes(task)})
+    engine, outcome, fields, clients = run_on_node(task, head, context, load, engine, predict)
+    secure = message.content.config_records.get(RECORD)
+    masked = None if secure is None else mask_reply(context, secure, outcome.sums, fields)
+    if masked is not None:  # the node's own sums leave only masked
+        outcome.sums = {}
+    content = outcome_to_content(outcome, engine.keys)
+    if masked is not None:
+        content[RECORD] = ConfigRecord({"masked": masked})
+    if task.kind == "hello":  # who this node hosts, and where it stands among the nodes
+        partition = context.node_config.get("partition-id")
+        columns = load.columns(context) if hasattr(load, "columns") else None  # names, not data
+        content["node"] = ConfigRecord(
+            {"ids": json.dumps([c.id for c in clients]), "partition": json.dumps(partition),
+             "columns": json.dumps(columns)}
+        )  # fmt: skip
+    if engine.client_strategy.keeps_client_memory and task.kind != "hello":
+        _keep_memory(context, engine.memory)  # the reply is ready: the node keeps what the task committed
+    return Message(content, reply_to=message)
+
+
+def run_on_node(
+    task: Task,
+    head: ConfigRecord,
+    context: Context,
+    load: Loader,
+    engine: Sequential | Batched,
+    reveal: Callable[[Context], bool] | None = None,
+) -> tuple[Engine, Outcome, dict, list[ClientData]]:
+    """``task`` on the node's clients that ``head`` names, by the node's engine built for this
+    message (the run's strategy and seed from its ``hello``, the run's units, what its clients
+    keep): ``(engine, outcome, declared fields, the node's clients)``. ``reveal``: whether an
+    owner's personal state may be answered (a reply that leaves the node); ``None`` where the
+    answer stays on the node (its own use, e.g. a BO proposal). The caller keeps what the task
+    committed to the clients' memory (:func:`_keep_memory`) once its reply is ready."""
     if _STATE not in context.state.config_records:
         raise EngineError("this node has not been registered for the run (no hello received)")
     run = context.state.config_records[_STATE]
@@ -112,7 +155,7 @@ def _handle(
     engine = engine.build(spec, clients, keys=int(head["first_key"]) + torch.arange(len(clients)))
     engine.prepare(from_config(json.loads(str(run["strategy"]))), int(run["seed"]))
     keeps = engine.client_strategy.keeps_client_memory
-    if keeps and task.kind == "personal" and not predict(context):
+    if keeps and task.kind == "personal" and reveal is not None and not reveal(context):
         # Its answer is an owner's own state; a prediction would give the same away (its noise).
         raise InputError(
             "this node does not reveal its owners' personal hyper-parameters (a personal task); "
@@ -129,24 +172,7 @@ def _handle(
     else:
         rows = engine.positions([int(k) for k in head["clients"]])
     fields = fields_from_json(str(head["fields"]))
-    outcome = engine.run(task, rows, fields)
-    secure = message.content.config_records.get(RECORD)
-    masked = None if secure is None else mask_reply(context, secure, outcome.sums, fields)
-    if masked is not None:  # the node's own sums leave only masked
-        outcome.sums = {}
-    content = outcome_to_content(outcome, engine.keys)
-    if masked is not None:
-        content[RECORD] = ConfigRecord({"masked": masked})
-    if task.kind == "hello":  # who this node hosts, and where it stands among the nodes
-        partition = context.node_config.get("partition-id")
-        columns = load.columns(context) if hasattr(load, "columns") else None  # names, not data
-        content["node"] = ConfigRecord(
-            {"ids": json.dumps([c.id for c in clients]), "partition": json.dumps(partition),
-             "columns": json.dumps(columns)}
-        )  # fmt: skip
-    if keeps and task.kind != "hello":  # the reply is ready: the node keeps what the task committed
-        _keep_memory(context, engine.memory)
-    return Message(content, reply_to=message)
+    return engine, engine.run(task, rows, fields), fields, clients
 
 
 def client_app(

@@ -49,7 +49,7 @@ from fedgp.messages.round import check_reply
 from fedgp.models.spec import GPSpec
 from fedgp.strategies.base import Strategy
 
-__all__ = ["GridEngine", "plain_reason", "by_reason"]
+__all__ = ["GridEngine", "plain_reason", "by_reason", "node_rank"]
 
 #: Flower's form of a ClientApp's exception in an error reply: ``<class 'pkg.Name'>:<'message'>``.
 _FLOWER_REASON = re.compile(r"<class '(?:[\w.]+\.)?(\w+)'>:<'(.*)'>", re.S)
@@ -75,6 +75,12 @@ def by_reason(failures: Mapping[int, str]) -> str:
         f"{'node' if len(nodes) == 1 else 'nodes'} {', '.join(map(str, nodes))}: {reason}"
         for reason, nodes in grouped.items()
     )
+
+
+def node_rank(partition: int | None, node: int) -> tuple[int, int, int]:
+    """Where a node stands among a run's nodes: by its ``partition-id``, then (nodes with none) by
+    its node id. The clients' training positions follow this order."""
+    return (0, int(partition), node) if partition is not None else (1, node, node)
 
 
 #: What reading a reply that no fedgp node makes may raise (a missing record, a bad layout).
@@ -119,6 +125,9 @@ class GridEngine(Engine, Arrivals):
         #: Messages dispatched and not yet answered: id -> (node, its clients, when pushed).
         self._flight: dict[str, tuple[int, torch.Tensor, float]] = {}
         self._clock: float | None = None  # when the first dispatch went out (monotonic seconds)
+        #: Nodes the engine no longer says hello to (a caller dropped them, e.g. a BO loop whose node
+        #: sent a malformed reply).
+        self.excluded: set[int] = set()
 
     @property
     def feature_names(self) -> tuple[str, ...] | None:
@@ -150,6 +159,10 @@ class GridEngine(Engine, Arrivals):
             wait = min(wait * POLL_GROWTH, POLL_CAP)
         return replies
 
+    def _grid_nodes(self) -> list[int]:
+        """The grid's node ids, less :attr:`excluded`, in order."""
+        return sorted(int(n) for n in self.grid.get_node_ids() if int(n) not in self.excluded)
+
     def _registered_nodes(self) -> list[int]:
         """The grid's nodes, once some have registered and their number has stopped changing for
         :data:`NODE_SETTLE` seconds. A ServerApp may start before its nodes: Flower's simulation
@@ -158,10 +171,10 @@ class GridEngine(Engine, Arrivals):
         grid with no node after it is an error that says what to start)."""
         patience = NODE_WAIT if self.timeout is None else self.timeout
         end = time.monotonic() + patience
-        seen, wait = sorted(int(n) for n in self.grid.get_node_ids()), FIRST_POLL
+        seen, wait = self._grid_nodes(), FIRST_POLL
         while time.monotonic() < end:
             time.sleep(NODE_SETTLE if seen else wait)
-            now = sorted(int(n) for n in self.grid.get_node_ids())
+            now = self._grid_nodes()
             if now and now == seen:
                 return now
             seen, wait = now, min(wait * POLL_GROWTH, POLL_CAP)
@@ -195,10 +208,10 @@ class GridEngine(Engine, Arrivals):
         if not nodes:
             raise EngineError(f"no Flower node registered: {by_reason(missing)}")
         outcomes = {n: outcome_from_content(replies[n].content) for n in nodes}
-        ranks = {}
-        for n in nodes:
-            partition = json.loads(str(replies[n].content.config_records["node"]["partition"]))
-            ranks[n] = (0, int(partition), n) if partition is not None else (1, n, n)
+        ranks = {
+            n: node_rank(json.loads(str(replies[n].content.config_records["node"]["partition"])), n)
+            for n in nodes
+        }
         self.nodes = sorted(nodes, key=ranks.__getitem__)
         ids, sizes, n_test, dims, node_of = [], [], [], [], []
         self._first = {}
