@@ -134,6 +134,8 @@ def report() -> str:
         coverage95=("coverage95", "mean"), rmse_over_separate_mle=("ratio", "mean"),
         below_separate_mle=("below", "sum"),
     ).reset_index()  # fmt: skip
+    order = {m: i for i, m in enumerate((*EXISTING, PERSONAL, SHRUNK, OPTIMUM))}
+    table = table.sort_values(["function", "method"], key=lambda c: c.map(order) if c.name == "method" else c)
     rerun = new[new["method"] == "FGPR (rerun)"].merge(
         old[old["method"] == "FGPR"][["function", "seed", "rmse"]],
         on=["function", "seed"],
