@@ -189,6 +189,8 @@ def test_bad_widths_are_refused_naming_them(owners):
         _fit(FGPR(personal=("noise",), shrink=Shrinkage(widths={"lengthscale": 1.0})), owners, rounds=1)
     shrink = Shrinkage(0.5, widths={"noise": None})
     assert Shrinkage.from_config(shrink.to_config()) == shrink
+    strategy = FGPR(personal=("scale",), shrink=shrink)
+    assert FGPR.from_config(strategy.to_config()) == strategy  # a run's settings record it
 
 
 def test_the_batched_engine_shrinks_as_the_sequential_one(owners):
