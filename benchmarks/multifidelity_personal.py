@@ -151,8 +151,10 @@ def report() -> str:
     seeds = sorted(new["seed"].unique())
     text = (
         "# Study 5(d): multi-fidelity levels as owners, each level's noise and scale personal\n\n"
-        f"`{COMMAND} run --seeds {len(seeds)}`, then `{COMMAND} report` (one thread). Table 1's problems "
-        f"and paper protocol, seeds {seeds[0]}–{seeds[-1]}; Table 1's rows (`results/table1_runs.csv`) for "
+        f"`{COMMAND} run --seeds {len(seeds)}` (run here as two processes, `--functions currin park branin` "
+        f"and `--functions borehole hartmann3`), then `{COMMAND} report` (one thread each). "
+        f"Table 1's problems and paper protocol, seeds {seeds[0]}–{seeds[-1]}; Table 1's rows "
+        "(`results/table1_runs.csv`) for "
         "the same seeds beside the new ones. 'FGPR, personal scale': each level's outputscale and noise its "
         "own (`FGPR.authors(personal=(\"scale\",))`); 'shrunk': those values shrunk towards the server's by "
         "widths the evidence chooses from a first personal fit (`fedgp.strategies.shrinkage`); "
