@@ -4,6 +4,8 @@
     ... benchmarks/owner_scale.py synthetic grunfeld fertility cmapss   (one or more, each under 10 min)
     ... benchmarks/owner_scale.py --table                               (the .md from the CSVs)
     ... benchmarks/owner_scale.py --lengthscales                        (owner_scale_lengthscales.csv)
+    ... benchmarks/owner_scale.py --shrunk gains synthetic grunfeld fertility cmapss
+        (only the shrunk scale model: owner_scale_<federation>_shrunk.csv, beside the others' rows)
 
 ``gains`` is study 5(c): 12 owners of one GP draw in four groups, gains 1 and 10 by noise sd 0.05
 and 0.5, with offsets (:func:`fedgp.experiments.owner_scale.gain_owners`). The others are the
@@ -34,6 +36,7 @@ SOURCES = {"gains": lambda seed: gain_owners(population=0, split=seed), **FEDERA
 SEEDS = (0, 1, 2)
 COMMAND = "OMP_NUM_THREADS=1 FEDGP_DATA=../shared/datasets .venv/bin/python benchmarks/owner_scale.py"
 MODEL = "own sd, personal scale"
+SHRUNK = "own sd, personal scale, shrunk"
 LENGTHSCALE = "covar_module.base_kernel.lengthscale"
 
 
@@ -43,14 +46,18 @@ KEPT = ("auto (fit's default)", "one federated sd", "each owner's own sd", "own 
 BENCHMARK = {label: CANDIDATES[label] for label in (*KEPT, "owners alone")}
 
 
-def run(name: str) -> None:
+def run(name: str, shrunk: bool = False) -> None:
+    """Every candidate (``owner_scale_<name>.csv``), or with ``shrunk`` only the shrunk scale model
+    (``owner_scale_<name>_shrunk.csv``: the other candidates' code is unchanged by shrinkage)."""
     started = time.perf_counter()
     options = {} if name == "gains" else {"candidates": BENCHMARK, "restarts": 2}
+    if shrunk:
+        options = {"candidates": {SHRUNK: CANDIDATES[SHRUNK]}}
     frame = scale_study(
         {name: SOURCES[name]}, seeds=SEEDS, log=lambda line: print(line, flush=True), **options
     )
     frame["minutes"] = (time.perf_counter() - started) / 60
-    frame.to_csv(OUT / f"owner_scale_{name}.csv", index=False)
+    frame.to_csv(OUT / f"owner_scale_{name}{'_shrunk' if shrunk else ''}.csv", index=False)
     print(f"{name}: {frame['minutes'].iloc[0]:.1f} min", flush=True)
 
 
@@ -86,7 +93,9 @@ def acceptance(frame: pd.DataFrame) -> pd.DataFrame:
     best = nll[["one federated sd", "each owner's own sd"]].min(axis=1)
     worst = nll[["one federated sd", "each owner's own sd"]].max(axis=1)
     rows = []
-    for candidate in ("auto (fit's default)", MODEL, "own sd, personal noise"):
+    for candidate in ("auto (fit's default)", MODEL, SHRUNK, "own sd, personal noise"):
+        if candidate not in nll:
+            continue
         rows.append(pd.DataFrame({"candidate": candidate, "minus the better": nll[candidate] - best,
                                   "minus the worse": nll[candidate] - worst}))  # fmt: skip
     return pd.concat(rows).reset_index()
@@ -127,11 +136,21 @@ def lengthscales() -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def widths(frame: pd.DataFrame) -> pd.DataFrame:
+    """The widths the evidence chose for the shrunk scale model, per federation and split seed."""
+    shrunk = frame[frame["candidate"] == SHRUNK]
+    return shrunk.groupby(["federation", "seed"], sort=False)["widths"].first().reset_index()
+
+
 def table() -> None:
-    frames = [pd.read_csv(path) for path in sorted(OUT.glob("owner_scale_*.csv"))]
-    frame = pd.concat(frames, ignore_index=True)
-    minutes = frame.groupby("federation")["minutes"].first()
-    timing = ", ".join(f"{name} {value:.1f} min" for name, value in minutes.items())
+    files = sorted(OUT.glob("owner_scale_*.csv"))
+    frames = [pd.read_csv(path).assign(shrunk_run=path.stem.endswith("_shrunk")) for path in files]
+    frame = pd.concat([f for f in frames if "at_optimum" in f], ignore_index=True)  # not the lengthscales
+    minutes = frame.groupby(["federation", "shrunk_run"])["minutes"].first()
+    timing, timing_shrunk = (
+        ", ".join(f"{name} {value:.1f} min" for (name, shrunk), value in minutes.items() if shrunk == which)
+        for which in (False, True)
+    )
     text = (
         "# Owners' scale as a model, not a switch (issue 52, item 3; study 5(c))\n\n"
         f"`{COMMAND} <federation>` for each federation ({timing}; one thread), then `... --table`. "
@@ -143,11 +162,22 @@ def table() -> None:
         "the same objective's central optimum (L-BFGS on the pooled data, 3 starts on gains, 2 on the "
         "others, where 'federated sd, personal noise' is left out); 'gap/owner': "
         "its summed log marginal likelihood minus the run's, per owner (nats).\n\n"
+        f"'{SHRUNK}' (added later, the other rows unchanged): `{COMMAND} --shrunk <federation>` "
+        f"({timing_shrunk}, on a machine shared by about 9 jobs), rows in "
+        "`owner_scale_<federation>_shrunk.csv`. "
+        "The scale model fitted once, then each personal hyper-parameter's width chosen by the evidence of "
+        "the owners' fits (`fedgp.strategies.shrinkage.evidence_widths`: each owner's value and Laplace "
+        "variance, the width maximising the likelihood of `φ̂_k ~ N(c, w² + s_k²)`, from summed "
+        "statistics), and the model fitted again with each owner's raw value `c + δ_k`, `δ_k ~ N(0, w²)`, "
+        '`c` the server\'s shared value (`FGPR(personal=("scale",), shrink=...)`). Its objective has the '
+        "prior, so no central optimum is given for it.\n\n"
         "## Per candidate\n\n"
         + markdown_table(per_candidate(frame), floatfmt=".3g")
         + "\n\n## Acceptance: test NLL minus the better / the worse of one federated sd and each "
         "owner's sd\n\n"
         + markdown_table(acceptance(frame), floatfmt=".3g")
+        + "\n\n## The widths the evidence chose (raw units; 0: shared)\n\n"
+        + markdown_table(widths(frame), floatfmt=".3g")
         + "\n\n## Study 5(c): per owner group (gains 1, 10 by noise sd 0.05, 0.5)\n\n"
         + markdown_table(coverage_groups(frame), floatfmt=".3g")
         + "\n"
@@ -160,6 +190,10 @@ if __name__ == "__main__":
     torch.set_num_threads(1)
     if "--table" in sys.argv:
         table()
+    elif "--shrunk" in sys.argv:
+        for name in sys.argv[1:]:
+            if name != "--shrunk":
+                run(name, shrunk=True)
     elif "--lengthscales" in sys.argv:
         frame = lengthscales()
         frame.to_csv(OUT / "owner_scale_lengthscales.csv", index=False)

@@ -36,6 +36,7 @@ from fedgp.models.spec import GPSpec
 from fedgp.run import Evaluate, Progress, fit
 from fedgp.strategies import FGPR
 from fedgp.strategies.personal import personal_names
+from fedgp.strategies.shrinkage import evidence_widths
 from fedgp.transforms import Standardize, Transforms
 
 __all__ = [
@@ -133,10 +134,13 @@ def owner_metrics(spec, states, transformed, offsets, scales, federation) -> pd.
 @dataclass(frozen=True)
 class Candidate:
     """One way to treat the owners' scale: the run's transforms and the names each owner keeps
-    (``None``: no federation, each owner alone at its own optimum)."""
+    (``None``: no federation, each owner alone at its own optimum); ``shrink="evidence"``: the
+    personal values shrunk towards the server's by widths the evidence chooses from a first,
+    unshrunk fit (:func:`fedgp.strategies.shrinkage.evidence_widths`)."""
 
     transforms: object
     personal: tuple[str, ...] | None = ()
+    shrink: str | None = None
 
 
 #: One federated mean and sd for every owner.
@@ -152,6 +156,7 @@ CANDIDATES: Mapping[str, Candidate] = {
     "federated sd, personal noise": Candidate(FEDERATED_SD, ("noise",)),
     "own sd, personal noise": Candidate(OWN_SD, ("noise",)),
     "own sd, personal scale": Candidate(OWN_SD, ("scale",)),
+    "own sd, personal scale, shrunk": Candidate(OWN_SD, ("scale",), shrink="evidence"),
     "owners alone": Candidate(OWN_SD, None),
 }
 
@@ -167,12 +172,14 @@ def candidate_run(
 ) -> tuple[pd.DataFrame, dict]:
     """Fit one candidate (FGPR's defaults, ``rounds`` rounds) and measure each owner's test metrics,
     beside (``optimum``) those at the central optimum of the same objective, with the run's gap to
-    that optimum in nats per owner. "Owners alone" is measured at its optimum only."""
+    that optimum in nats per owner. "Owners alone" is measured at its optimum only; a shrunk
+    candidate's objective has the prior, so it is measured learned only, its widths in ``info``."""
     spec = spec or scale_spec()
     strategy = FGPR(personal=candidate.personal or ())
     rounds = 1 if candidate.personal is None else rounds  # alone: the run only learns the transform
+    quiet = [Evaluate(every=0), Progress(False)]
     result = fit(spec, federation, strategy, rounds=rounds, seed=seed, transforms=candidate.transforms,
-                 callbacks=[Evaluate(every=0), Progress(False)])  # fmt: skip
+                 callbacks=quiet)  # fmt: skip
     clients, offsets, scales = result.transform.apply_all(list(federation))
     built = result.spec
     names = (
@@ -181,6 +188,14 @@ def candidate_run(
         else personal_names(built, candidate.personal, "scale_study")
     )
     info = {"outcome": result.transforms.get("outcome", "")}
+    if candidate.shrink == "evidence":
+        states = [result.client_state(k) for k in range(len(federation))]
+        shrink = evidence_widths(built, states, clients, names)
+        strategy = FGPR(personal=candidate.personal, shrink=shrink)
+        result = fit(spec, federation, strategy, rounds=rounds, seed=seed, transforms=candidate.transforms,
+                     callbacks=quiet)  # fmt: skip
+        info["widths"] = "; ".join(f"{name.rsplit('.', 1)[-1]} {w:.3g}" for name, w in shrink.widths)
+        optimum = False
     if candidate.personal is None:  # independent owners: each one's optimum on its own
         alone = [central_personal_optimum(built, [c], names, restarts, seed)[0][0] for c in clients]
         at_optimum = owner_metrics(built, alone, clients, offsets, scales, federation)
@@ -225,7 +240,7 @@ def scale_study(
                 owners, info = candidate_run(federation, candidate, rounds, seed, restarts=restarts)
                 done[label] = owners.assign(federation=name, seed=seed, candidate=label, **info)
                 log(f"{name} seed {seed}: {label}")
-            picked = auto_choice(federation)
             auto = [label for label, c in (candidates or CANDIDATES).items() if c.transforms == "auto"]
+            picked = auto_choice(federation) if auto else None
             frames += [*done.values(), *(done[picked].assign(candidate=label) for label in auto)]
     return pd.concat(frames, ignore_index=True)

@@ -16,6 +16,7 @@ from fedgp.strategies.memory import ClientMemory
 from fedgp.strategies.private import DPFGPR
 from fedgp.strategies.schedules import CosineDecay, InverseRound, LRSchedule, StepDecay
 from fedgp.strategies.server import FedAdam, FedAvgM, FedYogi, ServerOptimizer, ServerState
+from fedgp.strategies.shrinkage import Shrinkage
 from fedgp.strategies.speeds import LogUniform, SpeedDraw
 from fedgp.strategies.staleness import Constant, Hinge, Polynomial, StalenessWeight
 from fedgp.strategies.weighted import WeightedFGPR
@@ -41,6 +42,7 @@ __all__ = [
     "ClientOps",
     "TrainResult",
     "ClientMemory",
+    "Shrinkage",
     "LocalTraining",
     "Adam",
     "SGD",

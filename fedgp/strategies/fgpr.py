@@ -49,6 +49,7 @@ from fedgp.strategies.memory import memory_of
 from fedgp.strategies.personal import as_names, keep, personal_names, with_kept
 from fedgp.strategies.schedules import LRSchedule
 from fedgp.strategies.server import FedAdam, ServerOptimizer, ServerState
+from fedgp.strategies.shrinkage import Shrinkage, shrink_start, shrink_trained
 from fedgp.strategies.surface import AttackSurface
 
 __all__ = ["FGPR"]
@@ -96,7 +97,10 @@ class FGPR(Strategy):
             ones are averaged. An owner starts from the spec's initial values, conditions on its own
             values (``result.predict(X, client=k)``), and a new client on the initial ones, which
             the global state (``result.state``) keeps for them. Needs an engine that keeps its
-            clients' memory (``sequential``, ``batched``, ``ray``).
+            clients' memory (``sequential``, ``batched``, ``ray``, Flower's).
+        shrink: ``None`` or a :class:`~fedgp.strategies.shrinkage.Shrinkage`: each owner's raw value
+            of a personal hyper-parameter is the server's shared value plus its own offset, kept and
+            shrunk towards 0 by a prior of the given width (``0``: shared; ``None``: unshrunk).
     """
 
     local_steps: int | None = 1
@@ -113,6 +117,7 @@ class FGPR(Strategy):
     server_optimizer: ServerOptimizer | None = FedAdam()
     lr_schedule: LRSchedule | None = None
     personal: tuple[str, ...] = ()
+    shrink: Shrinkage | None = None
     local: LocalTraining = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -141,7 +146,11 @@ class FGPR(Strategy):
             )
         if self.sampling not in ("weighted", "uniform"):
             raise InputError(f"sampling must be 'weighted' or 'uniform', got {self.sampling!r}")
-        for name, kind in (("server_optimizer", ServerOptimizer), ("lr_schedule", LRSchedule)):
+        for name, kind in (
+            ("server_optimizer", ServerOptimizer),
+            ("lr_schedule", LRSchedule),
+            ("shrink", Shrinkage),
+        ):
             value = getattr(self, name)
             if value is not None and not isinstance(value, kind):
                 raise InputTypeError(f"FGPR: {name} must be a fedgp {kind.__name__} or None, got {value!r}")
@@ -172,8 +181,20 @@ class FGPR(Strategy):
         return bool(self.personal)
 
     def personal_names(self, spec: GPSpec) -> frozenset[str]:
-        """The state names of ``spec`` each owner keeps for itself (``personal``, resolved)."""
-        return personal_names(spec, self.personal, "FGPR") if self.personal else frozenset()
+        """The state names of ``spec`` each owner keeps for itself (``personal``, resolved; a name
+        ``shrink`` gives a width is shared, with the owner's offset kept apart)."""
+        names = personal_names(spec, self.personal, "FGPR") if self.personal else frozenset()
+        if self.shrink is None or not names:
+            return names
+        return frozenset(k for k, w in self.shrink.resolve(spec, names).items() if w is None)
+
+    def shrunk_names(self, spec: GPSpec) -> dict[str, float]:
+        """The personal names with a finite positive width (state name -> width): shared ``c``, kept
+        offset ``δ_k`` (:mod:`fedgp.strategies.shrinkage`)."""
+        if self.shrink is None or not self.personal:
+            return {}
+        widths = self.shrink.resolve(spec, personal_names(spec, self.personal, "FGPR"))
+        return {k: w for k, w in widths.items() if w is not None and w > 0}
 
     # -- server -----------------------------------------------------------------------------------
     def initialize(self, ctx: ServerContext, rng: np.random.Generator) -> HyperState | ServerState:
@@ -247,19 +268,25 @@ class FGPR(Strategy):
         if not self.personal:  # nothing kept: every hyper-parameter is shared and replied
             result = ops.train(start, self.local_training(task.round))
             return {**state_tensors(result.states, STATE), "loss": result.loss}
-        personal, memory = self.personal_names(ops.spec), memory_of(ops)
-        result = ops.train(with_kept(start, personal, memory), self.local_training(task.round))
+        personal, memory, shrunk = self.personal_names(ops.spec), memory_of(ops), self.shrunk_names(ops.spec)
+        local = self.local_training(task.round)
+        begin = shrink_start(ops.spec, with_kept(start, personal, memory), shrunk, memory)
+        result = ops.train(begin, local)
         keep(result.states, personal, memory)
-        shared = {
-            k: v for k, v in state_tensors(result.states, STATE).items() if k[len(STATE) :] not in personal
-        }
+        trained = result.states
+        if shrunk:  # the prior's step on the kept offsets; the shared centre's step is replied
+            step = local.optimizer.lr * local.num_steps(ops.sizes)
+            trained = shrink_trained(ops.spec, start, trained, shrunk, memory, ops.sizes, step)
+        shared = {k: v for k, v in state_tensors(trained, STATE).items() if k[len(STATE) :] not in personal}
         return {**shared, "loss": result.loss}
 
     def personal_state(self, ops: ClientOps, task: Task) -> tuple[HyperState, torch.Tensor]:
         """The global state, with each owner's own personal values where it keeps them."""
         state = read_state(task.shared.tensors, ops.spec, STATE).expand(len(ops.indices))
         if self.personal:
-            state = with_kept(state, self.personal_names(ops.spec), memory_of(ops))
+            memory = memory_of(ops)
+            state = with_kept(state, self.personal_names(ops.spec), memory)
+            state = shrink_start(ops.spec, state, self.shrunk_names(ops.spec), memory)
         return state, torch.zeros(len(ops.indices), dtype=torch.long)
 
 
