@@ -356,6 +356,12 @@ class Checkpointing(Callback):
         check_key(self.key)
 
     def restore(self, run) -> None:
+        if getattr(run.strategy, "shrink", None) is not None:
+            raise CheckpointError(
+                f"Checkpointing: {type(run.strategy).__name__}(shrink=...) keeps each owner's offset from "
+                "the shared value (fedgp.strategies.shrinkage), which a checkpoint cannot hold yet: a "
+                "resumed run would restart every owner at the shared value"
+            )
         if not self.resume:
             return
         if not Path(self.path).exists():

@@ -384,6 +384,11 @@ def write_result(result, path: str | os.PathLike, key: bytes | str | None = None
 def _personal(result, tensors: dict[str, torch.Tensor]) -> dict:
     """The owners' personal values as the file's ``personal`` record; what the file could not give
     back (an owner that is not in the roster, a value that is no personal hyper-parameter) is refused."""
+    if getattr(result.strategy, "shrink", None) is not None:
+        raise InputError(
+            f"cannot save this result: {type(result.strategy).__name__}(shrink=...) keeps each owner's "
+            "offset from the shared value (fedgp.strategies.shrinkage), which a saved file cannot hold yet"
+        )
     kept, ids = result.personal_values(), _ids(list(result.roster.ids))
     names = result.strategy.personal_names(result.spec)
     for owner, values in kept.items():

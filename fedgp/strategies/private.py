@@ -137,6 +137,11 @@ class DPFGPR(Strategy):
                 "DPFGPR: the clipped updates are summed in raw space; the FGPR's aggregator must be the "
                 f"default mean in raw space, got {self.inner.state_aggregator!r}"
             )
+        if self.inner.shrink is not None:
+            raise InputError(
+                "DPFGPR: FGPR(shrink=...) is not supported under ClientDP yet: the clipped update would "
+                "not carry each owner's offset from the shared value (fedgp.strategies.shrinkage)"
+            )
         if self.inner.clients_per_round is not None:
             raise InputError(
                 "DPFGPR: give the sampling as ClientDP(rate=...), not FGPR(clients_per_round=...): the "

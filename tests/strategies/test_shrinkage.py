@@ -211,3 +211,17 @@ def test_the_batched_engine_shrinks_as_the_sequential_one(owners):
         for engine in ("sequential", "batched")
     ]
     assert _largest_difference(*fits) < 1e-10
+
+
+def test_what_cannot_hold_the_owners_offsets_refuses_naming_shrink(owners, tmp_path):
+    """A saved file, a checkpoint and ClientDP's clipped update do not carry the offsets yet: each
+    refuses, rather than give every owner the shared value (a wrong model, silently)."""
+    strategy = FGPR(personal=("scale",), shrink=Shrinkage(1.0))
+    result = _fit(strategy, owners, rounds=1)
+    with pytest.raises(InputError, match=r"shrink=.*saved file cannot hold"):
+        result.save(tmp_path / "model.fedgp")
+    with pytest.raises(fedgp.errors.CheckpointError, match=r"shrink=.*checkpoint cannot hold"):
+        fedgp.fit(scale_spec(), owners, strategy, rounds=1, transforms=OWN_SD,
+                  callbacks=[Progress(False), fedgp.run.Checkpointing(tmp_path / "c")])  # fmt: skip
+    with pytest.raises(InputError, match=r"shrink=.*not supported under ClientDP"):
+        _fit(fedgp.run.ClientDP(strategy, noise=1.0, clip=1.0), owners, rounds=1)
