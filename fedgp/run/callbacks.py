@@ -356,12 +356,6 @@ class Checkpointing(Callback):
         check_key(self.key)
 
     def restore(self, run) -> None:
-        if getattr(run.strategy, "shrink", None) is not None:
-            raise CheckpointError(
-                f"Checkpointing: {type(run.strategy).__name__}(shrink=...) keeps each owner's offset from "
-                "the shared value (fedgp.strategies.shrinkage), which a checkpoint cannot hold yet: a "
-                "resumed run would restart every owner at the shared value"
-            )
         if not self.resume:
             return
         if not Path(self.path).exists():
@@ -416,7 +410,7 @@ class Checkpointing(Callback):
             )
         if keeps:
             try:
-                names = run.strategy.personal_names(run.spec)
+                names = run.strategy.kept_names(run.spec)
                 kept = read_kept(ckpt.client_memory, run.spec, names, run.roster.ids, "client_memory")
             except FileFormatError as err:
                 raise CheckpointError(f"checkpoint {self.path}: {err}") from None

@@ -25,8 +25,9 @@ from typing import Any
 import torch
 
 from fedgp.errors import FileFormatError
-from fedgp.messages import Record, check_reply, reply_structure, state_fields
+from fedgp.messages import Field, Record, check_reply, reply_structure, state_fields
 from fedgp.models.spec import GPSpec
+from fedgp.strategies.shrinkage import OFFSET
 
 __all__ = ["Kept", "kept_record", "read_kept"]
 
@@ -79,7 +80,7 @@ def read_kept(record: Any, spec: GPSpec, names: frozenset[str], ids: Sequence, w
                 f"{field}.values holds {rows} for its {len(owners)} clients {_some(owners)}"
             )
         checked = Record({field: values})
-        declared = {field: fields[f"state/{name}"]}
+        declared = {field: _declared(fields, name)}
         problem = reply_structure(checked, declared, len(owners))
         if problem:
             raise FileFormatError(f"{problem} for each of its {len(owners)} clients {_some(owners)}")
@@ -89,6 +90,15 @@ def read_kept(record: Any, spec: GPSpec, names: frozenset[str], ids: Sequence, w
         for owner, value in zip(owners, values):
             out.setdefault(owner, {})[name] = value.clone()
     return out
+
+
+def _declared(fields: Mapping[str, Field], name: str) -> Field:
+    """How ``name``'s value is checked: a hyper-parameter's as its state field (its constraint's
+    domain); a shrunk one's offset (``"offset/<name>"``, :mod:`fedgp.strategies.shrinkage`) is a raw,
+    unconstrained value of the same shape."""
+    if name.startswith(OFFSET):
+        return Field(fields[f"state/{name[len(OFFSET) :]}"].shape, torch.float64)
+    return fields[f"state/{name}"]
 
 
 def _some(ids: Sequence, k: int = 3) -> str:

@@ -384,13 +384,8 @@ def write_result(result, path: str | os.PathLike, key: bytes | str | None = None
 def _personal(result, tensors: dict[str, torch.Tensor]) -> dict:
     """The owners' personal values as the file's ``personal`` record; what the file could not give
     back (an owner that is not in the roster, a value that is no personal hyper-parameter) is refused."""
-    if getattr(result.strategy, "shrink", None) is not None:
-        raise InputError(
-            f"cannot save this result: {type(result.strategy).__name__}(shrink=...) keeps each owner's "
-            "offset from the shared value (fedgp.strategies.shrinkage), which a saved file cannot hold yet"
-        )
     kept, ids = result.personal_values(), _ids(list(result.roster.ids))
-    names = result.strategy.personal_names(result.spec)
+    names = result.strategy.kept_names(result.spec)
     for owner, values in kept.items():
         if owner not in ids or set(values) - names:
             what = f"values {sorted(set(values) - names)}" if owner in ids else "values, but it is no client"
@@ -564,7 +559,7 @@ def _read_personal(header: dict[str, Any], tensors: dict[str, torch.Tensor], spe
         record = decode(header["personal"], tensors)
     except Exception as err:  # noqa: BLE001 - a crafted reference: refuse, naming the field
         raise FileFormatError(f"personal is not a record of the file's tensors ({err})") from None
-    return read_kept(record, spec, strategy.personal_names(spec), roster.ids, "personal")
+    return read_kept(record, spec, strategy.kept_names(spec), roster.ids, "personal")
 
 
 def _tensor(tensors: dict[str, torch.Tensor], key: str) -> torch.Tensor:

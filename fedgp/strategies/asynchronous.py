@@ -215,6 +215,9 @@ class Asynchronous(Strategy):
     def personal_names(self, spec) -> frozenset[str]:
         return self.inner.personal_names(spec)
 
+    def kept_names(self, spec) -> frozenset[str]:
+        return self.inner.kept_names(spec)
+
     def reply_fields(self, ctx: ServerContext) -> dict[str, Field]:
         """The inner FGPR's reply and the version it was trained from (individual)."""
         return {**self.inner.reply_fields(ctx), VERSION: Field()}

@@ -156,6 +156,11 @@ class Strategy(Configurable, ABC):
         never in a reply (none by default; :mod:`fedgp.strategies.personal`)."""
         return frozenset()
 
+    def kept_names(self, spec: GPSpec) -> frozenset[str]:
+        """The names a client's memory may hold (:mod:`fedgp.strategies.memory`), which a saved
+        result and a checkpoint store: its personal hyper-parameters, unless the strategy keeps more."""
+        return self.personal_names(spec)
+
     def reply_fields(self, ctx: ServerContext) -> Mapping[str, Field]:
         """The fields a participant's reply to a training round declares (what ``configure``'s plan
         puts in ``replies``): each individual or summed, so what a client sends can be judged

@@ -49,7 +49,7 @@ from fedgp.strategies.memory import memory_of
 from fedgp.strategies.personal import as_names, keep, personal_names, with_kept
 from fedgp.strategies.schedules import LRSchedule
 from fedgp.strategies.server import FedAdam, ServerOptimizer, ServerState
-from fedgp.strategies.shrinkage import Shrinkage, shrink_start, shrink_trained
+from fedgp.strategies.shrinkage import OFFSET, Shrinkage, shrink_start, shrink_trained
 from fedgp.strategies.surface import AttackSurface
 
 __all__ = ["FGPR"]
@@ -187,6 +187,11 @@ class FGPR(Strategy):
         if self.shrink is None or not names:
             return names
         return frozenset(k for k, w in self.shrink.resolve(spec, names).items() if w is None)
+
+    def kept_names(self, spec: GPSpec) -> frozenset[str]:
+        """What an owner keeps: its personal hyper-parameters and, under ``shrink``, its offset from
+        each shrunk one's shared value (``"offset/<name>"``)."""
+        return self.personal_names(spec) | {OFFSET + name for name in self.shrunk_names(spec)}
 
     def shrunk_names(self, spec: GPSpec) -> dict[str, float]:
         """The personal names with a finite positive width (state name -> width): shared ``c``, kept

@@ -213,15 +213,28 @@ def test_the_batched_engine_shrinks_as_the_sequential_one(owners):
     assert _largest_difference(*fits) < 1e-10
 
 
-def test_what_cannot_hold_the_owners_offsets_refuses_naming_shrink(owners, tmp_path):
-    """A saved file, a checkpoint and ClientDP's clipped update do not carry the offsets yet: each
-    refuses, rather than give every owner the shared value (a wrong model, silently)."""
+def test_the_owners_offsets_are_saved_and_checkpointed_and_clientdp_refuses_them(owners, tmp_path):
+    """A saved file and a checkpoint hold each owner's offset (``offset/<name>``) beside its personal
+    values: the loaded model predicts every owner as the fitted one, bit for bit, and a resumed run
+    ends as the unbroken one. ClientDP's clipped update does not carry the offsets: it refuses."""
     strategy = FGPR(personal=("scale",), shrink=Shrinkage(1.0))
-    result = _fit(strategy, owners, rounds=1)
-    with pytest.raises(InputError, match=r"shrink=.*saved file cannot hold"):
-        result.save(tmp_path / "model.fedgp")
-    with pytest.raises(fedgp.errors.CheckpointError, match=r"shrink=.*checkpoint cannot hold"):
-        fedgp.fit(scale_spec(), owners, strategy, rounds=1, transforms=OWN_SD,
-                  callbacks=[Progress(False), fedgp.run.Checkpointing(tmp_path / "c")])  # fmt: skip
+    full = _fit(strategy, owners, rounds=4)
+    kept = full.personal_values()
+    assert all(any(n.startswith("offset/") for n in values) for values in kept.values())
+    loaded = fedgp.load(full.save(tmp_path / "model.fedgp"))
+    X = torch.linspace(0.0, 1.0, 5, dtype=torch.float64)[:, None]
+    for client in owners:
+        for ours, ref in zip(loaded.predict(X, client, True), full.predict(X, client.id, True)):
+            assert torch.equal(ours, ref)
+    path = tmp_path / "run.ckpt"
+    checkpoint = fedgp.run.Checkpointing(path)
+    fedgp.fit(scale_spec(), owners, strategy, rounds=2, seed=0, transforms=OWN_SD, engine="sequential",
+              callbacks=[*QUIET, checkpoint])  # fmt: skip
+    resume = fedgp.run.Checkpointing(path, every=None, resume=True)
+    resumed = fedgp.fit(scale_spec(), owners, strategy, rounds=4, seed=0, transforms=OWN_SD,
+                        engine="sequential", callbacks=[*QUIET, resume])  # fmt: skip
+    assert resumed.state == full.state
+    again = resumed.personal_values()
+    assert all(torch.equal(again[o][n], kept[o][n]) for o in kept for n in kept[o])
     with pytest.raises(InputError, match=r"shrink=.*not supported under ClientDP"):
         _fit(fedgp.run.ClientDP(strategy, noise=1.0, clip=1.0), owners, rounds=1)
