@@ -7,7 +7,8 @@
 * methods (:class:`Method`): :class:`FederatedBO` (a fedgp strategy learns the shared
   hyper-parameters, warm-started every iteration; owners propose on their personalised posteriors),
   :class:`LocalBO` (BoTorch's ``SingleTaskGP`` refitted per owner), :class:`FTS` (federated Thompson
-  sampling on random Fourier features), :class:`DPFTSDE` (its differentially private version with
+  sampling on random Fourier features; :class:`FederatedFTS` learns its hyper-parameters in the
+  federation), :class:`DPFTSDE` (its differentially private version with
   distributed exploration), :class:`RandomSearch`;
 * :class:`Acquisition` — qLogEI, qUCB, Thompson sampling or your factory (:mod:`~fedgp.bo.acquisition`);
 * :class:`FourierFeatures`, :class:`WeightPosterior` (:mod:`~fedgp.bo.features`) and
@@ -25,6 +26,7 @@ from fedgp.bo.dp_fts_de import DPFTSDE
 from fedgp.bo.features import FourierFeatures, WeightPosterior
 from fedgp.bo.federated import FederatedBO, WarmStart
 from fedgp.bo.fts import FTS
+from fedgp.bo.fts_federated import FederatedFTS
 from fedgp.bo.local import LocalBO
 from fedgp.bo.loop import BOLoop, BOResult
 from fedgp.bo.method import Method
@@ -46,6 +48,7 @@ __all__ = [
     "WarmStart",
     "LocalBO",
     "FTS",
+    "FederatedFTS",
     "DPFTSDE",
     "RandomSearch",
     "Acquisition",

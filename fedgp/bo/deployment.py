@@ -40,6 +40,7 @@ import torch
 from flwr.app import ConfigRecord, Message, RecordDict
 from flwr.serverapp import Grid
 
+from fedgp.bo.budget import LoopBudget
 from fedgp.bo.callbacks import BOCallback, Budget, as_bo_callback
 from fedgp.bo.federated import FederatedBO
 from fedgp.bo.loop import BOResult, _Driven
@@ -196,8 +197,11 @@ class FlowerBO(_Driven):
                                     "position": self.positions[n]}) for n in self.owners}  # fmt: skip
         reports = self._send(starts, "start")
         began = time.perf_counter()
+        # ClientDP(epsilon=...): the whole loop's budget, planned for these owners and iterations
+        self.method.budget = LoopBudget.plan(self.method.strategy, self.method, self)
         extra = self.method.fit_rounds(None, self.engine, self.seed, self.method.initial_rounds)
         self._record(0, reports, extra, 0.0, time.perf_counter() - began)
+        self._ask_method()
         for callback in self.callbacks:
             callback.on_start(self)
         return self
@@ -228,6 +232,7 @@ class FlowerBO(_Driven):
         proposed = time.perf_counter()
         extra = self.method.fit_rounds(None, self.engine, self.seed, self.method.rounds)
         rows = self._record(it, reports, extra, proposed - began, time.perf_counter() - proposed)
+        self._ask_method()
         for callback in self.callbacks:
             callback.on_iteration(self, rows)
         return rows

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from fedgp.bo.acquisition import Acquisition, acquisition_seed
 from fedgp.bo.batched import BATCHABLE, batched_model, propose_all
+from fedgp.bo.budget import LoopBudget
 from fedgp.bo.method import Method
 from fedgp.data.client import ClientData, Federation
 from fedgp.errors import InputError, InputTypeError, import_extra
@@ -71,10 +72,13 @@ class FederatedBO(Method):
     ``batch_proposals=True``: all owners' proposals in one BoTorch optimisation
     (:mod:`fedgp.bo.batched`; ``"qlogei"`` or ``"qucb"``, FGPR-style shared states, no transforms).
 
-    ``strategy`` may be ``ClientDP(FGPR(), noise=z, ...)``: client-level DP for the shared
-    hyper-parameters, every round of every iteration accounted together (the warm start keeps the
-    round count), the ε spent after each iteration in the history's ``epsilon`` column (dp-accounting's
-    RDP accountant, at the ClientDP's δ). A budget (``epsilon=``) is refused for now.
+    ``strategy`` may be ``ClientDP(FGPR(), ...)``: client-level DP for the shared hyper-parameters,
+    every round of every iteration accounted together (the warm start keeps the round count), the ε
+    spent after each iteration in the history's ``epsilon`` column (dp-accounting's RDP accountant,
+    at the ClientDP's δ). With a budget (``epsilon=``) the budget is the whole loop's
+    (:mod:`fedgp.bo.budget`): without ``noise`` the noise multiplier is calibrated so that the
+    planned rounds, ``initial_rounds + rounds * iterations``, cost at most ε; with ``noise`` the loop
+    stops before an iteration whose rounds would pass the budget (``BOResult.stop_reason``).
 
     After :meth:`start`, ``result`` is the latest :class:`~fedgp.run.FitResult`."""
 
@@ -97,12 +101,6 @@ class FederatedBO(Method):
         if not isinstance(spec, GPSpec):
             raise InputTypeError(f"FederatedBO: spec must be a fedgp.GPSpec, got {type(spec).__name__}")
         strategy = FGPR() if strategy is None else strategy
-        if isinstance(strategy, ClientDP) and strategy.epsilon is not None:
-            raise InputError(
-                "FederatedBO takes ClientDP(noise=...): the ε spent is reported after every iteration "
-                "(history column 'epsilon'), but a budget (epsilon=...) is not enforced across the loop's "
-                "fits yet; give the noise multiplier and read the ε"
-            )
         if not isinstance(strategy, (Strategy, ClientDP)):
             raise InputTypeError(
                 f"FederatedBO: strategy must be a fedgp Strategy, got {type(strategy).__name__}"
@@ -128,6 +126,8 @@ class FederatedBO(Method):
         self.batch_proposals = bool(batch_proposals)
         self.faults = faults
         self.result: FitResult | None = None
+        #: The loop's privacy budget (None without ``ClientDP(epsilon=...)``), planned at the start.
+        self.budget: LoopBudget | None = None
 
     def _fit(self, loop, rounds: int, last: FitResult | None = None) -> dict[str, Any]:
         """``rounds`` more rounds on the owners' data as they are now, from the last server state
@@ -153,8 +153,9 @@ class FederatedBO(Method):
             history = last.history.to_dict("records")
             done = len(history)
             callbacks.append(WarmStart(done, last.server_state, history))
+        strategy = self.strategy if self.budget is None else self.budget.strategy
         run = Run(
-            self.spec, federation, self.strategy, done + rounds, engine=engine, seed=seed,
+            self.spec, federation, strategy, done + rounds, engine=engine, seed=seed,
             transforms=self.transforms, faults=self.faults, stop=None, callbacks=callbacks,
         )  # fmt: skip
         try:
@@ -175,7 +176,14 @@ class FederatedBO(Method):
         return out
 
     def start(self, loop) -> dict[str, Any]:
+        self.budget = LoopBudget.plan(self.strategy, self, loop)
         return self._fit(loop, self.initial_rounds)
+
+    def declines(self, loop, iteration: int) -> str | None:
+        """Why ``iteration`` cannot run: its rounds would spend more than the loop's privacy budget."""
+        if self.budget is None or self.result is None:
+            return None
+        return self.budget.declines(len(self.result.history), self.rounds, iteration)
 
     def model(self, position: int) -> SingleTaskGP:
         """Owner ``position``'s personalised BoTorch model (``to_botorch``) from the latest fit."""
@@ -201,5 +209,8 @@ class FederatedBO(Method):
         self.result.save(Path(folder) / SAVED, key=key)
 
     def resume(self, loop, iteration: int, folder: Path, key: bytes | str | None = None) -> None:
-        """The last fit's state back, bound to the owners' restored rows (a run of no new round)."""
-        self._fit(loop, 0, last=FitResult.load(Path(folder) / SAVED, key=key))
+        """The last fit's state back, bound to the owners' restored rows (a run of no new round); with
+        a budget, its noise multiplier is the one the rounds so far were run and accounted with."""
+        last = FitResult.load(Path(folder) / SAVED, key=key)
+        self.budget = LoopBudget.plan(self.strategy, self, loop, used=last.history.attrs.get("privacy"))
+        self._fit(loop, 0, last=last)

@@ -9,9 +9,10 @@ p_2``, as in the authors' Landmine script), Thompson-samples its own GP — a fr
 agent n uniformly and maximises ``φ(x)ᵀω_n``, agent n's latest shared draw. With one agent it always
 samples its own.
 
-The hyper-parameters (``lengthscale``, ``outputscale``, ``noise``) are given, in the objectives'
-units, as in the paper's experiments (no agent fits them). A draw is maximised over ``candidates``
-uniform points of the box, then polished by L-BFGS-B from the best one.
+The hyper-parameters (``lengthscale``, ``outputscale``, ``noise``, and a constant prior ``mean``,
+0 by default) are given, in the objectives' units, as in the paper's experiments (no agent fits
+them); :class:`~fedgp.bo.FederatedFTS` learns them in the federation instead. A draw is maximised
+over ``candidates`` uniform points of the box, then polished by L-BFGS-B from the best one.
 """
 
 from __future__ import annotations
@@ -47,7 +48,8 @@ def maximise_draw(
 
 class FTS(Method):
     """Federated Thompson sampling with ``features`` shared features (M) and ``target_features`` for
-    an agent's own draws, on ``outputscale · RBF_lengthscale`` with noise variance ``noise``."""
+    an agent's own draws, on ``outputscale · RBF_lengthscale`` with noise variance ``noise``, around the
+    constant ``mean``."""
 
     name = "fts"
 
@@ -57,6 +59,7 @@ class FTS(Method):
         outputscale: float = 1.0,
         noise: float = 1e-3,
         *,
+        mean: float = 0.0,
         features: int = 100,
         target_features: int = 200,
         candidates: int = 1000,
@@ -64,7 +67,10 @@ class FTS(Method):
         for label, value in (("lengthscale", lengthscale), ("outputscale", outputscale), ("noise", noise)):
             if not np.all(np.asarray(value, dtype=float) > 0):
                 raise InputError(f"FTS: {label} must be > 0, got {value!r}")
+        if not np.isfinite(mean):
+            raise InputError(f"FTS: mean must be a finite number, got {mean!r}")
         self.lengthscale, self.outputscale, self.noise = lengthscale, float(outputscale), float(noise)
+        self.mean = float(mean)
         self.features, self.target_features, self.candidates = features, target_features, candidates
         self.shared: FourierFeatures | None = None
         self.shared_weights: list[torch.Tensor] = []
@@ -72,17 +78,21 @@ class FTS(Method):
     def _share(self, loop, iteration: int) -> None:
         """Each agent's draw on the shared features: all that leaves it."""
         self.shared_weights = [
-            WeightPosterior.fit(self.shared, o.X, o.y, self.noise).sample(
+            WeightPosterior.fit(self.shared, o.X, o.y - self.mean, self.noise).sample(
                 generator(loop.seed, "fts share", k, iteration)
             )
             for k, o in enumerate(loop.owners)
         ]
 
-    def start(self, loop) -> dict:
+    def _draw_features(self, loop) -> None:
+        """The shared features, from the seed's stream at the current hyper-parameters."""
         rng = generator(loop.seed, "fts shared features")
         self.shared = FourierFeatures.sample(
             self.features, loop.owners[0].dim, self.lengthscale, self.outputscale, rng
         )
+
+    def start(self, loop) -> dict:
+        self._draw_features(loop)
         self._share(loop, 0)
         return {}
 
@@ -97,7 +107,7 @@ class FTS(Method):
         features = FourierFeatures.sample(
             self.target_features, owner.dim, self.lengthscale, self.outputscale, rng
         )
-        weight = WeightPosterior.fit(features, owner.X, owner.y, self.noise).sample(rng)
+        weight = WeightPosterior.fit(features, owner.X, owner.y - self.mean, self.noise).sample(rng)
         return lambda X: features(X) @ weight
 
     def propose(self, loop, iteration: int) -> list:

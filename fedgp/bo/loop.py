@@ -69,6 +69,13 @@ class _Driven:
         """End the loop after the current iteration, saying why."""
         self.stop_reason = reason
 
+    def _ask_method(self) -> None:
+        """Stop before the next iteration when the method declines it (a spent privacy budget)."""
+        if not self.done:
+            why = self.method.declines(self, self.iteration + 1)
+            if why is not None:
+                self.stop(why)
+
     def finish(self) -> BOResult:
         """Tell the callbacks, close the method, return the result."""
         for callback in self.callbacks:
@@ -140,6 +147,7 @@ class BOLoop(_Driven):
             extra = self.method.start(self)
             self._record(0, extra, 0.0, time.perf_counter() - began)
         self.started = True
+        self._ask_method()
         for callback in self.callbacks:
             callback.on_start(self)
         return self
@@ -153,6 +161,8 @@ class BOLoop(_Driven):
         """One iteration: propose, evaluate, update; its history rows."""
         if not self.started:
             raise InputError("BOLoop.step: call start() first")
+        if self.done:
+            raise InputError(f"BOLoop.step: the loop is done ({self.stop_reason or 'every iteration ran'})")
         it = self.iteration + 1
         began = time.perf_counter()
         proposals = self.method.propose(self, it)
@@ -167,6 +177,7 @@ class BOLoop(_Driven):
         extra = self.method.update(self, it)
         rows = self._record(it, extra, proposed - began, time.perf_counter() - evaluated)
         self.iteration = it
+        self._ask_method()
         for callback in self.callbacks:
             callback.on_iteration(self, rows)
         return rows

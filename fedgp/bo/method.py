@@ -21,10 +21,12 @@ __all__ = ["Method", "LoopView"]
 
 class LoopView(Protocol):
     """What a method reads of the loop that runs it (a :class:`~fedgp.bo.loop.BOLoop`): the owners,
-    in order, and the loop's seed. Named here so that the method layer does not import the loop's."""
+    in order, the loop's seed and its planned iterations. Named here so that the method layer does
+    not import the loop's."""
 
     owners: Sequence[Any]
     seed: int
+    iterations: int
 
 
 class Method:
@@ -44,6 +46,11 @@ class Method:
     def update(self, loop: LoopView, iteration: int) -> dict[str, Any]:
         """After the owners evaluated ``iteration``'s points; returns extra history columns."""
         return {}
+
+    def declines(self, loop: LoopView, iteration: int) -> str | None:
+        """Why the method cannot run ``iteration`` (e.g. a spent privacy budget): the loop stops
+        before it with this reason. ``None`` (the default): it can."""
+        return None
 
     #: True for a method that keeps nothing between iterations but what the owners' rows say (it
     #: resumes from a checkpoint with no state of its own).

@@ -163,5 +163,21 @@ def test_client_dp_reports_the_epsilon_dp_accounting_gives_for_every_round_so_fa
         accountant.compose(dp_accounting.SelfComposedDpEvent(event, int(rounds)))
         assert epsilon == pytest.approx(accountant.get_epsilon(1e-5), rel=1e-9)
     assert per_iteration["epsilon"].is_monotonic_increasing
-    with pytest.raises(InputError, match="noise"):
-        FederatedBO(spec(), ClientDP(FGPR(), epsilon=2.0))
+
+
+def test_hyper_parameters_held_in_the_spec_stay_through_every_warm_started_iteration():
+    """Issue 53, 4(b): the guide's recipe for a related task's hyper-parameters (held in the spec,
+    only the mean learned) is what the loop runs, iteration after iteration."""
+    held = {
+        "covar_module.base_kernel.lengthscale": 0.3,
+        "covar_module.outputscale": 0.5,
+        "likelihood.noise_covar.noise": 0.01,
+    }
+    kernel = gpytorch.kernels.ScaleKernel(gpytorch.kernels.RBFKernel())
+    held_spec = fedgp.GPSpec(kernel, gpytorch.means.ConstantMean(), initial_values=held, fixed=list(held))
+    method = FederatedBO(held_spec, FGPR(), rounds=2, initial_rounds=4, engine="sequential")
+    BOLoop(shared_prior_owners(3, seed=0), method, 2, seed=0).run()
+    state = method.result.state
+    for name, value in held.items():
+        assert float(state[name]) == pytest.approx(value, rel=1e-12), name
+    assert float(state["mean_module.raw_constant"]) != 0.0  # the mean is learned

@@ -105,6 +105,22 @@ def test_with_secure_aggregation_the_loop_is_the_in_process_one_to_the_encodings
         torch.testing.assert_close(result.method.result.state[key], value, rtol=1e-9, atol=0)
 
 
+def test_a_loop_budget_on_flower_stops_where_the_in_process_loop_does():
+    """ClientDP(epsilon=...) is the whole loop's budget on Flower too (fedgp.bo.budget): given a budget
+    that affords the start and the first iteration only, both loops stop before the second, saying
+    why, having spent the same ε."""
+    spent = in_process(PRIVATE).history.groupby("iteration")["epsilon"].max()
+    budget = float(spent[1]) * 1.0001
+    privacy = {"epsilon": budget, "noise": 0.5, "clip": 5.0, "delta": 0.01, "reproducible": True}
+    run = {**RUN, "privacy": json.dumps(privacy)}
+    flower, local = on_flower(run), in_process(run)
+    assert local.stop_reason is not None and "privacy budget" in local.stop_reason
+    assert flower.stop_reason == local.stop_reason
+    assert flower.history["iteration"].max() == local.history["iteration"].max() == 1
+    assert flower.history["epsilon"].tolist() == local.history["epsilon"].tolist()
+    assert flower.history["epsilon"].max() <= budget
+
+
 def _keep_messages(store: list):
     def mod(message, context, call_next):
         reply = call_next(message, context)
