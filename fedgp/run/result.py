@@ -470,7 +470,14 @@ class FitResult:
         one does, and for any other id under the initial ones. That is a simulation's file, where one
         process plays every owner. In a deployment each node keeps its own values and the server has
         none, so saving is refused there (a file of the shared values alone would predict every owner
-        under the initial ones)."""
+        under the initial ones). An :class:`~fedgp.models.own_features.OwnFeaturesSpec` is refused: the
+        file describes the shared spec only, not the owners' own kernels."""
+        if isinstance(self.spec, OwnFeaturesSpec):
+            raise InputError(
+                "save: an OwnFeaturesSpec result cannot be saved yet: the file describes a GPSpec or "
+                "MultiOutputSpec, not the owners' own kernels on their own columns (own_module.*); "
+                "predict with the fitted result (result.predict(X, client=...))"
+            )
         if self.strategy.keeps_client_memory:
             try:
                 self.personal_values()
@@ -498,8 +505,9 @@ class FitResult:
 
     @property
     def _personal(self) -> frozenset[str]:
-        """The state names each owner keeps for itself."""
-        return self.strategy.personal_names(self.spec)
+        """What each owner keeps for itself: its personal state names and, under shrinkage, the offsets
+        of the shrunk ones (``offset/<name>``), whose personal names are shared values."""
+        return self.strategy.kept_names(self.spec)
 
     @classmethod
     def load(cls, path: str | os.PathLike, *, key: bytes | str | None = None) -> FitResult:

@@ -165,6 +165,15 @@ def test_what_reads_the_shared_model_alone_is_refused_for_an_owner_with_own_colu
         )
 
 
+def test_saving_is_refused_naming_the_own_kernels(fitted, tmp_path):
+    """The saved description covers a GPSpec or MultiOutputSpec: before, save failed with "a custom
+    constraint transform or an unusual constructor argument", which named neither the spec nor why."""
+    _, _, own, _ = fitted
+    with pytest.raises(InputError, match=r"save: an OwnFeaturesSpec result cannot be saved yet.*own_module"):
+        own.save(tmp_path / "model.fedgp")
+    assert not (tmp_path / "model.fedgp").exists()
+
+
 def test_resuming_a_checkpoint_is_refused(tmp_path):
     spec = OwnFeaturesSpec(CORE)
     checkpoint = fedgp.run.Checkpointing(tmp_path / "run.ckpt", every=1, resume=True)
