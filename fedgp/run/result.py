@@ -488,7 +488,10 @@ class FitResult:
     def personal_values(self) -> dict[Any, dict[str, torch.Tensor]]:
         """Each owner's personal hyper-parameters (``FGPR(personal=...)``) by client id:
         ``{id: {state name: float64 tensor}}``, in the units of :attr:`state`, for the owners that keep
-        any (those that trained); ``{}`` when the strategy has none. In a simulation one process plays
+        any (those that trained); ``{}`` when the strategy has none. Under ``FGPR(shrink=...)`` a shrunk
+        name is shared and the owner keeps its offset ``offset/<name>`` instead, in raw (unconstrained)
+        units (:mod:`fedgp.strategies.shrinkage`): the owner's value itself is :meth:`client_state`'s.
+        In a simulation one process plays
         every owner, so you hold them all: a fitted result reads them from its engine
         (:meth:`fedgp.engines.Engine.read_client_memory`), a loaded one from its file. In a deployment
         each node keeps its own and the server holds none: :class:`~fedgp.errors.InputError`."""
