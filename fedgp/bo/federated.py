@@ -27,6 +27,8 @@ from fedgp.bo.budget import LoopBudget
 from fedgp.bo.method import Method
 from fedgp.data.client import ClientData, Federation
 from fedgp.errors import InputError, InputTypeError, import_extra
+from fedgp.models.multioutput import MultiOutputSpec
+from fedgp.models.own_features import OwnFeaturesSpec
 from fedgp.models.spec import GPSpec
 from fedgp.rng import generator
 from fedgp.run.callbacks import Callback, Evaluate, Progress
@@ -100,6 +102,12 @@ class FederatedBO(Method):
         import_extra("botorch", "fedgp.bo.FederatedBO")  # before the first fit's rounds, not after
         if not isinstance(spec, GPSpec):
             raise InputTypeError(f"FederatedBO: spec must be a fedgp.GPSpec, got {type(spec).__name__}")
+        if isinstance(spec, (MultiOutputSpec, OwnFeaturesSpec)):  # an owner's objective: one output on X
+            raise InputError(
+                f"FederatedBO: spec must model one output on the owners' search inputs, got a "
+                f"{type(spec).__name__} (its inputs are not the points an owner proposes and evaluates); "
+                "use a fedgp.GPSpec"
+            )
         strategy = FGPR() if strategy is None else strategy
         if not isinstance(strategy, (Strategy, ClientDP)):
             raise InputTypeError(

@@ -158,9 +158,14 @@ def engine_config(name: str) -> EngineConfig:
 def auto_engine(spec: GPSpec, clients: Sequence[ClientData]) -> EngineConfig:
     """``engine="auto"``: :class:`Batched` where its tensor path reproduces GPyTorch for ``spec``
     (checked once here, on a small random case), else :class:`Sequential` — the same numbers, and a
-    batched engine would evaluate client by client anyway."""
+    batched engine would evaluate client by client anyway. An
+    :class:`~fedgp.models.own_features.OwnFeaturesSpec` runs on :class:`Sequential`, the one engine
+    that completes each owner's model with its own part."""
     from fedgp.engines.batched import batched_path_reason
+    from fedgp.models.own_features import OwnFeaturesSpec
 
+    if isinstance(spec, OwnFeaturesSpec):
+        return Sequential()
     d = clients[0].n_features if len(clients) else 1
     if batched_path_reason(spec.for_inputs(d), d) is not None:
         return Sequential()

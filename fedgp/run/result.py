@@ -470,7 +470,14 @@ class FitResult:
         one does, and for any other id under the initial ones. That is a simulation's file, where one
         process plays every owner. In a deployment each node keeps its own values and the server has
         none, so saving is refused there (a file of the shared values alone would predict every owner
-        under the initial ones)."""
+        under the initial ones). An :class:`~fedgp.models.own_features.OwnFeaturesSpec` is refused: the
+        file describes the shared spec only, not the owners' own kernels."""
+        if isinstance(self.spec, OwnFeaturesSpec):
+            raise InputError(
+                "save: an OwnFeaturesSpec result cannot be saved yet: the file describes a GPSpec or "
+                "MultiOutputSpec, not the owners' own kernels on their own columns (own_module.*); "
+                "predict with the fitted result (result.predict(X, client=...))"
+            )
         if self.strategy.keeps_client_memory:
             try:
                 self.personal_values()
@@ -481,7 +488,10 @@ class FitResult:
     def personal_values(self) -> dict[Any, dict[str, torch.Tensor]]:
         """Each owner's personal hyper-parameters (``FGPR(personal=...)``) by client id:
         ``{id: {state name: float64 tensor}}``, in the units of :attr:`state`, for the owners that keep
-        any (those that trained); ``{}`` when the strategy has none. In a simulation one process plays
+        any (those that trained); ``{}`` when the strategy has none. Under ``FGPR(shrink=...)`` a shrunk
+        name is shared and the owner keeps its offset ``offset/<name>`` instead, in raw (unconstrained)
+        units (:mod:`fedgp.strategies.shrinkage`): the owner's value itself is :meth:`client_state`'s.
+        In a simulation one process plays
         every owner, so you hold them all: a fitted result reads them from its engine
         (:meth:`fedgp.engines.Engine.read_client_memory`), a loaded one from its file. In a deployment
         each node keeps its own and the server holds none: :class:`~fedgp.errors.InputError`."""
@@ -498,8 +508,9 @@ class FitResult:
 
     @property
     def _personal(self) -> frozenset[str]:
-        """The state names each owner keeps for itself."""
-        return self.strategy.personal_names(self.spec)
+        """What each owner keeps for itself: its personal state names and, under shrinkage, the offsets
+        of the shrunk ones (``offset/<name>``), whose personal names are shared values."""
+        return self.strategy.kept_names(self.spec)
 
     @classmethod
     def load(cls, path: str | os.PathLike, *, key: bytes | str | None = None) -> FitResult:

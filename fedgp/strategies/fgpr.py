@@ -154,6 +154,11 @@ class FGPR(Strategy):
             value = getattr(self, name)
             if value is not None and not isinstance(value, kind):
                 raise InputTypeError(f"FGPR: {name} must be a fedgp {kind.__name__} or None, got {value!r}")
+        if self.shrink is not None and not self.personal:  # else it would be ignored: the shared fit
+            raise InputError(
+                "FGPR: shrink= shrinks personal hyper-parameters, but personal= names none; name them "
+                "(e.g. personal=('noise',), shrink=Shrinkage(0.5)) or leave shrink out"
+            )
 
     @classmethod
     def authors(

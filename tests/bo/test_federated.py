@@ -116,6 +116,15 @@ def test_user_factory_acquisition_and_bad_settings():
         FederatedBO(spec(), FGPR(personal=("noise",)))
     with pytest.raises(InputError, match="acquisition"):
         FederatedBO(spec(), acquisition="ei")
+    # before, these failed inside the first fit ("output index 0.35 ... out of range", "the federation's
+    # columns [] are not the spec's core"), naming neither FederatedBO nor the spec
+    from fedgp.models import MultiOutputSpec, OwnFeaturesSpec
+
+    for other in (MultiOutputSpec(outputs=2), OwnFeaturesSpec(("x1", "x2"))):
+        with pytest.raises(
+            InputError, match=f"FederatedBO: spec must model one output.*{type(other).__name__}"
+        ):
+            FederatedBO(other, engine="sequential")
 
 
 def test_federated_bo_beats_random_search_on_a_shared_prior():

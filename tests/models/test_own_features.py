@@ -165,6 +165,26 @@ def test_what_reads_the_shared_model_alone_is_refused_for_an_owner_with_own_colu
         )
 
 
+def test_the_default_engine_runs_owners_with_own_features_on_the_sequential_engine():
+    """engine="auto" (fit's default) picks the sequential engine, the one that completes each owner's
+    model with its own part; before, it picked the batched one, which the run then refused."""
+    spec = OwnFeaturesSpec(CORE)
+    fed = spec.federation(_owners(n=8))
+    auto = fedgp.fit(spec, fed, FGPR(local_steps=2), rounds=2, callbacks=QUIET)
+    assert auto.engine.name == "sequential"
+    sequential = fedgp.fit(spec, fed, FGPR(local_steps=2), rounds=2, engine="sequential", callbacks=QUIET)
+    assert auto.state == sequential.state
+
+
+def test_saving_is_refused_naming_the_own_kernels(fitted, tmp_path):
+    """The saved description covers a GPSpec or MultiOutputSpec: before, save failed with "a custom
+    constraint transform or an unusual constructor argument", which named neither the spec nor why."""
+    _, _, own, _ = fitted
+    with pytest.raises(InputError, match=r"save: an OwnFeaturesSpec result cannot be saved yet.*own_module"):
+        own.save(tmp_path / "model.fedgp")
+    assert not (tmp_path / "model.fedgp").exists()
+
+
 def test_resuming_a_checkpoint_is_refused(tmp_path):
     spec = OwnFeaturesSpec(CORE)
     checkpoint = fedgp.run.Checkpointing(tmp_path / "run.ckpt", every=1, resume=True)

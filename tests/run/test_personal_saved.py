@@ -206,6 +206,19 @@ def test_a_deployments_result_refuses_to_save_saying_the_nodes_keep_their_values
         result.personal_values()
 
 
+def test_a_deployments_shrunk_result_refuses_to_save_naming_what_the_owners_keep(fed, tmp_path):
+    """Under shrinkage every personal name is shared, its offset kept: the refusal names the offsets
+    (before, it named nothing: "personal hyper-parameters () with them")."""
+    shrunk = FGPR(local_steps=2, batch_size=16, personal=("noise",), shrink=fedgp.strategies.Shrinkage(0.5))
+    result = fit(fed, shrunk, engine=Nodes(fedgp.GPSpec(), list(fed)), rounds=1)
+    for call in (lambda: result.save(tmp_path / "model.fedgp"), result.personal_values):
+        with pytest.raises(
+            InputError, match=r"hyper-parameters \(offset/likelihood\.noise_covar\.noise\) with"
+        ):
+            call()
+    assert not (tmp_path / "model.fedgp").exists()
+
+
 def test_the_engines_memory_reads_out_and_goes_back_in(fed, fitted):
     engine = fitted.engine
     kept = engine.read_client_memory()

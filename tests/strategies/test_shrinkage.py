@@ -187,6 +187,10 @@ def test_bad_widths_are_refused_naming_them(owners):
         Shrinkage(math.inf)
     with pytest.raises(InputError, match="lengthscale"):
         _fit(FGPR(personal=("noise",), shrink=Shrinkage(widths={"lengthscale": 1.0})), owners, rounds=1)
+    with pytest.raises(
+        InputError, match=r"FGPR: shrink= shrinks personal hyper-parameters, but personal= names"
+    ):
+        FGPR(shrink=Shrinkage(0.5))  # before: accepted, and the fit was FGPR()'s, shrinking nothing
     shrink = Shrinkage(0.5, widths={"noise": None})
     assert Shrinkage.from_config(shrink.to_config()) == shrink
     strategy = FGPR(personal=("scale",), shrink=shrink)
