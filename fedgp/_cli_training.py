@@ -9,9 +9,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 from fedgp import defaults
+from fedgp.errors import CommandError
 from fedgp.layout import HISTORY_FILE
 
-__all__ = ["add_model_options", "add_training_options", "not_converged"]
+__all__ = ["add_model_options", "add_training_options", "not_converged", "personal_setting"]
 
 
 def _count(minimum: int) -> Callable[[str], int]:
@@ -56,6 +57,14 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
         help=f"{' or '.join(STRATEGIES)} (default {defaults.STRATEGY})",
     )
     parser.add_argument("--clusters", type=int, default=None, help="ifca: number of clusters (default 2)")
+    parser.add_argument(
+        "--personal",
+        default=None,
+        metavar="NAMES",
+        help="fgpr: hyper-parameters each owner keeps and trains for itself, comma-separated: noise, "
+        "outputscale, mean, lengthscale, scale (an owner's units: its outputscale, noise and mean), or "
+        "state names; they never leave the owner, and `fedgp predict` conditions each owner on its own",
+    )
 
 
 def add_training_options(parser: argparse.ArgumentParser) -> None:
@@ -125,3 +134,21 @@ def add_warm_start_option(parser: argparse.ArgumentParser) -> None:
         "--kernel, --mean and --ard are then refused), to continue training after owners added rows; "
         "the same features and target, and --key-file's key if MODEL was sealed",
     )
+
+
+def personal_setting(args: argparse.Namespace) -> tuple[str, ...] | None:
+    """``--personal``'s names; refused with ``--warm-start``, which starts every owner from the
+    folder's shared values and would silently drop the owners' own."""
+    if args.personal is None:
+        return None
+    names = tuple(n.strip() for n in args.personal.split(",") if n.strip())
+    if not names:
+        raise CommandError(
+            f"--personal: give hyper-parameter names, e.g. noise,outputscale; got {args.personal!r}"
+        )
+    if args.warm_start is not None:
+        raise CommandError(
+            "--personal with --warm-start: the folder holds the shared hyper-parameters a warm start "
+            "continues from, not the owners' own; fit again without --warm-start"
+        )
+    return names

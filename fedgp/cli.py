@@ -28,7 +28,13 @@ from typing import TYPE_CHECKING
 
 from fedgp._cli_flower import add_flower
 from fedgp._cli_memory import OUT_OF_MEMORY, libraries_under_limit, memory_advice, out_of_memory
-from fedgp._cli_training import add_model_options, add_training_options, add_warm_start_option, not_converged
+from fedgp._cli_training import (
+    add_model_options,
+    add_training_options,
+    add_warm_start_option,
+    not_converged,
+    personal_setting,
+)
 from fedgp.errors import CommandError, ConvergenceWarning, FedGPError
 from fedgp.layout import COLUMNS_FILE, HISTORY_FILE, MODEL_FILE, TRANSFORMS_FILE
 from fedgp.version import __version__
@@ -109,6 +115,7 @@ def _fit_into(out: Path, args: argparse.Namespace) -> int:
         strategy = make_strategy(
             args.strategy,
             num_clusters=args.clusters,
+            personal=personal_setting(args),
             local_steps=args.local_steps,
             batch_size=args.batch_size,
             lr=args.lr,

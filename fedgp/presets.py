@@ -52,4 +52,6 @@ def make_strategy(strategy: str | Strategy = defaults.STRATEGY, **settings: Any)
     cls = pick("strategy", strategy, STRATEGIES, "a fedgp.strategies.Strategy")
     if "num_clusters" in given and cls is not IFCA:
         raise InputError(f"num_clusters (--clusters) applies to ifca, not to {strategy!r}")
+    if "personal" in given and cls is not FGPR:
+        raise InputError(f"personal (--personal) applies to fgpr, not to {strategy!r}")
     return cls(**given)

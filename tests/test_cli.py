@@ -20,6 +20,7 @@ from fedgp.strategies import FGPR
 
 REPO = Path(__file__).resolve().parents[1]
 ROUNDS = ["--rounds", "3", "--stop", "none"]  # exactly 3 rounds (the default --stop auto would warn)
+NOISE = "likelihood.noise_covar.noise"
 
 
 def test_demo_writes_png_and_tables(tmp_path, capsys):
@@ -143,6 +144,35 @@ def test_fit_is_fedgp_fit_and_predict_is_the_owners_posterior(data_csv, tmp_path
     np.testing.assert_allclose(pred["mean"] - pred["lower95"], pred["upper95"] - pred["mean"], rtol=1e-9)
     assert (pred["sd_f"] < pred["sd"]).all()
     assert pred.groupby("owner")["conditioned_on"].first().to_dict() == {"north": 10, "south": 12, "007": 9}
+
+
+def test_fit_with_personal_noise_is_fedgp_fit_and_predict_gives_each_owner_its_own(data_csv, tmp_path):
+    """``--personal noise``: fedgp.fit(FGPR(personal=("noise",))) on the same owners; the folder holds
+    each owner's noise, and predict conditions each owner under its own (to 1e-10). An unknown name,
+    a name given to ifca, and --personal with --warm-start are refused."""
+    assert fit_cli(data_csv, tmp_path / "m", "--personal", "noise") == 0
+    table = read_owner_table(data_csv, group="owner", target="y")
+    result = fedgp.fit(make_spec(d=2), table.federation(), FGPR(personal=("noise",)), rounds=3, seed=0)
+    saved = fedgp.load(tmp_path / "m" / "model.fedgp")
+    kept, ours = result.personal_values(), saved.personal_values()
+    assert set(kept) == set(ours) == {"north", "south", "007"}
+    assert len({float(v[NOISE]) for v in ours.values()}) == 3  # each owner's own noise
+    for owner in kept:
+        torch.testing.assert_close(ours[owner][NOISE], kept[owner][NOISE], rtol=1e-10, atol=0)
+    new = owners_frame(sizes=(2, 3, 1), seed=7).drop(columns="y")
+    new.to_csv(tmp_path / "new.csv", index=False)
+    argv = ["predict", str(tmp_path / "m"), str(tmp_path / "new.csv"), "--data", str(data_csv)]
+    assert main([*argv, "--out", str(tmp_path / "p"), "--quiet"]) == 0
+    pred = pd.read_csv(tmp_path / "p" / "predictions.csv", dtype={"owner": str})
+    for owner in ["north", "south", "007"]:
+        rows = pred["owner"] == owner
+        X = pred.loc[rows, ["x1", "x2"]].to_numpy()
+        mean, var = result.predict(X, client=owner, observation_noise=True)
+        np.testing.assert_allclose(pred.loc[rows, "mean"], mean.numpy(), rtol=1e-10)
+        np.testing.assert_allclose(pred.loc[rows, "sd"], var.sqrt().numpy(), rtol=1e-10)
+    assert fit_cli(data_csv, tmp_path / "a", "--personal", "smoothness") == 2
+    assert fit_cli(data_csv, tmp_path / "b", "--personal", "noise", "--strategy", "ifca") == 2
+    assert fit_cli(data_csv, tmp_path / "c", "--personal", "noise", "--warm-start", str(tmp_path / "m")) == 2
 
 
 def test_held_out_metrics_are_evaluate(data_csv, tmp_path):

@@ -361,9 +361,11 @@ class FitResult:
         # Named columns in the model's order; then a copy (pandas and read-only arrays included),
         # checked for dtype and NaN/inf as data are.
         names = self.feature_names
-        own = None if isinstance(where, ClientData) or self.federation is None else self.federation[where]
-        if isinstance(self.spec, OwnFeaturesSpec) and isinstance(own, OwnerData):  # its own columns follow
-            names, d = (*names, *own.own_names), d + own.n_own
+        training = not isinstance(where, ClientData) and self.federation is not None
+        if isinstance(self.spec, OwnFeaturesSpec) and training:
+            own = self.federation[where]  # asked only here: a plain predict stays on its short path
+            if isinstance(own, OwnerData):  # its own columns follow the core
+                names, d = (*names, *own.own_names), d + own.n_own
         if names is not None:  # else X is read by position, as it is
             X = align(X, names, _where(name))
         X = _as_float_tensor(X, name, "X")
