@@ -201,10 +201,7 @@ class FlowerBO(_Driven):
         self.method.budget = LoopBudget.plan(self.method.strategy, self.method, self)
         extra = self.method.fit_rounds(None, self.engine, self.seed, self.method.initial_rounds)
         self._record(0, reports, extra, 0.0, time.perf_counter() - began)
-        self._ask_method()
-        for callback in self.callbacks:
-            callback.on_start(self)
-        return self
+        return self._started()
 
     @property
     def done(self) -> bool:

@@ -76,6 +76,14 @@ class _Driven:
             if why is not None:
                 self.stop(why)
 
+    def _started(self):
+        """The end of ``start``: stop at once if the method declines the first iteration, tell the
+        callbacks."""
+        self._ask_method()
+        for callback in self.callbacks:
+            callback.on_start(self)
+        return self
+
     def finish(self) -> BOResult:
         """Tell the callbacks, close the method, return the result."""
         for callback in self.callbacks:
@@ -147,10 +155,7 @@ class BOLoop(_Driven):
             extra = self.method.start(self)
             self._record(0, extra, 0.0, time.perf_counter() - began)
         self.started = True
-        self._ask_method()
-        for callback in self.callbacks:
-            callback.on_start(self)
-        return self
+        return self._started()
 
     @property
     def done(self) -> bool:
